@@ -1,0 +1,1 @@
+"""Pure operand definitions: target nodes, desired objects, readiness. No I/O."""

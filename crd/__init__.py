@@ -1,0 +1,1 @@
+"""Pure ClusterPolicy models and the CRD generated from them. No I/O."""

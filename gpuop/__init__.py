@@ -1,0 +1,15 @@
+"""gpuop: a GPU operator for Kubernetes.
+
+The process side of the project: CLI, API client, watch caches, workers, HTTP server,
+logging and the local simulated cluster. The pure core lives in ``statemachine``,
+``components`` and ``crd``.
+"""
+
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("gpuop")
+except PackageNotFoundError:  # pragma: no cover - running from a source tree
+    __version__ = "0.0.0+unknown"
+
+__all__ = ["__version__"]

@@ -1,0 +1,51 @@
+"""structlog set-up: JSON in a cluster (or when asked), key=value on a terminal."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Literal
+
+import structlog
+
+LogFormat = Literal["auto", "json", "console"]
+
+
+def _in_cluster() -> bool:
+    return "KUBERNETES_SERVICE_HOST" in os.environ
+
+
+def configure(level: str = "info", fmt: LogFormat = "auto") -> None:
+    """Configure structlog and stdlib logging once for the whole process.
+
+    ``auto`` picks JSON inside a pod or when stderr is not a terminal, so log
+    collectors get one object per line, and key=value for people at a terminal.
+    """
+    use_json = fmt == "json" or (fmt == "auto" and (_in_cluster() or not sys.stderr.isatty()))
+    renderer: structlog.types.Processor = (
+        structlog.processors.JSONRenderer()
+        if use_json
+        else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+    )
+    numeric = logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
+    logging.basicConfig(level=numeric, stream=sys.stderr, format="%(message)s")
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.StackInfoRenderer(),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(numeric),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+
+
+def get_logger(name: str) -> structlog.stdlib.BoundLogger:
+    """A logger bound to ``logger=<name>`` so every line says where it came from."""
+    logger: structlog.stdlib.BoundLogger = structlog.get_logger(logger=name)
+    return logger
