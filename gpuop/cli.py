@@ -1,0 +1,115 @@
+"""The ``gpuop`` command line: one entry point, one sub-command per job."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from gpuop import __version__
+from gpuop.cluster import ClusterError, LocalCluster, cache_dir, ensure_binaries
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def _cluster(args: argparse.Namespace) -> LocalCluster:
+    return LocalCluster(Path(args.dir) if args.dir else None)
+
+
+def _cmd_cluster_up(args: argparse.Namespace) -> int:
+    cluster = _cluster(args)
+    info = cluster.up(nodes=args.nodes, gpu_nodes=args.gpu_nodes, apiserver_port=args.port)
+    print(f"cluster up: {info.server} ({args.nodes} nodes, {args.gpu_nodes} with GPUs)")
+    print(f"kubeconfig: {info.kubeconfig}")
+    print(f"  export KUBECONFIG={info.kubeconfig}")
+    print("  kubectl get nodes")
+    print(f"stop it with: gpuop cluster down --dir {cluster.directory}")
+    return 0
+
+
+def _cmd_cluster_down(args: argparse.Namespace) -> int:
+    cluster = _cluster(args)
+    stopped = cluster.down()
+    print(f"cluster down: stopped {', '.join(stopped) if stopped else 'nothing (none running)'}")
+    return 0
+
+
+def _cmd_cluster_status(args: argparse.Namespace) -> int:
+    cluster = _cluster(args)
+    info = cluster.info()
+    if info is None:
+        print(f"no cluster in {cluster.directory}")
+        return 1
+    running = set(cluster.running())
+    print(f"cluster in {cluster.directory}: {info.server}")
+    print(f"kubeconfig: {info.kubeconfig}")
+    for name in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"):
+        print(f"  {name:<24} {'running' if name in running else 'STOPPED'}")
+    return 0 if len(running) == 5 else 1
+
+
+def _cmd_cluster_build(args: argparse.Namespace) -> int:
+    paths = ensure_binaries()
+    print(f"cache: {cache_dir()}")
+    for path in paths.all():
+        print(f"  {path}")
+    return 0
+
+
+def _cmd_version(args: argparse.Namespace) -> int:
+    print(f"gpuop {__version__}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpuop", description=__doc__)
+    parser.add_argument("--log-level", default="info", help="debug, info, warning, error")
+    parser.add_argument("--log-format", default="auto", choices=["auto", "json", "console"])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    version = sub.add_parser("version", help="print the version")
+    version.set_defaults(func=_cmd_version)
+
+    cluster = sub.add_parser("cluster", help="a local control plane with simulated GPU nodes")
+    csub = cluster.add_subparsers(dest="cluster_command", required=True, metavar="ACTION")
+    dir_help = "state directory (default $GPUOP_CLUSTER_DIR or ~/.local/state/gpuop/cluster)"
+    up = csub.add_parser("up", help="build (once) and start the control plane and nodes")
+    up.add_argument("--nodes", type=int, default=3, help="simulated nodes in all (default 3)")
+    up.add_argument("--gpu-nodes", type=int, default=2, help="how many have GPUs (default 2)")
+    up.add_argument("--port", type=int, default=None, help="API server port (default: a free one)")
+    up.add_argument("--dir", default=None, help=dir_help)
+    up.set_defaults(func=_cmd_cluster_up)
+    down = csub.add_parser("down", help="stop the processes it started and remove its directory")
+    down.add_argument("--dir", default=None, help=dir_help)
+    down.set_defaults(func=_cmd_cluster_down)
+    status = csub.add_parser("status", help="show whether each process runs")
+    status.add_argument("--dir", default=None, help=dir_help)
+    status.set_defaults(func=_cmd_cluster_status)
+    build = csub.add_parser("build", help="only build the binaries into the cache")
+    build.set_defaults(func=_cmd_cluster_build)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from gpuop import log
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    log.configure(args.log_level, args.log_format)
+    func: Handler = args.func
+    try:
+        return func(args)
+    except ClusterError as err:
+        print(f"\ngpuop: error: {err}", file=sys.stderr)
+        return 2
+    except ValueError as err:
+        print(f"gpuop: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("gpuop: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

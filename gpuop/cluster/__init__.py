@@ -1,0 +1,34 @@
+"""The local control plane (``gpuop cluster``): real Kubernetes binaries built
+from the Go module proxy, simulated GPU nodes through kwok."""
+
+from ._build import ensure_binaries
+from ._cluster import (
+    ClientTuning,
+    ClusterInfo,
+    LocalCluster,
+    create_nodes,
+    default_dir,
+    wait_nodes_ready,
+)
+from ._errors import ClusterError
+from ._nodes import GPU_MODELS, NFD_GPU_LABEL, SIMULATED_LABEL, node_manifest, node_manifests
+from ._versions import BinaryPaths, Versions, cache_dir
+
+__all__ = [
+    "GPU_MODELS",
+    "NFD_GPU_LABEL",
+    "SIMULATED_LABEL",
+    "BinaryPaths",
+    "ClientTuning",
+    "ClusterError",
+    "ClusterInfo",
+    "LocalCluster",
+    "Versions",
+    "cache_dir",
+    "create_nodes",
+    "default_dir",
+    "ensure_binaries",
+    "node_manifest",
+    "node_manifests",
+    "wait_nodes_ready",
+]

@@ -1,0 +1,322 @@
+"""Build the control-plane binaries from the Go module proxy, once, into the cache.
+
+``go install pkg@version`` is refused for k8s.io/kubernetes and etcd's server
+because their go.mod files carry ``replace`` lines, so each is built from a tiny
+generated wrapper module that requires the release and pins what it replaces.
+kwok has no replace lines and is installed directly. Every build lands in a
+temporary directory and is renamed into place only when complete, so an
+interrupted build never leaves a half-filled cache entry.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from gpuop.progress import Progress
+
+from ._errors import ClusterError
+from ._versions import KUBE_COMMANDS, BinaryPaths, Versions, cache_dir
+
+_STAMP = ".complete"
+_MISSING_VERSION_MARKERS = (
+    "unknown revision",
+    "invalid version",
+    "no matching versions",
+    "not available",
+    "404 Not Found",
+)
+_STAGING_REPLACE = re.compile(r"^\s*(k8s\.io/[\w.-]+)\s+=>\s+\./staging/", re.MULTILINE)
+
+
+def ensure_binaries(versions: Versions | None = None, root: Path | None = None) -> BinaryPaths:
+    """Return the cached binaries, building whatever is missing first."""
+    versions = versions or Versions.from_env()
+    root = root or cache_dir()
+    paths = BinaryPaths.under(root, versions)
+    if all(p.is_file() for p in paths.all()) and _all_stamped(paths):
+        return paths
+    root.mkdir(parents=True, exist_ok=True)
+    with _build_lock(root):
+        go = _find_go()
+        if not _stamped(paths.etcd.parent):
+            _build_etcd(go, root, versions.etcd, paths.etcd.parent)
+        if not _stamped(paths.kube_apiserver.parent):
+            _build_kubernetes(go, root, versions.kubernetes, paths.kube_apiserver.parent)
+        if not _stamped(paths.kwok.parent):
+            _build_kwok(go, root, versions.kwok, paths.kwok.parent)
+    return paths
+
+
+def _all_stamped(paths: BinaryPaths) -> bool:
+    return all(_stamped(p.parent) for p in paths.all())
+
+
+def _stamped(directory: Path) -> bool:
+    return (directory / _STAMP).is_file()
+
+
+@contextmanager
+def _build_lock(root: Path) -> Iterator[None]:
+    """Serialise builds between concurrent runs (two test sessions, say)."""
+    with (root / "build.lock").open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _find_go() -> str:
+    go = os.environ.get("GPUOP_GO") or shutil.which("go")
+    if not go:
+        raise ClusterError(
+            "`go` was not found on PATH",
+            "install Go 1.24 or newer (or set GPUOP_GO to its path) so the "
+            "Kubernetes binaries can be built",
+        )
+    return go
+
+
+def _go_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({"GOTOOLCHAIN": "local", "CGO_ENABLED": "0", "GOFLAGS": "-mod=mod"})
+    env.update(extra or {})
+    return env
+
+
+def _run_go(
+    go: str, args: Sequence[str], cwd: Path, what: str, env: dict[str, str] | None = None
+) -> str:
+    proc = subprocess.run(
+        [go, *args],
+        cwd=cwd,
+        env=env or _go_env(),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise _go_failure(what, proc.stderr or proc.stdout)
+    return proc.stdout
+
+
+def _go_failure(what: str, output: str) -> ClusterError:
+    lines = [ln for ln in output.strip().splitlines() if ln.strip()]
+    missing = next(
+        (ln for ln in lines if any(marker in ln for marker in _MISSING_VERSION_MARKERS)),
+        None,
+    )
+    if missing:
+        return ClusterError(
+            f"{what} failed: {missing.strip()}",
+            "that version does not exist on the Go module proxy; pick a released version "
+            "(see GPUOP_KUBERNETES_VERSION / GPUOP_ETCD_VERSION / GPUOP_KWOK_VERSION)",
+        )
+    last = lines[-1].strip() if lines else "no output"
+    return ClusterError(f"{what} failed: {last}", "see the go output above; rerun to retry")
+
+
+def _write_wrapper(directory: Path, module: str, go_mod_body: str, imports: Sequence[str]) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "go.mod").write_text(f"module {module}\n\ngo 1.24\n\n{go_mod_body}")
+    imported = "\n".join(f'\t_ "{imp}"' for imp in imports)
+    (directory / "tools.go").write_text(
+        f"//go:build tools\n\npackage tools\n\nimport (\n{imported}\n)\n"
+    )
+
+
+def _count_packages(go: str, cwd: Path, packages: Sequence[str], env: dict[str, str]) -> int:
+    out = _run_go(
+        go,
+        ["list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", *packages],
+        cwd,
+        "listing packages",
+        env,
+    )
+    return max(1, sum(1 for ln in out.splitlines() if ln.strip()))
+
+
+def _go_build_with_progress(
+    go: str, args: Sequence[str], cwd: Path, label: str, total: int, env: dict[str, str]
+) -> None:
+    """Run ``go build -v``/``go install -v``, advancing a bar per compiled package."""
+    progress = Progress(label, total=total)
+    proc = subprocess.Popen(
+        [go, *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    tail: list[str] = []
+    for line in proc.stderr:
+        line = line.rstrip()
+        if not line:
+            continue
+        if re.fullmatch(r"[\w./~-]+", line):
+            progress.advance(1, line.rsplit("/", 1)[-1])
+        else:
+            tail.append(line)
+    code = proc.wait()
+    if code != 0:
+        progress.finish("failed")
+        raise _go_failure(label, "\n".join(tail))
+    progress.finish("built")
+
+
+def _install(tmp: Path, final: Path, stamp: str) -> None:
+    (tmp / _STAMP).write_text(stamp)
+    if final.exists():
+        shutil.rmtree(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp.rename(final)
+
+
+def _staging_modules(go: str, version: str, cwd: Path) -> list[str]:
+    """Read the staging modules that release's go.mod replaces with local paths."""
+    out = _run_go(
+        go, ["mod", "download", "-json", f"k8s.io/kubernetes@{version}"], cwd, "kubernetes download"
+    )
+    info = json.loads(out)
+    if info.get("Error"):
+        raise _go_failure(f"Kubernetes {version}", str(info["Error"]))
+    go_mod = Path(str(info["GoMod"])).read_text()
+    return sorted(set(_STAGING_REPLACE.findall(go_mod)))
+
+
+def _minor(version: str) -> tuple[str, str]:
+    match = re.fullmatch(r"v(\d+)\.(\d+)\.(\d+)", version)
+    if not match:
+        raise ClusterError(
+            f"Kubernetes version {version!r} is not of the form v1.X.Y",
+            "set GPUOP_KUBERNETES_VERSION to a release such as v1.34.4",
+        )
+    return match.group(1), match.group(2)
+
+
+def _build_wrapped(
+    go: str,
+    root: Path,
+    name: str,
+    version: str,
+    requires: str,
+    packages: Sequence[str],
+    final: Path,
+    ldflags: str = "-s -w",
+    binary: str | None = None,
+    also: Callable[[Path, Path, dict[str, str]], None] | None = None,
+) -> None:
+    """Generate a wrapper module, resolve it, and build ``packages`` into ``final``.
+
+    ``also(src, out_dir, env)`` may add files to the entry before it is installed.
+    """
+    src = root / "src" / f"{name}-{version}"
+    print(f"gpuop: building {name} {version} into {final} (cache: {root})", flush=True)
+    _write_wrapper(src, f"gpuop.local/{name}build", requires, packages)
+    env = _go_env()
+    _run_go(go, ["mod", "tidy"], src, f"resolving {name} {version}", env)
+    total = _count_packages(go, src, packages, env)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=final.parent))
+    try:
+        # With several main packages, -o names a directory; with one, a file.
+        out = f"{tmp}/" if binary is None else str(tmp / binary)
+        _go_build_with_progress(
+            go,
+            ["build", "-v", "-trimpath", "-ldflags", ldflags, "-o", out, *packages],
+            src,
+            f"{name} {version}",
+            total,
+            env,
+        )
+        if also is not None:
+            also(src, tmp, env)
+        _install(tmp, final, version)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _build_kubernetes(go: str, root: Path, version: str, final: Path) -> None:
+    major, minor = _minor(version)
+    staging_version = f"v0.{minor}.{version.rsplit('.', 1)[1]}"
+    probe = root / "src"
+    probe.mkdir(parents=True, exist_ok=True)
+    staging = _staging_modules(go, version, probe)
+    replaces = "\n".join(f"\t{m} => {m} {staging_version}" for m in staging)
+    ldflags = " ".join(
+        [
+            "-s -w",
+            f"-X k8s.io/component-base/version.gitVersion={version}",
+            f"-X k8s.io/component-base/version.gitMajor={major}",
+            f"-X k8s.io/component-base/version.gitMinor={minor}",
+            "-X k8s.io/component-base/version.gitTreeState=clean",
+        ]
+    )
+    _build_wrapped(
+        go,
+        root,
+        "kubernetes",
+        version,
+        f"require k8s.io/kubernetes {version}\n\nreplace (\n{replaces}\n)\n",
+        [f"k8s.io/kubernetes/cmd/{c}" for c in KUBE_COMMANDS],
+        final,
+        ldflags,
+    )
+
+
+def _build_etcd(go: str, root: Path, version: str, final: Path) -> None:
+    pkg = "go.etcd.io/etcd/server/v3"
+    # The server's main package is the module root, so name the binary explicitly.
+    _build_wrapped(
+        go, root, "etcd", version, f"require {pkg} {version}\n", [pkg], final, binary="etcd"
+    )
+
+
+#: kwok's own "fast" lifecycle: nodes become Ready and keep a lease heartbeat,
+#: pods become Running and Ready at once, complete and delete promptly.
+KWOK_STAGE_FILES = (
+    "kustomize/stage/node/fast/node-initialize.yaml",
+    "kustomize/stage/node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
+    "kustomize/stage/pod/fast/pod-ready.yaml",
+    "kustomize/stage/pod/fast/pod-complete.yaml",
+    "kustomize/stage/pod/fast/pod-delete.yaml",
+)
+KWOK_STAGES = "stages.yaml"
+
+
+def _build_kwok(go: str, root: Path, version: str, final: Path) -> None:
+    pkg = "sigs.k8s.io/kwok/cmd/kwok"
+
+    def stages(src: Path, out: Path, env: dict[str, str]) -> None:
+        # kwok runs nothing without Stage objects; take the release's own from
+        # the module source the build just downloaded, so they match the binary.
+        module_dir = Path(
+            _run_go(
+                go, ["list", "-m", "-f", "{{.Dir}}", "sigs.k8s.io/kwok"], src, "kwok", env
+            ).strip()
+        )
+        docs = [(module_dir / rel).read_text().strip() for rel in KWOK_STAGE_FILES]
+        (out / KWOK_STAGES).write_text("\n---\n".join(docs) + "\n")
+
+    _build_wrapped(
+        go,
+        root,
+        "kwok",
+        version,
+        f"require sigs.k8s.io/kwok {version}\n",
+        [pkg],
+        final,
+        binary="kwok",
+        also=stages,
+    )

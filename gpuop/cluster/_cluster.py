@@ -1,0 +1,502 @@
+"""The local control plane: etcd, kube-apiserver, kube-controller-manager,
+kube-scheduler and kwok, on loopback, with simulated GPU nodes.
+
+Everything lives in one state directory: PKI, kubeconfig, etcd data, logs and a
+state file of the pids we started. ``down`` reads that file, so it works from a
+different process than ``up`` and after a crash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import socket
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpuop.progress import Progress
+
+from . import _pki, _procs
+from ._build import KWOK_STAGES, ensure_binaries
+from ._errors import ClusterError
+from ._nodes import SIMULATED_LABEL, node_manifests
+from ._versions import BinaryPaths, Versions
+
+_STATE = "state.json"
+_START_TIMEOUT = 120.0
+
+
+def default_dir() -> Path:
+    """``$GPUOP_CLUSTER_DIR``, else ``$XDG_STATE_HOME/gpuop/cluster``."""
+    explicit = os.environ.get("GPUOP_CLUSTER_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_STATE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".local" / "state"
+    return base / "gpuop" / "cluster"
+
+
+@dataclass(frozen=True)
+class ClientTuning:
+    """Client rates for the controller manager, scheduler and kwok (raise for big fleets)."""
+
+    qps: int = 100
+    burst: int = 200
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _check_port(port: int) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError as err:
+            raise ClusterError(
+                f"port {port} on 127.0.0.1 is in use ({err.strerror})",
+                "stop whatever listens there or pick another with --port",
+            ) from err
+    return port
+
+
+@dataclass
+class ClusterInfo:
+    """What a client needs: where the API server is and how to authenticate."""
+
+    directory: Path
+    server: str
+    kubeconfig: Path
+    ports: dict[str, int] = field(default_factory=dict)
+
+
+class LocalCluster:
+    """One local control plane rooted at ``directory``."""
+
+    def __init__(
+        self,
+        directory: Path | None = None,
+        versions: Versions | None = None,
+        tuning: ClientTuning | None = None,
+    ) -> None:
+        self.directory = (directory or default_dir()).resolve()
+        self.versions = versions or Versions.from_env()
+        self.tuning = tuning or ClientTuning()
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
+        self._records: list[_procs.ProcRecord] = []
+
+    # ----------------------------------------------------------------- paths
+    @property
+    def kubeconfig(self) -> Path:
+        return self.directory / "kubeconfig"
+
+    @property
+    def _state_file(self) -> Path:
+        return self.directory / _STATE
+
+    def _log(self, name: str) -> Path:
+        return self.directory / "logs" / f"{name}.log"
+
+    # ----------------------------------------------------------------- status
+    def running(self) -> list[str]:
+        """Names of recorded processes that are still alive."""
+        records, _ = _procs.load(self._state_file)
+        return [r.name for r in records if _procs.is_alive(r)]
+
+    def info(self) -> ClusterInfo | None:
+        records, extra = _procs.load(self._state_file)
+        if not records:
+            return None
+        ports = {str(k): int(v) for k, v in dict(extra.get("ports", {})).items()}  # type: ignore[call-overload]
+        return ClusterInfo(
+            directory=self.directory,
+            server=str(extra.get("server", "")),
+            kubeconfig=self.kubeconfig,
+            ports=ports,
+        )
+
+    # ------------------------------------------------------------------- down
+    def down(self) -> list[str]:
+        """Stop every process this directory recorded and remove the directory."""
+        records, _ = _procs.load(self._state_file)
+        stopped = _procs.terminate(records, self._children)
+        self._children.clear()
+        self._records = []
+        if self.directory.exists():
+            shutil.rmtree(self.directory, ignore_errors=True)
+        return stopped
+
+    # --------------------------------------------------------------------- up
+    def up(
+        self,
+        nodes: int = 3,
+        gpu_nodes: int = 2,
+        apiserver_port: int | None = None,
+        tie_to_parent: bool = False,
+    ) -> ClusterInfo:
+        """Build (if needed) and start everything, create nodes, wait until Ready.
+
+        A stale state from a crashed run in the same directory is cleaned first.
+        ``tie_to_parent`` makes the kernel stop the processes when this process
+        dies (used by test fixtures); the CLI leaves them running detached.
+        """
+        node_manifests(nodes, gpu_nodes)  # validate counts before any work
+        if self.running():
+            raise ClusterError(
+                f"a cluster is already running in {self.directory}",
+                "use it, or stop it first with `gpuop cluster down`",
+            )
+        self.down()
+        port = _check_port(apiserver_port) if apiserver_port else _free_port()
+        bins = ensure_binaries(self.versions)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        try:
+            info = self._start(bins, port, tie_to_parent)
+            asyncio.run(self._populate(nodes, gpu_nodes))
+        except BaseException:
+            self.down()
+            raise
+        return info
+
+    def _spawn(self, name: str, argv: list[str], tie_to_parent: bool) -> None:
+        proc, record = _procs.spawn(name, argv, self._log(name), dict(os.environ), tie_to_parent)
+        self._children[proc.pid] = proc
+        self._records.append(record)
+        _procs.save(self._state_file, self._records, self._state_extra)
+
+    def _start(self, bins: BinaryPaths, api_port: int, tie: bool) -> ClusterInfo:
+        progress = Progress("control plane", total=6)
+        pki = _pki.generate(self.directory / "pki")
+        ports = {
+            "apiserver": api_port,
+            "etcd": _free_port(),
+            "etcd-peer": _free_port(),
+            "controller-manager": _free_port(),
+            "scheduler": _free_port(),
+            "kwok": _free_port(),
+        }
+        server = f"https://127.0.0.1:{api_port}"
+        self._state_extra: dict[str, object] = {"server": server, "ports": ports}
+        self._write_kubeconfig(server, pki)
+        progress.advance(1, "pki + kubeconfig")
+
+        etcd_url = f"http://127.0.0.1:{ports['etcd']}"
+        peer_url = f"http://127.0.0.1:{ports['etcd-peer']}"
+        self._spawn(
+            "etcd",
+            [
+                str(bins.etcd),
+                f"--data-dir={self.directory / 'etcd'}",
+                f"--listen-client-urls={etcd_url}",
+                f"--advertise-client-urls={etcd_url}",
+                f"--listen-peer-urls={peer_url}",
+                f"--initial-advertise-peer-urls={peer_url}",
+                f"--initial-cluster=default={peer_url}",
+                "--unsafe-no-fsync=true",
+                "--quota-backend-bytes=4294967296",
+                "--log-level=warn",
+            ],
+            tie,
+        )
+        self._wait_http("etcd", f"{etcd_url}/health", None)
+        progress.advance(1, "etcd")
+
+        self._spawn(
+            "kube-apiserver",
+            [
+                str(bins.kube_apiserver),
+                f"--etcd-servers={etcd_url}",
+                f"--secure-port={api_port}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--cert-dir={self.directory / 'pki'}",
+                f"--tls-cert-file={pki.serving_cert}",
+                f"--tls-private-key-file={pki.serving_key}",
+                f"--client-ca-file={pki.ca_cert}",
+                "--service-cluster-ip-range=10.0.0.0/24",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={pki.sa_pub}",
+                f"--service-account-signing-key-file={pki.sa_key}",
+                "--authorization-mode=RBAC",
+                "--allow-privileged=true",
+                "--enable-priority-and-fairness=true",
+                "--max-requests-inflight=1000",
+                "--max-mutating-requests-inflight=500",
+                # PodTemplates bypass the watch cache, so watches on them read etcd
+                # directly and expire for real once history is compacted (tests).
+                "--watch-cache-sizes=podtemplates#0",
+                "--v=1",
+            ],
+            tie,
+        )
+        self._wait_http("kube-apiserver", f"{server}/readyz", self._ssl_context(pki))
+        progress.advance(1, "kube-apiserver")
+
+        kc = str(self.kubeconfig)
+        self._spawn(
+            "kube-controller-manager",
+            [
+                str(bins.kube_controller_manager),
+                f"--kubeconfig={kc}",
+                f"--authentication-kubeconfig={kc}",
+                f"--authorization-kubeconfig={kc}",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={ports['controller-manager']}",
+                f"--service-account-private-key-file={pki.sa_key}",
+                f"--root-ca-file={pki.ca_cert}",
+                "--use-service-account-credentials=false",
+                f"--kube-api-qps={self.tuning.qps}",
+                f"--kube-api-burst={self.tuning.burst}",
+                "--concurrent-daemonset-syncs=4",
+                "--controllers=*,-nodeipam,-cloud-node-lifecycle,-service-lb-controller",
+                "--v=1",
+            ],
+            tie,
+        )
+        sched_config = self.directory / "scheduler.yaml"
+        sched_config.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "kubescheduler.config.k8s.io/v1",
+                    "kind": "KubeSchedulerConfiguration",
+                    "clientConnection": {
+                        "kubeconfig": kc,
+                        "qps": self.tuning.qps,
+                        "burst": self.tuning.burst,
+                    },
+                    "leaderElection": {"leaderElect": False},
+                }
+            )
+        )
+        self._spawn(
+            "kube-scheduler",
+            [
+                str(bins.kube_scheduler),
+                f"--config={sched_config}",
+                f"--authentication-kubeconfig={kc}",
+                f"--authorization-kubeconfig={kc}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={ports['scheduler']}",
+                "--v=1",
+            ],
+            tie,
+        )
+        kwok_config = self.directory / "kwok.yaml"
+        # An explicit configuration keeps a user's ~/.kwok/kwok.yaml out of the
+        # picture; the stages (saved beside the binary at build time) give nodes
+        # a Ready heartbeat and make pods Running and Ready.
+        stages = (bins.kwok.parent / KWOK_STAGES).read_text()
+        kwok_config.write_text(
+            "apiVersion: config.kwok.x-k8s.io/v1alpha1\nkind: KwokConfiguration\n"
+            "options:\n"
+            "  podPlayStageParallelism: 16\n"
+            "  nodePlayStageParallelism: 16\n"
+            "  nodeLeaseParallelism: 16\n"
+            "  podsOnNodeSyncParallelism: 16\n"
+            f"---\n{stages}"
+        )
+        self._spawn(
+            "kwok",
+            [
+                str(bins.kwok),
+                f"--config={kwok_config}",
+                f"--kubeconfig={kc}",
+                "--manage-all-nodes=false",
+                "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+                "--node-lease-duration-seconds=40",
+                f"--server-address=127.0.0.1:{ports['kwok']}",
+                "--cidr=10.244.0.0/16",
+                "--node-ip=10.240.0.1",
+                "--v=INFO",
+            ],
+            tie,
+        )
+        insecure = ssl.create_default_context()
+        insecure.check_hostname = False
+        insecure.verify_mode = ssl.CERT_NONE  # components serve self-signed certs
+        self._wait_http(
+            "kube-controller-manager",
+            f"https://127.0.0.1:{ports['controller-manager']}/healthz",
+            insecure,
+        )
+        progress.advance(1, "kube-controller-manager")
+        self._wait_http(
+            "kube-scheduler", f"https://127.0.0.1:{ports['scheduler']}/healthz", insecure
+        )
+        progress.advance(1, "kube-scheduler")
+        self._wait_http("kwok", f"http://127.0.0.1:{ports['kwok']}/healthz", None)
+        progress.finish(f"up at {server}")
+        return ClusterInfo(self.directory, server, self.kubeconfig, ports)
+
+    # -------------------------------------------------------------- helpers
+    def _ssl_context(self, pki: _pki.Pki) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(pki.ca_cert))
+        ctx.load_cert_chain(str(pki.admin_cert), str(pki.admin_key))
+        return ctx
+
+    def _write_kubeconfig(self, server: str, pki: _pki.Pki) -> None:
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "gpuop-local",
+                    "cluster": {"server": server, "certificate-authority": str(pki.ca_cert)},
+                }
+            ],
+            "users": [
+                {
+                    "name": "gpuop-admin",
+                    "user": {
+                        "client-certificate": str(pki.admin_cert),
+                        "client-key": str(pki.admin_key),
+                    },
+                }
+            ],
+            "contexts": [
+                {
+                    "name": "gpuop-local",
+                    "context": {"cluster": "gpuop-local", "user": "gpuop-admin"},
+                }
+            ],
+            "current-context": "gpuop-local",
+        }
+        self.kubeconfig.write_text(yaml.safe_dump(config, sort_keys=False))
+        self.kubeconfig.chmod(0o600)
+
+    def _wait_http(self, name: str, url: str, ctx: ssl.SSLContext | None) -> None:
+        deadline = time.monotonic() + _START_TIMEOUT
+        last = ""
+        while time.monotonic() < deadline:
+            self._check_alive(name)
+            try:
+                with urllib.request.urlopen(url, timeout=5, context=ctx) as resp:
+                    if resp.status == 200:
+                        return
+                    last = f"HTTP {resp.status}"
+            except urllib.error.HTTPError as err:
+                last = f"HTTP {err.code}"
+            except (urllib.error.URLError, OSError) as err:
+                last = str(getattr(err, "reason", err))
+            time.sleep(0.25)
+        raise ClusterError(
+            f"{name} did not become healthy within {_START_TIMEOUT:.0f}s ({last})",
+            f"see {self._log(name)}",
+        )
+
+    def _check_alive(self, name: str) -> None:
+        """Fail fast with the process's own last words when it exited."""
+        for record in self._records:
+            proc = self._children.get(record.pid)
+            if proc is None or proc.poll() is None:
+                continue
+            log = Path(record.log)
+            tail = log.read_text(errors="replace").strip().splitlines()[-5:] if log.exists() else []
+            text = " | ".join(tail)
+            if "address already in use" in text:
+                raise ClusterError(
+                    f"{record.name} could not bind its port: address already in use",
+                    "another process took the port; stop it or run again",
+                )
+            raise ClusterError(
+                f"{record.name} exited with code {proc.returncode} while starting {name}: "
+                f"{tail[-1] if tail else 'no output'}",
+                f"see {log}",
+            )
+
+    async def _populate(self, nodes: int, gpu_nodes: int) -> None:
+        from gpuop.kube import api_client
+
+        async with api_client(self.kubeconfig) as api:
+            await create_nodes(api, nodes, gpu_nodes)
+            await wait_nodes_ready(api, nodes)
+            await wait_default_service_account(api)
+
+
+async def create_nodes(api: Any, nodes: int, gpu_nodes: int, concurrency: int = 32) -> None:
+    """Create the simulated nodes (idempotent: existing ones are left as they are)."""
+    from kubernetes_asyncio import client
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    core: Any = client.CoreV1Api(api)  # accepts plain dicts as bodies
+    manifests = node_manifests(nodes, gpu_nodes)
+    progress = Progress("nodes created", total=len(manifests))
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(body: dict[str, Any]) -> None:
+        async with sem:
+            try:
+                await core.create_node(body)
+            except ApiException as err:
+                if err.status != 409:
+                    raise
+            progress.advance(1)
+
+    await asyncio.gather(*(one(m) for m in manifests))
+    progress.finish(f"{len(manifests)} nodes ({gpu_nodes} with GPUs)")
+
+
+async def wait_nodes_ready(api: Any, expected: int, timeout: float = 300.0) -> None:
+    """Wait until ``expected`` simulated nodes report Ready (kwok heartbeats them)."""
+    from kubernetes_asyncio import client
+
+    core = client.CoreV1Api(api)
+    progress = Progress("nodes ready", total=expected)
+    deadline = time.monotonic() + timeout
+    while True:
+        listed = await core.list_node(label_selector=f"{SIMULATED_LABEL}=true")
+        ready = sum(
+            1
+            for n in listed.items
+            if any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])
+        )
+        progress.done = ready
+        progress.status("")
+        if ready >= expected:
+            progress.finish(f"{ready} Ready")
+            return
+        if time.monotonic() > deadline:
+            raise ClusterError(
+                f"only {ready} of {expected} simulated nodes became Ready in {timeout:.0f}s",
+                "see the kwok log in the cluster directory",
+            )
+        await asyncio.sleep(0.5)
+
+
+async def wait_default_service_account(api: Any, timeout: float = 60.0) -> None:
+    """Pods are refused until the controller manager creates ``default`` accounts."""
+    from kubernetes_asyncio import client
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    core = client.CoreV1Api(api)
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(ApiException):
+            await core.read_namespaced_service_account("default", "default")
+            return
+        if time.monotonic() > deadline:
+            raise ClusterError(
+                "the default ServiceAccount never appeared",
+                "see the kube-controller-manager log in the cluster directory",
+            )
+        await asyncio.sleep(0.25)
+
+
+def describe(info: ClusterInfo) -> str:
+    return json.dumps(
+        {"server": info.server, "kubeconfig": str(info.kubeconfig), "ports": info.ports}, indent=2
+    )

@@ -1,0 +1,110 @@
+"""Simulated nodes: what a kubelet and NFD would report for CPU and GPU nodes.
+
+kwok takes over nodes carrying its annotation and keeps them Ready; everything
+else (labels, capacity, allocatable) is ours, shaped like a real GPU node after
+NFD and a device plugin registered: NFD's PCI vendor label, GPU product labels
+and ``nvidia.com/gpu`` in capacity and allocatable so GPU workloads schedule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+KWOK_ANNOTATION = "kwok.x-k8s.io/node"
+SIMULATED_LABEL = "gpuop.dev/simulated"
+NFD_GPU_LABEL = "feature.node.kubernetes.io/pci-10de.present"
+
+
+@dataclass(frozen=True)
+class GpuModel:
+    product: str
+    count: int
+    memory_mib: int
+    family: str
+    compute_major: int
+    compute_minor: int
+    mig_capable: bool
+
+
+#: A mix of MIG-capable data-centre parts and smaller inference cards.
+GPU_MODELS: tuple[GpuModel, ...] = (
+    GpuModel("NVIDIA-A100-SXM4-80GB", 8, 81920, "ampere", 8, 0, True),
+    GpuModel("Tesla-T4", 1, 15360, "turing", 7, 5, False),
+    GpuModel("NVIDIA-H100-80GB-HBM3", 8, 81559, "hopper", 9, 0, True),
+    GpuModel("NVIDIA-L4", 2, 23034, "ada-lovelace", 8, 9, False),
+)
+
+
+def node_name(index: int, gpu: bool) -> str:
+    return f"{'gpu' if gpu else 'cpu'}-node-{index:04d}"
+
+
+def node_manifest(index: int, gpu: bool) -> dict[str, Any]:
+    """The Node object for simulated node ``index`` (GPU models assigned round-robin)."""
+    name = node_name(index, gpu)
+    labels = {
+        "kubernetes.io/hostname": name,
+        "kubernetes.io/os": "linux",
+        "kubernetes.io/arch": "amd64",
+        "type": "kwok",
+        SIMULATED_LABEL: "true",
+        "feature.node.kubernetes.io/system-os_release.ID": "ubuntu",
+        "feature.node.kubernetes.io/system-os_release.VERSION_ID": "22.04",
+        "feature.node.kubernetes.io/kernel-version.full": "5.15.0-124-generic",
+    }
+    capacity = {"cpu": "32", "memory": "256Gi", "pods": "110", "ephemeral-storage": "500Gi"}
+    if gpu:
+        model = GPU_MODELS[index % len(GPU_MODELS)]
+        labels.update(
+            {
+                NFD_GPU_LABEL: "true",
+                "feature.node.kubernetes.io/pci-0302_10de.present": "true",
+                "nvidia.com/gpu.product": model.product,
+                "nvidia.com/gpu.count": str(model.count),
+                "nvidia.com/gpu.memory": str(model.memory_mib),
+                "nvidia.com/gpu.family": model.family,
+                "nvidia.com/gpu.compute.major": str(model.compute_major),
+                "nvidia.com/gpu.compute.minor": str(model.compute_minor),
+                "nvidia.com/mig.capable": str(model.mig_capable).lower(),
+            }
+        )
+        capacity = {**capacity, "cpu": "64", "memory": "1Ti", "nvidia.com/gpu": str(model.count)}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": labels,
+            "annotations": {KWOK_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"},
+        },
+        "spec": {},
+        "status": {
+            "capacity": capacity,
+            "allocatable": dict(capacity),
+            "nodeInfo": {
+                "architecture": "amd64",
+                "operatingSystem": "linux",
+                "osImage": "Ubuntu 22.04.5 LTS",
+                "kernelVersion": "5.15.0-124-generic",
+                "containerRuntimeVersion": "containerd://1.7.22",
+                "kubeletVersion": "kwok",
+                "kubeProxyVersion": "kwok",
+                "machineID": "",
+                "systemUUID": "",
+                "bootID": "",
+            },
+            "phase": "Running",
+        },
+    }
+
+
+def node_manifests(nodes: int, gpu_nodes: int) -> list[dict[str, Any]]:
+    """``gpu_nodes`` GPU nodes followed by ``nodes - gpu_nodes`` CPU-only nodes."""
+    if gpu_nodes > nodes:
+        raise ValueError(f"--gpu-nodes ({gpu_nodes}) cannot exceed --nodes ({nodes})")
+    if nodes < 0 or gpu_nodes < 0:
+        raise ValueError("--nodes and --gpu-nodes must not be negative")
+    gpu = [node_manifest(i, True) for i in range(gpu_nodes)]
+    cpu = [node_manifest(i, False) for i in range(nodes - gpu_nodes)]
+    return gpu + cpu

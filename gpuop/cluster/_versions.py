@@ -1,0 +1,74 @@
+"""Pinned versions of the control-plane binaries, and where they are cached."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+KUBERNETES_VERSION = "v1.34.4"
+ETCD_VERSION = "v3.5.35"
+KWOK_VERSION = "v0.8.0"
+
+KUBE_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+
+
+@dataclass(frozen=True)
+class Versions:
+    """Which releases to build; each can be overridden by an environment variable."""
+
+    kubernetes: str = KUBERNETES_VERSION
+    etcd: str = ETCD_VERSION
+    kwok: str = KWOK_VERSION
+
+    @classmethod
+    def from_env(cls) -> Versions:
+        return cls(
+            kubernetes=os.environ.get("GPUOP_KUBERNETES_VERSION", KUBERNETES_VERSION),
+            etcd=os.environ.get("GPUOP_ETCD_VERSION", ETCD_VERSION),
+            kwok=os.environ.get("GPUOP_KWOK_VERSION", KWOK_VERSION),
+        )
+
+
+def cache_dir() -> Path:
+    """``$GPUOP_CACHE_DIR``, else ``$XDG_CACHE_HOME/gpuop``, else ``~/.cache/gpuop``."""
+    explicit = os.environ.get("GPUOP_CACHE_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "gpuop"
+
+
+@dataclass(frozen=True)
+class BinaryPaths:
+    """Absolute paths of every binary the local cluster runs."""
+
+    etcd: Path
+    kube_apiserver: Path
+    kube_controller_manager: Path
+    kube_scheduler: Path
+    kubectl: Path
+    kwok: Path
+
+    @classmethod
+    def under(cls, root: Path, versions: Versions) -> BinaryPaths:
+        kube = root / "bin" / f"kubernetes-{versions.kubernetes}"
+        return cls(
+            etcd=root / "bin" / f"etcd-{versions.etcd}" / "etcd",
+            kube_apiserver=kube / "kube-apiserver",
+            kube_controller_manager=kube / "kube-controller-manager",
+            kube_scheduler=kube / "kube-scheduler",
+            kubectl=kube / "kubectl",
+            kwok=root / "bin" / f"kwok-{versions.kwok}" / "kwok",
+        )
+
+    def all(self) -> tuple[Path, ...]:
+        return (
+            self.etcd,
+            self.kube_apiserver,
+            self.kube_controller_manager,
+            self.kube_scheduler,
+            self.kubectl,
+            self.kwok,
+        )

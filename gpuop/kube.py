@@ -1,0 +1,40 @@
+"""The one shared kubernetes-asyncio ``ApiClient`` per process, and how it is configured."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from kubernetes_asyncio import client, config
+
+USER_AGENT = "gpuop"
+
+
+async def load_configuration(kubeconfig: Path | None = None) -> client.Configuration:
+    """In-cluster credentials inside a pod, else the given (or default) kubeconfig."""
+    configuration = client.Configuration()
+    if kubeconfig is None and "KUBERNETES_SERVICE_HOST" in os.environ:
+        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    else:
+        await config.load_kube_config(
+            config_file=str(kubeconfig) if kubeconfig else None,
+            client_configuration=configuration,
+        )
+    return configuration
+
+
+@asynccontextmanager
+async def api_client(
+    kubeconfig: Path | None = None, user_agent: str = USER_AGENT
+) -> AsyncIterator[client.ApiClient]:
+    """One ``ApiClient`` shared by every API object, closed on exit (no leaked sessions)."""
+    configuration = await load_configuration(kubeconfig)
+    configuration.connection_pool_maxsize = 64
+    api = client.ApiClient(configuration)
+    api.user_agent = user_agent
+    try:
+        yield api
+    finally:
+        await api.close()

@@ -1,0 +1,41 @@
+"""Shared fixtures: the real local control plane, started once per test session."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes_asyncio import client
+
+from gpuop.cluster import ClusterInfo, LocalCluster, cache_dir
+from gpuop.kube import api_client as make_api_client
+
+#: Simulated fleet for integration tests: enough GPU nodes to see ordering and
+#: parallelism, a couple of CPU nodes that must stay untouched.
+TEST_NODES = 6
+TEST_GPU_NODES = 4
+
+
+def _cluster_dir() -> Path:
+    """A fixed directory, so a run killed before teardown is cleaned by the next."""
+    explicit = os.environ.get("GPUOP_TEST_CLUSTER_DIR")
+    return Path(explicit) if explicit else cache_dir() / "test-cluster"
+
+
+@pytest.fixture(scope="session")
+def local_cluster() -> Iterator[ClusterInfo]:
+    cluster = LocalCluster(_cluster_dir())
+    cluster.down()  # stale processes of a crashed earlier run, if any
+    info = cluster.up(nodes=TEST_NODES, gpu_nodes=TEST_GPU_NODES, tie_to_parent=True)
+    try:
+        yield info
+    finally:
+        cluster.down()
+
+
+@pytest.fixture(scope="session")
+async def api_client(local_cluster: ClusterInfo) -> AsyncIterator[client.ApiClient]:
+    async with make_api_client(local_cluster.kubeconfig, user_agent="gpuop-tests") as api:
+        yield api
