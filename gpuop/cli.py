@@ -88,6 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
     status.set_defaults(func=_cmd_cluster_status)
     build = csub.add_parser("build", help="only build the binaries into the cache")
     build.set_defaults(func=_cmd_cluster_build)
+
+    from gpuop.nodeagent.cli import add_subcommands as add_node_agent
+
+    add_node_agent(sub)
     return parser
 
 

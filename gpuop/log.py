@@ -47,5 +47,6 @@ def configure(level: str = "info", fmt: LogFormat = "auto") -> None:
 
 def get_logger(name: str) -> structlog.stdlib.BoundLogger:
     """A logger bound to ``logger=<name>`` so every line says where it came from."""
-    logger: structlog.stdlib.BoundLogger = structlog.get_logger(logger=name)
+    # ``logger`` is a parameter of structlog's own wrapper, so bind it instead.
+    logger: structlog.stdlib.BoundLogger = structlog.get_logger().bind(logger=name)
     return logger

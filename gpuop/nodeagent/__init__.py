@@ -1,0 +1,1 @@
+"""The node agent: validator and node status exporter, run on every GPU node."""

@@ -1,0 +1,323 @@
+"""A Prometheus collector that reads NVML at scrape time.
+
+Every scrape initialises NVML, reads, and shuts it down again, so between scrapes the
+exporter holds no device open that could stand in the way of a driver reload. A
+failure of any kind becomes a metric (``gpuop_node_nvml_up 0``, ``gpuop_gpu_up 0``,
+``gpuop_node_validations_readable 0``), never an exception out of ``collect``.
+``collect`` blocks; the HTTP handler calls it in a thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from typing import TypeVar
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gpuop.log import get_logger
+from gpuop.nodeagent.status import CHECK_NAMES, StatusFiles
+from gpuop.nodeagent.xid import XidCounts, XidWatcher
+from gpuop.nvml import (
+    KNOWN_THROTTLE_REASONS,
+    DriverNotLoaded,
+    GpuLost,
+    LibraryNotFound,
+    NotSupported,
+    Nvml,
+    NvmlError,
+)
+
+log = get_logger(__name__)
+T = TypeVar("T")
+
+NODE_LABELS = ["node"]
+GPU_LABELS = ["node", "gpu", "uuid", "model_name"]
+
+
+def error_kind(exc: NvmlError) -> str:
+    """A stable label value for what went wrong."""
+    if isinstance(exc, LibraryNotFound):
+        return "library_not_found"
+    if isinstance(exc, DriverNotLoaded):
+        return "driver_not_loaded"
+    if isinstance(exc, GpuLost):
+        return "gpu_lost"
+    if isinstance(exc, NotSupported):
+        return "not_supported"
+    return "unknown"
+
+
+class _Families:
+    """The metric families of one scrape."""
+
+    def __init__(self) -> None:
+        g, c = GaugeMetricFamily, CounterMetricFamily
+        self.validation_ready = g(
+            "gpuop_node_validation_ready",
+            "1 while the validator's status file for the check exists.",
+            labels=[*NODE_LABELS, "check"],
+        )
+        self.validations_readable = g(
+            "gpuop_node_validations_readable",
+            "0 when the validations directory cannot be read.",
+            labels=NODE_LABELS,
+        )
+        self.nvml_up = g(
+            "gpuop_node_nvml_up", "1 when NVML initialised and answered.", labels=NODE_LABELS
+        )
+        self.nvml_failure = g(
+            "gpuop_node_nvml_failure_info",
+            "Why NVML is down (present only while it is).",
+            labels=[*NODE_LABELS, "reason"],
+        )
+        self.driver_info = g(
+            "gpuop_node_driver_info",
+            "The driver's version and the highest CUDA version it supports.",
+            labels=[*NODE_LABELS, "driver_version", "cuda_driver_version"],
+        )
+        self.gpu_count = g("gpuop_node_gpu_count", "GPUs NVML enumerates.", labels=NODE_LABELS)
+        self.xid_watching = g(
+            "gpuop_node_xid_events_watching",
+            "1 while XID events are being received.",
+            labels=NODE_LABELS,
+        )
+        self.gpu_up = g("gpuop_gpu_up", "0 when the GPU is lost.", labels=GPU_LABELS)
+        self.mig_current = g(
+            "gpuop_gpu_mig_mode_enabled", "1 when MIG mode is on.", labels=GPU_LABELS
+        )
+        self.mig_pending = g(
+            "gpuop_gpu_mig_mode_pending_enabled",
+            "1 when MIG mode will be on after the next GPU reset.",
+            labels=GPU_LABELS,
+        )
+        self.temperature = g(
+            "gpuop_gpu_temperature_celsius", "GPU core temperature.", labels=GPU_LABELS
+        )
+        self.power_usage = g(
+            "gpuop_gpu_power_usage_watts", "Power draw of the board.", labels=GPU_LABELS
+        )
+        self.power_limit = g(
+            "gpuop_gpu_power_limit_watts", "Enforced power limit.", labels=GPU_LABELS
+        )
+        self.memory_used = g(
+            "gpuop_gpu_memory_used_bytes", "Framebuffer memory in use.", labels=GPU_LABELS
+        )
+        self.memory_total = g(
+            "gpuop_gpu_memory_total_bytes", "Framebuffer memory size.", labels=GPU_LABELS
+        )
+        self.utilization = g(
+            "gpuop_gpu_utilization_ratio",
+            "Share of the last sample period a kernel ran.",
+            labels=GPU_LABELS,
+        )
+        self.memory_utilization = g(
+            "gpuop_gpu_memory_utilization_ratio",
+            "Share of the last sample period memory was read or written.",
+            labels=GPU_LABELS,
+        )
+        self.ecc = c(
+            "gpuop_gpu_ecc_errors",
+            "ECC errors; counter=volatile resets with the driver, aggregate does not.",
+            labels=[*GPU_LABELS, "error_type", "counter"],
+        )
+        self.retired_pages = g(
+            "gpuop_gpu_retired_pages",
+            "Memory pages retired, by cause (pre-Ampere GPUs).",
+            labels=[*GPU_LABELS, "cause"],
+        )
+        self.retired_pending = g(
+            "gpuop_gpu_retired_pages_pending",
+            "1 when a page retirement waits for a reset.",
+            labels=GPU_LABELS,
+        )
+        self.remapped_rows = g(
+            "gpuop_gpu_remapped_rows",
+            "Memory rows remapped, by error type (Ampere and later).",
+            labels=[*GPU_LABELS, "error_type"],
+        )
+        self.remap_pending = g(
+            "gpuop_gpu_remapped_rows_pending",
+            "1 when a row remap waits for a reset.",
+            labels=GPU_LABELS,
+        )
+        self.remap_failed = g(
+            "gpuop_gpu_remapped_rows_failed",
+            "1 when a row remap failed (the GPU needs service).",
+            labels=GPU_LABELS,
+        )
+        self.throttle = g(
+            "gpuop_gpu_clock_throttle_active",
+            "1 while clocks are held down for this reason.",
+            labels=[*GPU_LABELS, "reason"],
+        )
+        self.xid = c(
+            "gpuop_gpu_xid_errors",
+            "XID errors seen since the exporter started, by XID code.",
+            labels=[*GPU_LABELS, "xid"],
+        )
+
+    def all(self) -> list[Metric]:
+        return [v for v in vars(self).values() if isinstance(v, Metric)]
+
+
+class NodeCollector(Collector):
+    def __init__(
+        self,
+        nvml: Nvml,
+        node_name: str,
+        status: StatusFiles,
+        *,
+        checks: Sequence[str] = CHECK_NAMES,
+        xid_counts: XidCounts | None = None,
+        xid_watcher: XidWatcher | None = None,
+    ) -> None:
+        self.nvml = nvml
+        self.node = node_name
+        self.status = status
+        self.checks = tuple(checks)
+        self.xid_counts = xid_counts or XidCounts()
+        self.xid_watcher = xid_watcher
+        self._identity: dict[int, tuple[str, str]] = {}  # index -> (uuid, model), kept if lost
+        self._lock = threading.Lock()
+
+    def collect(self) -> Iterable[Metric]:
+        fams = _Families()
+        with self._lock:
+            self._validation(fams)
+            self._nvml(fams)
+            self._xids(fams)
+        if self.xid_watcher is not None:
+            fams.xid_watching.add_metric([self.node], int(self.xid_watcher.watching))
+        return [family for family in fams.all() if family.samples]
+
+    def _validation(self, fams: _Families) -> None:
+        try:
+            ready = {check: self.status.is_ready(check) for check in self.checks}
+        except OSError as exc:
+            log.warning(
+                "validations unreadable", directory=str(self.status.directory), error=str(exc)
+            )
+            fams.validations_readable.add_metric([self.node], 0)
+            return
+        fams.validations_readable.add_metric([self.node], 1)
+        for check, ok in ready.items():
+            fams.validation_ready.add_metric([self.node, check], int(ok))
+
+    def _down(self, fams: _Families, exc: NvmlError) -> None:
+        fams.nvml_up.add_metric([self.node], 0)
+        fams.nvml_failure.add_metric([self.node, error_kind(exc)], 1)
+
+    def _nvml(self, fams: _Families) -> None:
+        try:
+            self.nvml.init()
+        except NvmlError as exc:
+            self._down(fams, exc)
+            return
+        try:
+            count = self.nvml.device_count()
+            driver = self.nvml.driver_version()
+            cuda = str(self.nvml.cuda_driver_version())
+        except NvmlError as exc:
+            self._down(fams, exc)
+        else:
+            fams.nvml_up.add_metric([self.node], 1)
+            fams.driver_info.add_metric([self.node, driver, cuda], 1)
+            fams.gpu_count.add_metric([self.node], count)
+            for index in range(count):
+                self._gpu(fams, index)
+        finally:
+            with contextlib.suppress(NvmlError):
+                self.nvml.shutdown()
+
+    def _labels(self, index: int) -> list[str]:
+        uuid, model = self._identity.get(index, ("", ""))
+        return [self.node, str(index), uuid, model]
+
+    def _gpu(self, fams: _Families, index: int) -> None:
+        samples: list[tuple[GaugeMetricFamily | CounterMetricFamily, list[str], float]] = []
+        nvml = self.nvml
+
+        def opt(read: Callable[[int], T]) -> T | None:
+            """A field this GPU may lack: NotSupported or an odd error only skips it."""
+            try:
+                return read(index)
+            except GpuLost:
+                raise
+            except NvmlError as exc:
+                if not isinstance(exc, NotSupported):
+                    log.debug("gpu field unreadable", gpu=index, error=str(exc))
+                return None
+
+        try:
+            self._identity[index] = (nvml.device_uuid(index), nvml.device_name(index))
+            labels = self._labels(index)
+            mig = opt(nvml.device_mig_mode)
+            temp = opt(nvml.device_temperature_celsius)
+            usage = opt(nvml.device_power_usage_watts)
+            limit = opt(nvml.device_power_limit_watts)
+            mem = opt(nvml.device_memory)
+            util = opt(nvml.device_utilization)
+            ecc = opt(nvml.device_ecc_errors)
+            retired = opt(nvml.device_retired_pages)
+            remapped = opt(nvml.device_remapped_rows)
+            throttle = opt(nvml.device_throttle_reasons)
+        except GpuLost as exc:
+            log.warning("gpu lost", gpu=index, uuid=self._labels(index)[2], error=str(exc))
+            fams.gpu_up.add_metric(self._labels(index), 0)
+            return
+        except NvmlError as exc:  # identity unreadable for another reason
+            log.warning("gpu unreadable", gpu=index, error=str(exc))
+            fams.gpu_up.add_metric(self._labels(index), 0)
+            return
+
+        samples.append((fams.gpu_up, labels, 1))
+        if mig is not None:
+            samples.append((fams.mig_current, labels, int(mig.current)))
+            samples.append((fams.mig_pending, labels, int(mig.pending)))
+        for fam, value in (
+            (fams.temperature, temp),
+            (fams.power_usage, usage),
+            (fams.power_limit, limit),
+        ):
+            if value is not None:
+                samples.append((fam, labels, value))
+        if mem is not None:
+            samples.append((fams.memory_used, labels, mem.used_bytes))
+            samples.append((fams.memory_total, labels, mem.total_bytes))
+        if util is not None:
+            samples.append((fams.utilization, labels, util.gpu_ratio))
+            samples.append((fams.memory_utilization, labels, util.memory_ratio))
+        if ecc is not None:
+            for etype, counter, value in (
+                ("corrected", "volatile", ecc.volatile_corrected),
+                ("uncorrected", "volatile", ecc.volatile_uncorrected),
+                ("corrected", "aggregate", ecc.aggregate_corrected),
+                ("uncorrected", "aggregate", ecc.aggregate_uncorrected),
+            ):
+                samples.append((fams.ecc, [*labels, etype, counter], value))
+        if retired is not None:
+            samples.append(
+                (fams.retired_pages, [*labels, "single_bit_ecc"], retired.single_bit_ecc)
+            )
+            samples.append(
+                (fams.retired_pages, [*labels, "double_bit_ecc"], retired.double_bit_ecc)
+            )
+            samples.append((fams.retired_pending, labels, int(retired.pending)))
+        if remapped is not None:
+            samples.append((fams.remapped_rows, [*labels, "correctable"], remapped.correctable))
+            samples.append((fams.remapped_rows, [*labels, "uncorrectable"], remapped.uncorrectable))
+            samples.append((fams.remap_pending, labels, int(remapped.pending)))
+            samples.append((fams.remap_failed, labels, int(remapped.failure)))
+        if throttle is not None:
+            for reason in KNOWN_THROTTLE_REASONS:
+                name = (reason.name or str(reason.value)).lower()
+                samples.append((fams.throttle, [*labels, name], int(reason in throttle)))
+        for family, sample_labels, sample in samples:
+            family.add_metric(sample_labels, sample)
+
+    def _xids(self, fams: _Families) -> None:
+        for (index, xid), count in sorted(self.xid_counts.snapshot().items()):
+            fams.xid.add_metric([*self._labels(index), str(xid)], count)

@@ -1,0 +1,143 @@
+"""The driver and toolkit checks over the NVML fake and a fake host tree."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from gpuop.nodeagent.driver import DriverCheck
+from gpuop.nodeagent.toolkit import ToolkitCheck, find_toolkit
+from gpuop.nvml import Unknown
+from gpuop.nvml.fake import A100_SXM4_80GB, H100_80GB_HBM3, TESLA_T4, FakeNvml, make_gpus
+
+ROOT = Path("/run/nvidia/driver")
+
+
+async def test_driver_passes_and_reports_versions() -> None:
+    nvml = FakeNvml(make_gpus(A100_SXM4_80GB, H100_80GB_HBM3, TESLA_T4))
+    result = await DriverCheck(nvml, ROOT).run()
+    assert result.ok, result.reason
+    assert result.fields == {
+        "IS_HOST_DRIVER": "false",
+        "NVIDIA_DRIVER_ROOT": "/run/nvidia/driver",
+        "DRIVER_VERSION": "595.91.07",
+        "CUDA_DRIVER_VERSION": "13.0",
+        "GPU_COUNT": "3",
+    }
+    assert threading.get_ident() not in nvml.threads  # NVML ran off the event loop
+    assert not nvml.initialized
+
+
+@pytest.mark.parametrize("root", [Path("/"), Path("/host")])
+async def test_driver_on_the_host(root: Path) -> None:
+    result = await DriverCheck(FakeNvml(make_gpus(TESLA_T4)), root, Path("/host")).run()
+    assert result.fields["IS_HOST_DRIVER"] == "true"
+    assert result.fields["NVIDIA_DRIVER_ROOT"] == "/"
+
+
+@pytest.mark.parametrize(
+    ("nvml", "reason"),
+    [
+        (FakeNvml.library_not_found(), "NVML library not found"),
+        (FakeNvml.driver_not_loaded(), "NVIDIA driver not loaded"),
+        (FakeNvml(init_error=Unknown("Insufficient Permissions", 4)), "Insufficient Permissions"),
+        (FakeNvml(), "sees no GPU"),
+    ],
+)
+async def test_driver_failures(nvml: FakeNvml, reason: str) -> None:
+    result = await DriverCheck(nvml, ROOT).run()
+    assert not result.ok
+    assert reason in result.reason
+    assert "\n" not in result.reason
+
+
+async def test_driver_gpu_lost() -> None:
+    nvml = FakeNvml(make_gpus(A100_SXM4_80GB, A100_SXM4_80GB))
+    nvml.lose_gpu(1)
+    result = await DriverCheck(nvml, ROOT).run()
+    assert not result.ok
+    assert result.reason.startswith("GPU lost")
+
+
+def _install(
+    host: Path, runtime_dir: str, config: str, toml: str = "[nvidia-container-cli]\n"
+) -> None:
+    binary = host / runtime_dir.lstrip("/") / "nvidia-container-runtime"
+    binary.parent.mkdir(parents=True, exist_ok=True)
+    binary.write_text("#!/bin/sh\n")
+    binary.chmod(0o755)
+    cfg = host / config.lstrip("/")
+    cfg.parent.mkdir(parents=True, exist_ok=True)
+    cfg.write_text(toml)
+
+
+async def test_toolkit_container_install(tmp_path: Path) -> None:
+    _install(
+        tmp_path,
+        "/usr/local/nvidia/toolkit",
+        "/usr/local/nvidia/toolkit/.config/nvidia-container-runtime/config.toml",
+    )
+    result = await ToolkitCheck(tmp_path).run()
+    assert result.ok, result.reason
+    assert result.fields["RUNTIME"] == "/usr/local/nvidia/toolkit/nvidia-container-runtime"
+
+
+def test_toolkit_host_package(tmp_path: Path) -> None:
+    _install(tmp_path, "/usr/bin", "/etc/nvidia-container-runtime/config.toml")
+    result = find_toolkit(tmp_path)
+    assert result.ok, result.reason
+    assert result.fields == {
+        "RUNTIME": "/usr/bin/nvidia-container-runtime",
+        "RUNTIME_CONFIG": "/etc/nvidia-container-runtime/config.toml",
+    }
+
+
+def test_toolkit_missing_binary(tmp_path: Path) -> None:
+    result = find_toolkit(tmp_path)
+    assert not result.ok
+    assert "nvidia-container-runtime not found" in result.reason
+
+
+def test_toolkit_not_executable(tmp_path: Path) -> None:
+    _install(tmp_path, "/usr/bin", "/etc/nvidia-container-runtime/config.toml")
+    (tmp_path / "usr/bin/nvidia-container-runtime").chmod(0o644)
+    result = find_toolkit(tmp_path)
+    assert not result.ok
+    assert "not executable" in result.reason
+
+
+def test_toolkit_missing_config(tmp_path: Path) -> None:
+    _install(tmp_path, "/usr/bin", "/etc/other.toml")
+    result = find_toolkit(tmp_path)
+    assert not result.ok
+    assert "runtime config not found" in result.reason
+
+
+def test_toolkit_bad_config(tmp_path: Path) -> None:
+    _install(tmp_path, "/usr/bin", "/etc/nvidia-container-runtime/config.toml", "= broken")
+    result = find_toolkit(tmp_path)
+    assert not result.ok
+    assert "not valid TOML" in result.reason
+
+
+def test_toolkit_custom_paths(tmp_path: Path) -> None:
+    _install(tmp_path, "/opt/nct/bin", "/opt/nct/config.toml")
+    result = find_toolkit(tmp_path, ["/opt/nct/bin"], ["/opt/nct/config.toml"])
+    assert result.ok, result.reason
+
+
+def test_toolkit_unreadable_host_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_is_file = Path.is_file
+
+    def is_file(self: Path) -> bool:
+        if str(self).startswith(str(tmp_path)):
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_is_file(self)
+
+    monkeypatch.setattr(Path, "is_file", is_file)
+    result = find_toolkit(tmp_path)
+    assert not result.ok
+    assert result.reason.startswith("cannot read")
+    assert "Permission denied" in result.reason

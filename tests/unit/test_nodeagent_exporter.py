@@ -1,0 +1,247 @@
+"""The node status exporter's metrics, parsed back with prometheus-client's parser."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import socket
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpuop.nodeagent.exporter import build_registry, make_app, serve
+from gpuop.nodeagent.status import StatusFiles
+from gpuop.nodeagent.xid import XidCounts, XidWatcher
+from gpuop.nvml import EccErrors, RemappedRows, RetiredPages, ThrottleReason, Utilization
+from gpuop.nvml.fake import A100_SXM4_80GB, H100_80GB_HBM3, TESLA_T4, FakeNvml, make_gpus
+
+NODE = "gpu-node-1"
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def parse(text: str) -> Samples:
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def scrape(registry: CollectorRegistry) -> Samples:
+    return parse(generate_latest(registry).decode())
+
+
+def named(samples: Samples, name: str) -> dict[frozenset[tuple[str, str]], float]:
+    return {labels: v for (n, labels), v in samples.items() if n == name}
+
+
+def gpu(index: int, nvml: FakeNvml, **extra: str) -> frozenset[tuple[str, str]]:
+    g = nvml.gpus[index]
+    labels = {"node": NODE, "gpu": str(index), "uuid": g.uuid, "model_name": g.model.name}
+    return frozenset({**labels, **extra}.items())
+
+
+def node(**extra: str) -> frozenset[tuple[str, str]]:
+    return frozenset({"node": NODE, **extra}.items())
+
+
+@pytest.fixture
+def nvml() -> FakeNvml:
+    fake = FakeNvml(make_gpus(A100_SXM4_80GB, H100_80GB_HBM3, TESLA_T4))
+    a100, h100, t4 = fake.gpus
+    a100.mig = a100.mig.__class__(True, True)
+    a100.temperature_celsius = 41.0
+    a100.power_usage_watts = 88.5
+    a100.memory_used_bytes = 1024
+    a100.utilization = Utilization(gpu_percent=75, memory_percent=20)
+    a100.ecc = EccErrors(1, 0, 5, 2)
+    a100.remapped_rows = RemappedRows(3, 1, True, False)
+    h100.throttle = ThrottleReason.SW_POWER_CAP | ThrottleReason.HW_THERMAL_SLOWDOWN
+    t4.retired_pages = RetiredPages(2, 1, True)
+    return fake
+
+
+def test_healthy_node(tmp_path: Path, nvml: FakeNvml) -> None:
+    files = StatusFiles(tmp_path)
+    files.write("driver", {"DRIVER_VERSION": "595.91.07"})
+    s = scrape(build_registry(nvml, NODE, files))
+
+    assert s[("gpuop_node_nvml_up", node())] == 1
+    assert s[("gpuop_node_gpu_count", node())] == 3
+    info = node(driver_version="595.91.07", cuda_driver_version="13.0")
+    assert s[("gpuop_node_driver_info", info)] == 1
+    assert named(s, "gpuop_node_validation_ready") == {
+        node(check="driver"): 1,
+        node(check="toolkit"): 0,
+        node(check="cuda"): 0,
+        node(check="plugin"): 0,
+    }
+    assert s[("gpuop_node_validations_readable", node())] == 1
+    assert all(v == 1 for v in named(s, "gpuop_gpu_up").values())
+    assert len(named(s, "gpuop_gpu_up")) == 3
+
+    a100 = gpu(0, nvml)
+    assert s[("gpuop_gpu_temperature_celsius", a100)] == 41.0
+    assert s[("gpuop_gpu_power_usage_watts", a100)] == 88.5
+    assert s[("gpuop_gpu_power_limit_watts", a100)] == 400.0
+    assert s[("gpuop_gpu_memory_used_bytes", a100)] == 1024
+    assert s[("gpuop_gpu_memory_total_bytes", a100)] == 81920 * 1024 * 1024
+    assert s[("gpuop_gpu_utilization_ratio", a100)] == 0.75
+    assert s[("gpuop_gpu_memory_utilization_ratio", a100)] == 0.2
+    assert s[("gpuop_gpu_mig_mode_enabled", a100)] == 1
+    assert s[("gpuop_gpu_mig_mode_pending_enabled", a100)] == 1
+    ecc = "gpuop_gpu_ecc_errors_total"
+    assert s[(ecc, gpu(0, nvml, error_type="corrected", counter="volatile"))] == 1
+    assert s[(ecc, gpu(0, nvml, error_type="uncorrected", counter="aggregate"))] == 2
+    assert s[("gpuop_gpu_remapped_rows", gpu(0, nvml, error_type="correctable"))] == 3
+    assert s[("gpuop_gpu_remapped_rows", gpu(0, nvml, error_type="uncorrectable"))] == 1
+    assert s[("gpuop_gpu_remapped_rows_pending", a100)] == 1
+    assert s[("gpuop_gpu_remapped_rows_failed", a100)] == 0
+    assert ("gpuop_gpu_retired_pages_pending", a100) not in s  # Ampere remaps rows
+
+    t4 = gpu(2, nvml)
+    assert ("gpuop_gpu_mig_mode_enabled", t4) not in s  # T4 is not MIG-capable
+    assert s[("gpuop_gpu_retired_pages", gpu(2, nvml, cause="single_bit_ecc"))] == 2
+    assert s[("gpuop_gpu_retired_pages", gpu(2, nvml, cause="double_bit_ecc"))] == 1
+    assert s[("gpuop_gpu_retired_pages_pending", t4)] == 1
+    assert ("gpuop_gpu_remapped_rows_pending", t4) not in s
+
+    throttle = {
+        dict(labels)["reason"]: v
+        for labels, v in named(s, "gpuop_gpu_clock_throttle_active").items()
+        if dict(labels)["gpu"] == "1"
+    }
+    assert throttle["sw_power_cap"] == 1
+    assert throttle["hw_thermal_slowdown"] == 1
+    assert throttle["gpu_idle"] == 0
+    assert len(throttle) == 9
+    assert not nvml.initialized  # nothing held open between scrapes
+
+
+@pytest.mark.parametrize(
+    ("fake", "reason"),
+    [
+        (FakeNvml.library_not_found(), "library_not_found"),
+        (FakeNvml.driver_not_loaded(), "driver_not_loaded"),
+    ],
+)
+def test_nvml_down(tmp_path: Path, fake: FakeNvml, reason: str) -> None:
+    s = scrape(build_registry(fake, NODE, StatusFiles(tmp_path)))
+    assert s[("gpuop_node_nvml_up", node())] == 0
+    assert s[("gpuop_node_nvml_failure_info", node(reason=reason))] == 1
+    assert not [n for n, _ in s if n.startswith("gpuop_gpu_")]
+    assert named(s, "gpuop_node_validation_ready")  # still reports validation state
+
+
+def test_gpu_lost_between_scrapes_keeps_its_identity(tmp_path: Path, nvml: FakeNvml) -> None:
+    registry = build_registry(nvml, NODE, StatusFiles(tmp_path))
+    assert scrape(registry)[("gpuop_gpu_up", gpu(1, nvml))] == 1
+    nvml.lose_gpu(1)
+    s = scrape(registry)
+    assert s[("gpuop_node_nvml_up", node())] == 1
+    assert s[("gpuop_gpu_up", gpu(1, nvml))] == 0
+    assert ("gpuop_gpu_temperature_celsius", gpu(1, nvml)) not in s
+    assert s[("gpuop_gpu_up", gpu(0, nvml))] == 1
+    assert s[("gpuop_gpu_up", gpu(2, nvml))] == 1
+
+
+def test_gpu_lost_mid_scrape(tmp_path: Path, nvml: FakeNvml) -> None:
+    nvml.lose_gpu(0, after_calls=4)  # identity and a few fields, then gone
+    s = scrape(build_registry(nvml, NODE, StatusFiles(tmp_path)))
+    assert s[("gpuop_gpu_up", gpu(0, nvml))] == 0
+    assert not [n for n, labels in s if dict(labels).get("gpu") == "0" and n != "gpuop_gpu_up"]
+
+
+def test_unreadable_validations_dir(
+    tmp_path: Path, nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def denied(self: StatusFiles, check: str) -> bool:
+        raise PermissionError(13, "Permission denied", str(self.directory))
+
+    monkeypatch.setattr(StatusFiles, "is_ready", denied)
+    s = scrape(build_registry(nvml, NODE, StatusFiles(tmp_path)))
+    assert s[("gpuop_node_validations_readable", node())] == 0
+    assert not named(s, "gpuop_node_validation_ready")
+    assert s[("gpuop_node_nvml_up", node())] == 1
+
+
+async def _until(predicate: Callable[[], bool], timeout: float = 3.0) -> None:
+    """Poll: files and worker threads have no event to await."""
+    async with asyncio.timeout(timeout):
+        for _ in itertools.count():
+            if predicate():
+                return
+            await asyncio.sleep(0.005)
+
+
+async def test_xid_errors_are_counted(tmp_path: Path, nvml: FakeNvml) -> None:
+    watcher = XidWatcher(nvml, XidCounts(), poll_ms=10)
+    registry = build_registry(nvml, NODE, StatusFiles(tmp_path), xid_watcher=watcher)
+    stop = asyncio.Event()
+    task = asyncio.create_task(watcher.run(stop))
+    await _until(lambda: watcher.watching)
+    nvml.inject_xid(0, 79)
+    nvml.inject_xid(0, 79)
+    nvml.inject_xid(2, 48)
+    await _until(lambda: sum(watcher.counts.snapshot().values()) == 3)
+    assert threading.get_ident() not in nvml.threads  # the watcher waits in threads
+    s = scrape(registry)
+    assert s[("gpuop_gpu_xid_errors_total", gpu(0, nvml, xid="79"))] == 2
+    assert s[("gpuop_gpu_xid_errors_total", gpu(2, nvml, xid="48"))] == 1
+    assert s[("gpuop_node_xid_events_watching", node())] == 1
+    stop.set()
+    await asyncio.wait_for(task, 2)
+    assert not nvml.initialized
+
+
+async def test_xid_watcher_survives_missing_library() -> None:
+    nvml = FakeNvml.library_not_found()
+    watcher = XidWatcher(nvml, XidCounts(), poll_ms=10, retry_s=0.01)
+    stop = asyncio.Event()
+    task = asyncio.create_task(watcher.run(stop))
+    await _until(lambda: nvml.init_calls >= 3)  # keeps retrying, never raises
+    assert not watcher.watching
+    stop.set()
+    await asyncio.wait_for(task, 2)
+
+
+async def test_http_metrics_off_the_event_loop(tmp_path: Path, nvml: FakeNvml) -> None:
+    app = make_app(build_registry(nvml, NODE, StatusFiles(tmp_path)))
+    async with TestClient(TestServer(app)) as client:
+        resp = await client.get("/metrics")
+        assert resp.status == 200
+        assert resp.headers["Content-Type"].startswith("text/plain; version=")
+        s = parse(await resp.text())
+        assert s[("gpuop_node_nvml_up", node())] == 1
+        assert (await client.get("/healthz")).status == 200
+    assert nvml.threads
+    assert threading.get_ident() not in nvml.threads
+
+
+async def test_serve_until_stopped(tmp_path: Path, nvml: FakeNvml) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    stop = asyncio.Event()
+    task = asyncio.create_task(
+        serve(nvml, NODE, StatusFiles(tmp_path), stop, host="127.0.0.1", port=port)
+    )
+    async with aiohttp.ClientSession() as session:
+        async with asyncio.timeout(3):
+            while True:
+                try:
+                    async with session.get(f"http://127.0.0.1:{port}/metrics") as resp:
+                        text = await resp.text()
+                        break
+                except aiohttp.ClientConnectionError:
+                    await asyncio.sleep(0.01)
+    assert ("gpuop_gpu_up", gpu(0, nvml)) in parse(text)
+    stop.set()
+    await asyncio.wait_for(task, 5)
+    assert not nvml.initialized
