@@ -57,6 +57,13 @@ def _cmd_cluster_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_crd(args: argparse.Namespace) -> int:
+    from crd import render_crd_yaml
+
+    sys.stdout.write(render_crd_yaml())
+    return 0
+
+
 def _cmd_version(args: argparse.Namespace) -> int:
     print(f"gpuop {__version__}")
     return 0
@@ -70,6 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     version = sub.add_parser("version", help="print the version")
     version.set_defaults(func=_cmd_version)
+    crd_cmd = sub.add_parser("crd", help="print the ClusterPolicy CRD generated from the models")
+    crd_cmd.set_defaults(func=_cmd_crd)
 
     cluster = sub.add_parser("cluster", help="a local control plane with simulated GPU nodes")
     csub = cluster.add_subparsers(dest="cluster_command", required=True, metavar="ACTION")

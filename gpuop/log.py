@@ -12,6 +12,16 @@ import structlog
 LogFormat = Literal["auto", "json", "console"]
 
 
+class _CurrentStderr:
+    """Writes to whatever ``sys.stderr`` is now (test runners swap and close it)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def _in_cluster() -> bool:
     return "KUBERNETES_SERVICE_HOST" in os.environ
 
@@ -40,8 +50,9 @@ def configure(level: str = "info", fmt: LogFormat = "auto") -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
-        cache_logger_on_first_use=True,
+        logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),  # type: ignore[arg-type]
+        # Not cached, so structlog.testing.capture_logs() sees every logger.
+        cache_logger_on_first_use=False,
     )
 
 

@@ -1,0 +1,418 @@
+"""Per-operand sections of the ClusterPolicy spec.
+
+Every operand shares the same image and container knobs (:class:`ComponentSpec`); the
+sections below add only what is particular to one operand. Image coordinates carry no
+default here: they fall back to the operator's built-in images at reconcile time (see
+`crd._images`), so upgrading the operator moves unpinned operands to its tested versions.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import ConfigDict, Field
+
+from crd._common import (
+    EnvVar,
+    ImagePullPolicy,
+    JsonObject,
+    K8sModel,
+    ResourceRequirements,
+)
+from crd._upgrade import DriverUpgradePolicySpec
+
+
+class ImageSpec(K8sModel):
+    """Where an image comes from; each part overrides the operator's default separately."""
+
+    repository: str | None = None
+    """Registry and path, e.g. `nvcr.io/nvidia`; for private registries."""
+    image: str | None = None
+    """Image name, or a full reference with registry and tag (then used as is)."""
+    version: str | None = None
+    """Image tag (or a `sha256:` digest)."""
+    image_pull_policy: ImagePullPolicy = "IfNotPresent"
+    """When the kubelet pulls the image."""
+    image_pull_secrets: list[str] | None = None
+    """Names of Secrets in the operator namespace used to pull the image."""
+
+
+class _Switch(K8sModel):
+    """The on/off switch, a base of its own so it comes first in every section."""
+
+    enabled: bool = True
+    """Deploy this operand."""
+
+
+class ComponentSpec(ImageSpec, _Switch):
+    """Knobs every operand has: on/off, image, resources, arguments and environment."""
+
+    resources: ResourceRequirements | None = None
+    """Compute resources of the operand's main container."""
+    args: list[str] | None = None
+    """Extra arguments for the operand's main container."""
+    env: list[EnvVar] | None = None
+    """Extra environment variables for the operand's main container."""
+
+
+class InitContainerSpec(ImageSpec):
+    """Image of the init container that waits for the driver in operand pods."""
+
+
+class DriverManagerSpec(ImageSpec):
+    """The k8s-driver-manager sidecar that prepares a node before a driver (re)install."""
+
+    env: list[EnvVar] | None = None
+    """Environment of the driver manager (e.g. `ENABLE_GPU_POD_EVICTION`)."""
+
+
+class OperatorSpec(K8sModel):
+    """Settings of the operator itself that shape every operand."""
+
+    default_runtime: Literal["docker", "crio", "containerd"] = "docker"
+    """Container runtime assumed on nodes that do not report one."""
+    runtime_class: str = "nvidia"
+    """Name of the RuntimeClass operand and GPU pods use."""
+    init_container: InitContainerSpec | None = None
+    """Image for operands' init containers."""
+    use_ocp_driver_toolkit: bool = Field(default=False, alias="use_ocp_driver_toolkit")
+    """OpenShift only: build drivers with the Driver Toolkit image."""
+
+
+class ContainerProbeSpec(K8sModel):
+    """Timing of a probe on the driver container."""
+
+    initial_delay_seconds: Annotated[int, Field(ge=0)] | None = None
+    """Seconds after start before the first probe."""
+    timeout_seconds: Annotated[int, Field(ge=1)] | None = None
+    """Seconds before one probe times out."""
+    period_seconds: Annotated[int, Field(ge=1)] | None = None
+    """Seconds between probes."""
+    success_threshold: Annotated[int, Field(ge=1)] | None = None
+    """Consecutive successes that count as success."""
+    failure_threshold: Annotated[int, Field(ge=1)] | None = None
+    """Consecutive failures that count as failure."""
+
+
+class GPUDirectRDMASpec(K8sModel):
+    """GPUDirect RDMA support in the driver (nvidia-peermem)."""
+
+    enabled: bool = False
+    """Load nvidia-peermem with the driver."""
+    use_host_mofed: bool = False
+    """MOFED is installed on the host rather than by the network operator."""
+
+
+class DriverRepoConfigSpec(K8sModel):
+    """Custom package repositories for driver builds."""
+
+    config_map_name: str | None = None
+    """ConfigMap holding repository files."""
+
+
+class DriverCertConfigSpec(K8sModel):
+    """Custom CA certificates for driver builds."""
+
+    name: str | None = None
+    """ConfigMap holding the certificates."""
+
+
+class DriverLicensingConfigSpec(K8sModel):
+    """vGPU guest driver licensing."""
+
+    config_map_name: str | None = None
+    """ConfigMap holding gridd.conf."""
+    secret_name: str | None = None
+    """Secret holding the client configuration token."""
+    nls_enabled: bool = True
+    """Use NVIDIA License System (rather than legacy licensing)."""
+
+
+class VirtualTopologyConfigSpec(K8sModel):
+    """Virtual topology daemon configuration."""
+
+    config: str | None = None
+    """ConfigMap holding the topology file."""
+
+
+class KernelModuleConfigSpec(K8sModel):
+    """Kernel module parameters for the driver."""
+
+    name: str | None = None
+    """ConfigMap holding `<module>.conf` files."""
+
+
+class DriverSpec(ComponentSpec):
+    """The containerised NVIDIA driver and how it is upgraded."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!(has(self.useOpenKernelModules) && self.useOpenKernelModules"
+                    " && has(self.kernelModuleType) && self.kernelModuleType == 'proprietary')",
+                    "message": "useOpenKernelModules=true contradicts kernelModuleType=proprietary",
+                    "fieldPath": ".kernelModuleType",
+                    "reason": "FieldValueInvalid",
+                }
+            ]
+        }
+    )
+
+    use_nvidia_driver_crd: bool = Field(default=False, alias="useNvidiaDriverCRD")
+    """Manage drivers with NVIDIADriver resources instead of this section."""
+    use_precompiled: bool = False
+    """Use precompiled driver images (no build on the node)."""
+    use_open_kernel_modules: bool = False
+    """Deprecated: use kernelModuleType=open."""
+    kernel_module_type: Literal["auto", "open", "proprietary"] = "auto"
+    """Kernel module flavour; auto picks the recommended one for the driver branch and GPU."""
+    startup_probe: ContainerProbeSpec | None = None
+    """Startup probe of the driver container (driver builds can be slow)."""
+    liveness_probe: ContainerProbeSpec | None = None
+    """Liveness probe of the driver container."""
+    readiness_probe: ContainerProbeSpec | None = None
+    """Readiness probe of the driver container."""
+    rdma: GPUDirectRDMASpec | None = None
+    """GPUDirect RDMA."""
+    upgrade_policy: DriverUpgradePolicySpec = Field(default_factory=DriverUpgradePolicySpec)
+    """How driver upgrades roll across nodes."""
+    manager: DriverManagerSpec | None = None
+    """The driver manager sidecar."""
+    repo_config: DriverRepoConfigSpec | None = None
+    """Custom package repositories."""
+    cert_config: DriverCertConfigSpec | None = None
+    """Custom CA certificates."""
+    licensing_config: DriverLicensingConfigSpec | None = None
+    """vGPU licensing."""
+    virtual_topology: VirtualTopologyConfigSpec | None = None
+    """Virtual topology configuration."""
+    kernel_module_config: KernelModuleConfigSpec | None = None
+    """Kernel module parameters."""
+
+
+class ToolkitSpec(ComponentSpec):
+    """The NVIDIA Container Toolkit, which configures the node's container runtime."""
+
+    install_dir: str = "/usr/local/nvidia"
+    """Host directory the toolkit is installed into."""
+
+
+class DevicePluginConfig(K8sModel):
+    """Device plugin configuration files held in a ConfigMap."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.default) || self.default == ''"
+                    " || (has(self.name) && self.name != '')",
+                    "message": "a default configuration needs the ConfigMap name that holds it",
+                    "fieldPath": ".name",
+                    "reason": "FieldValueRequired",
+                }
+            ]
+        }
+    )
+
+    name: str | None = None
+    """ConfigMap holding one configuration file per key."""
+    default: str | None = None
+    """Key used on nodes without the `nvidia.com/device-plugin.config` label."""
+
+
+class MPSConfig(K8sModel):
+    """CUDA MPS sharing."""
+
+    root: str = "/run/nvidia/mps"
+    """Host directory for MPS pipes and logs."""
+
+
+class DevicePluginSpec(ComponentSpec):
+    """The Kubernetes device plugin that advertises `nvidia.com/gpu`."""
+
+    config: DevicePluginConfig | None = None
+    """Configuration files and the default one."""
+    mps: MPSConfig | None = None
+    """MPS settings."""
+
+
+class DCGMSpec(ComponentSpec):
+    """Standalone DCGM host engine (the exporter embeds one when this is off)."""
+
+    enabled: bool = False
+    """Deploy a standalone DCGM host engine."""
+    host_port: Annotated[int, Field(ge=1, le=65535)] = 5555
+    """Host port the engine listens on."""
+
+
+class DCGMExporterMetricsConfig(K8sModel):
+    """Which metrics the exporter collects."""
+
+    name: str | None = None
+    """ConfigMap holding the metrics CSV."""
+
+
+class DCGMExporterServiceMonitorConfig(K8sModel):
+    """Prometheus Operator ServiceMonitor for the exporter."""
+
+    enabled: bool = False
+    """Create a ServiceMonitor."""
+    interval: Annotated[str, Field(pattern=r"^([0-9]+(ms|s|m|h|d|w|y))+$")] | None = None
+    """Scrape interval, e.g. `15s`."""
+    honor_labels: bool = False
+    """Keep the exporter's labels when they clash with target labels."""
+    additional_labels: dict[str, str] | None = None
+    """Extra labels on the ServiceMonitor (to match a Prometheus selector)."""
+    relabelings: list[JsonObject] | None = None
+    """Prometheus relabel configs, passed through unchanged."""
+
+
+class DCGMExporterServiceConfig(K8sModel):
+    """The exporter's Service."""
+
+    type: Literal["ClusterIP", "NodePort", "LoadBalancer"] | None = None
+    """Service type."""
+    internal_traffic_policy: Literal["Cluster", "Local"] | None = None
+    """Route in-cluster traffic to any node (Cluster) or only the local one (Local)."""
+
+
+class DCGMExporterSpec(ComponentSpec):
+    """DCGM exporter: GPU metrics for Prometheus."""
+
+    config: DCGMExporterMetricsConfig | None = None
+    """Custom metrics configuration."""
+    service_monitor: DCGMExporterServiceMonitorConfig | None = None
+    """ServiceMonitor for the Prometheus Operator."""
+    service: DCGMExporterServiceConfig | None = None
+    """Service settings."""
+
+
+class GPUFeatureDiscoverySpec(ComponentSpec):
+    """GPU feature discovery: node labels describing the GPUs."""
+
+
+class MIGPartedConfigSpec(K8sModel):
+    """MIG layouts available to the MIG manager."""
+
+    name: str | None = None
+    """ConfigMap holding the mig-parted configuration."""
+    default: Literal["", "all-disabled"] = "all-disabled"
+    """Layout applied to nodes without `nvidia.com/mig.config`."""
+
+
+class MIGGPUClientsConfigSpec(K8sModel):
+    """Host GPU clients the MIG manager stops while it repartitions."""
+
+    name: str | None = None
+    """ConfigMap holding the clients list."""
+
+
+class MIGManagerSpec(ComponentSpec):
+    """MIG manager: applies MIG layouts requested by node labels."""
+
+    config: MIGPartedConfigSpec | None = None
+    """MIG layouts."""
+    gpu_clients_config: MIGGPUClientsConfigSpec | None = None
+    """Host clients to stop during repartitioning."""
+
+
+class NodeStatusExporterSpec(ComponentSpec):
+    """Node status exporter: per-node operand status as metrics."""
+
+    enabled: bool = False
+    """Deploy the node status exporter."""
+
+
+class ValidatorComponentSpec(K8sModel):
+    """Settings of one validation step."""
+
+    env: list[EnvVar] | None = None
+    """Environment of this validation step (e.g. `WITH_WORKLOAD`)."""
+
+
+class ValidatorSpec(ComponentSpec):
+    """Operator validator: checks each layer works before the next one starts."""
+
+    plugin: ValidatorComponentSpec | None = None
+    """Device plugin validation."""
+    driver: ValidatorComponentSpec | None = None
+    """Driver validation."""
+    toolkit: ValidatorComponentSpec | None = None
+    """Container toolkit validation."""
+    cuda: ValidatorComponentSpec | None = None
+    """CUDA workload validation."""
+    vfio_pci: ValidatorComponentSpec | None = Field(default=None, alias="vfioPCI")
+    """vfio-pci validation (sandbox workloads)."""
+    vgpu_manager: ValidatorComponentSpec | None = None
+    """vGPU manager validation."""
+    vgpu_devices: ValidatorComponentSpec | None = None
+    """vGPU devices validation."""
+
+
+class VGPUManagerSpec(ComponentSpec):
+    """vGPU host driver (user-built image; no default)."""
+
+    enabled: bool = False
+    """Deploy the vGPU manager."""
+    driver_manager: DriverManagerSpec | None = None
+    """Driver manager sidecar for the vGPU manager."""
+
+
+class VGPUDevicesConfigSpec(K8sModel):
+    """vGPU device layouts."""
+
+    name: str | None = None
+    """ConfigMap holding the vGPU device configuration."""
+    default: str = "default"
+    """Layout applied to nodes without `nvidia.com/vgpu.config`."""
+
+
+class VGPUDeviceManagerSpec(ComponentSpec):
+    """vGPU device manager: creates vGPU devices on vm-vgpu nodes."""
+
+    config: VGPUDevicesConfigSpec | None = None
+    """vGPU device layouts."""
+
+
+class VFIOManagerSpec(ComponentSpec):
+    """VFIO manager: binds GPUs to vfio-pci on vm-passthrough nodes."""
+
+    driver_manager: DriverManagerSpec | None = None
+    """Driver manager sidecar that unloads the NVIDIA driver first."""
+
+
+class SandboxDevicePluginSpec(ComponentSpec):
+    """Device plugin advertising passthrough/vGPU devices to KubeVirt VMs."""
+
+
+class KataManagerSpec(ComponentSpec):
+    """Kata manager: installs Kata runtime artifacts for confidential containers."""
+
+    enabled: bool = False
+    """Deploy the Kata manager."""
+    config: JsonObject | None = None
+    """Kata manager configuration (its own format), passed through unchanged."""
+
+
+class CCManagerSpec(ComponentSpec):
+    """Confidential computing manager: sets the GPUs' CC mode."""
+
+    enabled: bool = False
+    """Deploy the CC manager."""
+    default_mode: str = "off"
+    """CC mode applied to nodes without `nvidia.com/cc.mode` (on, off, devtools)."""
+
+
+class GPUDirectStorageSpec(ComponentSpec):
+    """GPUDirect Storage (nvidia-fs kernel module, a driver sidecar)."""
+
+    enabled: bool = False
+    """Deploy the nvidia-fs sidecar with the driver."""
+
+
+class GDRCopySpec(ComponentSpec):
+    """GDRCopy (gdrdrv kernel module, a driver sidecar)."""
+
+    enabled: bool = False
+    """Deploy the gdrdrv sidecar with the driver."""
