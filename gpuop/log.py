@@ -57,7 +57,10 @@ def configure(level: str = "info", fmt: LogFormat = "auto") -> None:
 
 
 def get_logger(name: str) -> structlog.stdlib.BoundLogger:
-    """A logger bound to ``logger=<name>`` so every line says where it came from."""
-    # ``logger`` is a parameter of structlog's own wrapper, so bind it instead.
-    logger: structlog.stdlib.BoundLogger = structlog.get_logger().bind(logger=name)
+    """A lazy logger with ``logger_name=<name>`` so every line says where it came from.
+
+    Lazy (no ``bind`` here) so the configuration in force when it logs applies,
+    including ``structlog.testing.capture_logs`` in tests.
+    """
+    logger: structlog.stdlib.BoundLogger = structlog.get_logger(logger_name=name)
     return logger
