@@ -63,6 +63,17 @@ class Condition(K8sModel):
     """Human-readable details."""
 
 
+class ComponentState(K8sModel):
+    """Rollout progress of one operand state (a gpuop extension of upstream's status)."""
+
+    name: str
+    """Rollout state name, e.g. driver or device-plugin."""
+    state: Literal["ready", "notReady", "pending", "disabled"]
+    """ready, notReady (being rolled out), pending (waits for an earlier state), disabled."""
+    message: str | None = None
+    """What is missing, e.g. 3/4 pods available."""
+
+
 class ClusterPolicyStatus(K8sModel):
     """Observed state of the policy."""
 
@@ -83,6 +94,21 @@ class ClusterPolicyStatus(K8sModel):
         | None
     ) = None
     """Ready and Error conditions."""
+    rollout_state: str | None = None
+    """The rollout state machine's current state (``ready`` when every operand is)."""
+    components: (
+        Annotated[
+            list[ComponentState],
+            Field(
+                json_schema_extra={
+                    "x-kubernetes-list-type": "map",
+                    "x-kubernetes-list-map-keys": ["name"],
+                }
+            ),
+        ]
+        | None
+    ) = None
+    """Per-state rollout progress, in rollout order."""
 
 
 def format_time(moment: datetime) -> str:

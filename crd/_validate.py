@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any
 
 from pydantic import ValidationError
@@ -141,7 +141,7 @@ def parse_quantity(value: int | str) -> Decimal | None:
         return None
     try:
         return Decimal(number) * _SUFFIX[suffix]
-    except InvalidOperation:
+    except ArithmeticError:  # InvalidOperation, or Overflow for exponents like 1E1000000
         return None
 
 
