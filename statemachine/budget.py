@@ -1,0 +1,169 @@
+"""The upgrade parallelism budget: how many nodes may start upgrading now, and which.
+
+Two limits hold together:
+- `maxParallelUpgrades`: nodes in progress (cordon-required .. uncordon-required;
+  `upgrade-required` is a queue and does not count). 0 means no limit.
+- `maxUnavailable` (int, or a percent of GPU nodes rounded up): nodes in progress
+  plus nodes unavailable for other reasons (cordoned or NotReady, whatever cordoned
+  them, our failed nodes included) must stay within it.
+
+Unlike upstream, candidates that are NotReady are passed over and reported, so one
+sick node never stalls the fleet, and candidates already cordoned go first: starting
+them costs a parallel slot but no availability.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from statemachine.upgrade_keys import IN_PROGRESS_STATES, UpgradeState
+from statemachine.upgrade_views import NodeUpgradeView
+
+_PERCENT = re.compile(r"^\s*(\d+)\s*%\s*$")
+
+
+def resolve_max_unavailable(value: int | str, total_gpu_nodes: int) -> int:
+    """`maxUnavailable` as a node count. Percentages round up, like upstream.
+
+    Raises ValueError naming the field for negative numbers and for strings that are
+    not `<digits>%` (a bare "3" is not valid IntOrString, as in Kubernetes).
+    """
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ValueError(f"maxUnavailable must be an int or a percent string, got {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"maxUnavailable must not be negative, got {value}")
+        return value
+    match = _PERCENT.match(value)
+    if match is None:
+        raise ValueError(f"maxUnavailable must be an int or a percent like '25%', got {value!r}")
+    return math.ceil(int(match.group(1)) * max(total_gpu_nodes, 0) / 100)
+
+
+def _check_count(name: str, value: int) -> None:
+    if isinstance(value, bool) or value < 0:
+        raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+
+
+def available_slots(
+    *,
+    total_gpu_nodes: int,
+    in_progress: int,
+    unavailable: int,
+    max_parallel_upgrades: int,
+    max_unavailable: int | str,
+) -> int:
+    """How many more nodes may start now, if each start makes one more node unavailable.
+
+    `unavailable` counts nodes that are cordoned or NotReady but NOT in progress (the
+    caller must not count a node twice). Never negative.
+    """
+    _check_count("maxParallelUpgrades", max_parallel_upgrades)
+    _check_count("in_progress", in_progress)
+    _check_count("unavailable", unavailable)
+    limit = resolve_max_unavailable(max_unavailable, total_gpu_nodes)
+    slots = limit - in_progress - unavailable
+    if max_parallel_upgrades > 0:
+        slots = min(slots, max_parallel_upgrades - in_progress)
+    return max(0, slots)
+
+
+@dataclass(frozen=True)
+class BudgetNode:
+    """One GPU node as the budget sees it; `state` is its upgrade state."""
+
+    name: str
+    state: UpgradeState
+    ready: bool = True
+    unschedulable: bool = False
+    skip: bool = False
+    driver_pod_present: bool = True
+
+    @classmethod
+    def from_view(cls, view: NodeUpgradeView) -> BudgetNode:
+        return cls(
+            name=view.name,
+            state=view.state,
+            ready=view.node_ready,
+            unschedulable=view.unschedulable,
+            skip=view.skip,
+            driver_pod_present=view.driver_pod is not None,
+        )
+
+    @property
+    def in_progress(self) -> bool:
+        return self.state in IN_PROGRESS_STATES
+
+    @property
+    def unavailable(self) -> bool:
+        return (not self.ready) or self.unschedulable
+
+    @property
+    def candidate(self) -> bool:
+        return self.state is UpgradeState.UPGRADE_REQUIRED and not self.skip
+
+
+@dataclass(frozen=True)
+class Selection:
+    """`start`: give these a slot now. `waiting`: eligible, no slot left.
+    `blocked`: passed over, with why (reported, never stalling others)."""
+
+    start: tuple[str, ...]
+    waiting: tuple[str, ...]
+    blocked: Mapping[str, str] = field(default_factory=dict)
+    in_progress: int = 0
+    unavailable: int = 0
+    max_unavailable: int = 0
+
+
+def select_nodes(
+    nodes: Iterable[BudgetNode],
+    *,
+    max_parallel_upgrades: int,
+    max_unavailable: int | str,
+) -> Selection:
+    """Pick the `upgrade-required` nodes that may start now, deterministically.
+
+    Order: already-unschedulable nodes first (free in availability terms), then by
+    name. NotReady nodes and nodes without a driver pod are blocked, not waited on.
+    If the fleet is already over `maxUnavailable`, nothing starts.
+    """
+    _check_count("maxParallelUpgrades", max_parallel_upgrades)
+    fleet = list(nodes)
+    limit = resolve_max_unavailable(max_unavailable, len(fleet))
+    in_progress = sum(1 for n in fleet if n.in_progress)
+    unavailable = sum(1 for n in fleet if n.unavailable and not n.in_progress)
+    parallel_left = max_parallel_upgrades - in_progress if max_parallel_upgrades > 0 else len(fleet)
+    unavailable_left = limit - in_progress - unavailable
+    over_budget = unavailable_left < 0
+
+    start: list[str] = []
+    waiting: list[str] = []
+    blocked: dict[str, str] = {}
+    for node in sorted(
+        (n for n in fleet if n.candidate), key=lambda n: (not n.unschedulable, n.name)
+    ):
+        if not node.ready:
+            blocked[node.name] = "node is NotReady"
+            continue
+        if not node.driver_pod_present:
+            blocked[node.name] = "no driver pod on the node"
+            continue
+        cost = 0 if node.unschedulable else 1
+        if over_budget or parallel_left <= 0 or unavailable_left - cost < 0:
+            waiting.append(node.name)
+            continue
+        start.append(node.name)
+        parallel_left -= 1
+        unavailable_left -= cost
+    return Selection(
+        start=tuple(start),
+        waiting=tuple(waiting),
+        blocked=blocked,
+        in_progress=in_progress,
+        unavailable=unavailable,
+        max_unavailable=limit,
+    )

@@ -1,0 +1,214 @@
+"""Guards of the driver upgrade machine: pure predicates over one node's snapshot.
+
+Guards leaving the same state are written to be mutually exclusive, so the outcome
+never depends on the order triggers are tried (a property test checks this).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from statemachine.upgrade_keys import FAILED_REVISION_ANNOTATION, TIMER_ANNOTATIONS, UpgradeState
+from statemachine.upgrade_views import DriverPodView, NodeUpgradeView, UpgradePolicyView
+
+
+@dataclass(frozen=True)
+class GuardContext:
+    view: NodeUpgradeView
+    policy: UpgradePolicyView
+    may_start: bool = False
+
+
+def _has_selector(selector: Mapping[str, str] | str) -> bool:
+    return bool(selector.strip()) if isinstance(selector, str) else bool(selector)
+
+
+def state_started_at(view: NodeUpgradeView, state: UpgradeState) -> float:
+    """When the node entered a timed state; a missing stamp starts the clock now."""
+    key = TIMER_ANNOTATIONS.get(state)
+    started = view.annotation_time(key) if key else None
+    return view.now if started is None else started
+
+
+def timed_out(view: NodeUpgradeView, state: UpgradeState, timeout_seconds: int) -> bool:
+    if timeout_seconds <= 0:
+        return False
+    return view.now - state_started_at(view, state) >= timeout_seconds
+
+
+# --- the driver pod -----------------------------------------------------------------
+
+
+def driver_current(ctx: GuardContext) -> bool:
+    """The driver pod runs the DaemonSet's newest revision."""
+    pod, newest = ctx.view.driver_pod, ctx.view.newest_revision
+    return pod is not None and newest is not None and pod.revision_hash == newest
+
+
+def driver_outdated(ctx: GuardContext) -> bool:
+    pod, newest = ctx.view.driver_pod, ctx.view.newest_revision
+    return pod is not None and newest is not None and pod.revision_hash != newest
+
+
+def needs_upgrade(ctx: GuardContext) -> bool:
+    return driver_outdated(ctx) or ctx.view.upgrade_requested
+
+
+def up_to_date(ctx: GuardContext) -> bool:
+    return driver_current(ctx) and not ctx.view.upgrade_requested
+
+
+def new_driver_pod(ctx: GuardContext) -> DriverPodView | None:
+    """The replacement pod: current revision and not the pod we set out to replace."""
+    pod = ctx.view.driver_pod
+    if pod is None or not driver_current(ctx) or pod.uid == ctx.view.replace_pod_uid:
+        return None
+    return pod
+
+
+def driver_crash_looping(ctx: GuardContext) -> bool:
+    pod = new_driver_pod(ctx)
+    return pod is not None and pod.restart_count > ctx.policy.driver_restart_limit
+
+
+def new_driver_ready(ctx: GuardContext) -> bool:
+    pod = new_driver_pod(ctx)
+    return pod is not None and pod.running and pod.ready and not driver_crash_looping(ctx)
+
+
+def driver_ready_timed_out(ctx: GuardContext) -> bool:
+    return (
+        not new_driver_ready(ctx)
+        and not driver_crash_looping(ctx)
+        and timed_out(
+            ctx.view, UpgradeState.POD_RESTART_REQUIRED, ctx.policy.driver_ready_timeout_seconds
+        )
+    )
+
+
+# --- leaving done / unknown / upgrade-required ---------------------------------------
+
+
+def interrupted_upgrade(ctx: GuardContext) -> bool:
+    """An upgrade already started on this node (we recorded the pod to replace).
+
+    Seen in `upgrade-required` when an administrator relabels a failed or stuck node
+    to retry it: that node must go through the whole upgrade again, even if its
+    driver pod is current, and never be waved through to `upgrade-done` still cordoned.
+    """
+    return ctx.view.replace_pod_uid is not None
+
+
+def slot_granted(ctx: GuardContext) -> bool:
+    """The fleet budget gave this node a slot, and the node can take it."""
+    wanted = needs_upgrade(ctx) or interrupted_upgrade(ctx)
+    return ctx.may_start and ctx.view.node_ready and wanted
+
+
+def upgrade_cancelled(ctx: GuardContext) -> bool:
+    """Still queued but nothing to do any more (e.g. the driver change was reverted)."""
+    return up_to_date(ctx) and not interrupted_upgrade(ctx)
+
+
+# --- cordon and workload removal -------------------------------------------------------
+
+
+def node_cordoned(ctx: GuardContext) -> bool:
+    return ctx.view.unschedulable
+
+
+def jobs_finished(ctx: GuardContext) -> bool:
+    wait = ctx.policy.wait_for_completion
+    if not _has_selector(wait.pod_selector) or ctx.view.wait_pods_running == 0:
+        return True
+    # Upstream semantics: the wait is a courtesy; once it times out we go on.
+    return timed_out(ctx.view, UpgradeState.WAIT_FOR_JOBS_REQUIRED, wait.timeout_seconds)
+
+
+def gpu_pods_gone(ctx: GuardContext) -> bool:
+    return ctx.policy.pod_deletion is None or ctx.view.gpu_pods == 0
+
+
+def pod_deletion_timed_out(ctx: GuardContext) -> bool:
+    deletion = ctx.policy.pod_deletion
+    return (
+        deletion is not None
+        and ctx.view.gpu_pods > 0
+        and timed_out(ctx.view, UpgradeState.POD_DELETION_REQUIRED, deletion.timeout_seconds)
+    )
+
+
+def pod_deletion_failed(ctx: GuardContext) -> bool:
+    deletion = ctx.policy.pod_deletion
+    return deletion is not None and not deletion.force and pod_deletion_timed_out(ctx)
+
+
+def drained(ctx: GuardContext) -> bool:
+    return not ctx.policy.drain.enable or ctx.view.drain_pods == 0
+
+
+def drain_timed_out(ctx: GuardContext) -> bool:
+    drain = ctx.policy.drain
+    return (
+        drain.enable
+        and ctx.view.drain_pods > 0
+        and timed_out(ctx.view, UpgradeState.DRAIN_REQUIRED, drain.timeout_seconds)
+    )
+
+
+def drain_failed(ctx: GuardContext) -> bool:
+    return not ctx.policy.drain.force and drain_timed_out(ctx)
+
+
+# --- restart and validation -------------------------------------------------------------
+
+
+def restarted_validate(ctx: GuardContext) -> bool:
+    return ctx.policy.validation_enabled and new_driver_ready(ctx)
+
+
+def restarted_no_validation(ctx: GuardContext) -> bool:
+    return not ctx.policy.validation_enabled and new_driver_ready(ctx)
+
+
+def restart_failed(ctx: GuardContext) -> bool:
+    return driver_crash_looping(ctx) or driver_ready_timed_out(ctx)
+
+
+def validated(ctx: GuardContext) -> bool:
+    return ctx.view.validators_ready and new_driver_ready(ctx)
+
+
+def validation_failed(ctx: GuardContext) -> bool:
+    if driver_outdated(ctx):
+        return False  # a newer driver arrived: restart it rather than fail
+    if driver_crash_looping(ctx):
+        return True
+    return not validated(ctx) and timed_out(
+        ctx.view, UpgradeState.VALIDATION_REQUIRED, ctx.policy.validation_timeout_seconds
+    )
+
+
+# --- uncordon and failure recovery -------------------------------------------------------
+
+
+def may_finish(ctx: GuardContext) -> bool:
+    """Schedulable again, or it was cordoned before we came and must stay so."""
+    return not ctx.view.unschedulable or ctx.view.initial_unschedulable
+
+
+def retry_wanted(ctx: GuardContext) -> bool:
+    """A failed node is retried when asked to, or when the driver changes again."""
+    if ctx.view.upgrade_requested:
+        return True
+    failed_at = ctx.view.annotations.get(FAILED_REVISION_ANNOTATION)
+    newest = ctx.view.newest_revision
+    return failed_at is not None and newest is not None and newest != failed_at
+
+
+def recovered(ctx: GuardContext) -> bool:
+    """The node healed without us: its driver is current, ready and (if asked) valid."""
+    if retry_wanted(ctx) or not new_driver_ready(ctx):
+        return False
+    return ctx.view.validators_ready or not ctx.policy.validation_enabled
