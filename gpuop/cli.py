@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from gpuop import __version__
 from gpuop.cluster import ClusterError, LocalCluster, cache_dir, ensure_binaries
+from gpuop.controller._config import DEFAULT_NAMESPACE, DEFAULT_OPERATOR_IMAGE
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -57,6 +59,41 @@ def _cmd_cluster_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_run(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from gpuop.app import run_operator
+    from gpuop.controller import OperatorConfig
+
+    kubeconfig = Path(args.kubeconfig) if args.kubeconfig else None
+    local = args.local or (
+        kubeconfig is None
+        and "KUBERNETES_SERVICE_HOST" not in os.environ
+        and not os.environ.get("KUBECONFIG")
+    )
+    install = args.install
+    host = "0.0.0.0"  # a pod serves on its own IP
+    if local:
+        cluster = _cluster(args)
+        if not cluster.running():
+            cluster.up(nodes=args.nodes, gpu_nodes=args.gpu_nodes)
+        kubeconfig = cluster.kubeconfig
+        install = True
+        host = "127.0.0.1"
+        print(f"local cluster: export KUBECONFIG={kubeconfig}", file=sys.stderr)
+    config = OperatorConfig(
+        namespace=args.namespace,
+        operator_image=args.operator_image,
+        workers=args.workers,
+        metrics_host=host,
+        metrics_port=args.metrics_port,
+        probe_port=args.probe_port,
+    )
+    return asyncio.run(
+        run_operator(config, kubeconfig, install=install, status_line=sys.stderr.isatty())
+    )
+
+
 def _cmd_crd(args: argparse.Namespace) -> int:
     from crd import render_crd_yaml
 
@@ -77,6 +114,40 @@ def build_parser() -> argparse.ArgumentParser:
 
     version = sub.add_parser("version", help="print the version")
     version.set_defaults(func=_cmd_version)
+    run = sub.add_parser(
+        "run",
+        help="run the operator (against the local simulated cluster unless a kubeconfig, "
+        "$KUBECONFIG or in-cluster credentials are given)",
+    )
+    run.add_argument("--kubeconfig", default=None, help="kubeconfig of the target cluster")
+    run.add_argument(
+        "--local", action="store_true", help="use (and start if needed) the local cluster"
+    )
+    run.add_argument("--dir", default=None, help="local cluster directory")
+    run.add_argument("--nodes", type=int, default=20, help="local cluster: nodes (default 20)")
+    run.add_argument(
+        "--gpu-nodes", type=int, default=12, help="local cluster: GPU nodes (default 12)"
+    )
+    run.add_argument(
+        "--install",
+        action="store_true",
+        help="install the CRD, namespace and sample ClusterPolicy first (always when local)",
+    )
+    run.add_argument(
+        "--namespace",
+        default=os.environ.get("OPERATOR_NAMESPACE", DEFAULT_NAMESPACE),
+        help="namespace of the operands (default $OPERATOR_NAMESPACE or gpu-operator)",
+    )
+    run.add_argument(
+        "--operator-image",
+        default=os.environ.get("GPUOP_OPERATOR_IMAGE", DEFAULT_OPERATOR_IMAGE),
+        help="image of this operator, also run as the validator on each node",
+    )
+    run.add_argument("--workers", type=int, default=8, help="parallel reconcile workers")
+    run.add_argument("--metrics-port", type=int, default=8080)
+    run.add_argument("--probe-port", type=int, default=8081)
+    run.set_defaults(func=_cmd_run)
+
     crd_cmd = sub.add_parser("crd", help="print the ClusterPolicy CRD generated from the models")
     crd_cmd.set_defaults(func=_cmd_crd)
 

@@ -40,6 +40,8 @@ def configure(level: str = "info", fmt: LogFormat = "auto") -> None:
     )
     numeric = logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
     logging.basicConfig(level=numeric, stream=sys.stderr, format="%(message)s")
+    # transitions narrates every callback at INFO; our own logs say what matters.
+    logging.getLogger("transitions").setLevel(max(numeric, logging.WARNING))
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,

@@ -1,0 +1,75 @@
+"""The config-manager pair the device plugin image ships, shared by the device plugin,
+GPU feature discovery and the MPS control daemon.
+
+`devicePlugin.config.name` names the user's ConfigMap (one config file per key). An init
+container copies the key selected by the node's `nvidia.com/device-plugin.config` label
+(or `devicePlugin.config.default`) into a shared emptyDir before the operand starts; a
+sidecar watches the label, swaps the file and signals the operand to reload.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from components._k8s import config_map_volume, env, field_env, mount
+from components.keys import DEVICE_PLUGIN_CONFIG_LABEL
+from crd import ClusterPolicySpec, component_image
+
+CONFIG_DIR = "/config"
+CONFIG_FILE = f"{CONFIG_DIR}/config.yaml"
+AVAILABLE_DIR = "/available-configs"
+
+
+def configured(spec: ClusterPolicySpec) -> bool:
+    """Whether the policy names a device plugin ConfigMap."""
+    config = spec.device_plugin.config
+    return bool(config and config.name)
+
+
+def _container(
+    spec: ClusterPolicySpec, name: str, process: str, *, oneshot: bool
+) -> dict[str, Any]:
+    config = spec.device_plugin.config
+    default = (config.default if config else None) or ""
+    return {
+        "name": name,
+        "image": component_image(spec, "devicePlugin"),
+        "imagePullPolicy": spec.device_plugin.image_pull_policy,
+        "command": ["config-manager"],
+        "env": [
+            env("ONESHOT", str(oneshot).lower()),
+            field_env("NODE_NAME", "spec.nodeName"),
+            env("NODE_LABEL", DEVICE_PLUGIN_CONFIG_LABEL),
+            env("CONFIG_FILE_SRCDIR", AVAILABLE_DIR),
+            env("CONFIG_FILE_DST", CONFIG_FILE),
+            env("DEFAULT_CONFIG", default),
+            env("FALLBACK_STRATEGIES", "named,single"),
+            env("SEND_SIGNAL", str(not oneshot).lower()),
+            env("SIGNAL", "1"),
+            env("PROCESS_TO_SIGNAL", process),
+        ],
+        "volumeMounts": [
+            mount("available-configs", AVAILABLE_DIR),
+            mount("config", CONFIG_DIR),
+        ],
+    }
+
+
+def init_container(spec: ClusterPolicySpec, process: str) -> dict[str, Any]:
+    """Writes the node's config file once, before the operand starts."""
+    return _container(spec, "config-manager-init", process, oneshot=True)
+
+
+def sidecar(spec: ClusterPolicySpec, process: str) -> dict[str, Any]:
+    """Follows label changes and signals `process` to reload."""
+    return _container(spec, "config-manager", process, oneshot=False)
+
+
+def volumes(spec: ClusterPolicySpec) -> list[dict[str, Any]]:
+    config = spec.device_plugin.config
+    name = config.name if config and config.name else ""
+    return [config_map_volume("available-configs", name), {"name": "config", "emptyDir": {}}]
+
+
+def operand_mount() -> dict[str, Any]:
+    return mount("config", CONFIG_DIR)

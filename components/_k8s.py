@@ -1,0 +1,308 @@
+"""Small builders for the Kubernetes objects operands are made of.
+
+Every operand goes through the same helpers so that labels, pod-wide settings from
+`spec.daemonsets` and security settings cannot drift between modules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from components.context import Manifest, RenderContext
+from crd import ClusterPolicySpec, ComponentSpec, EnvVar, ImageSpec
+
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+PART_OF_LABEL = "app.kubernetes.io/part-of"
+COMPONENT_LABEL = "app.kubernetes.io/component"
+APP_LABEL = "app"
+MANAGED_BY = "gpuop"
+PART_OF = "gpu-operator"
+
+VALIDATIONS_DIR = "/run/nvidia/validations"
+DRIVER_ROOT = "/run/nvidia/driver"
+HOST_ROOT_MOUNT = "/host"
+
+
+def _ours(component: str) -> dict[str, str]:
+    return {MANAGED_BY_LABEL: MANAGED_BY, PART_OF_LABEL: PART_OF, COMPONENT_LABEL: component}
+
+
+def object_labels(component: str, spec: ClusterPolicySpec, ctx: RenderContext) -> dict[str, str]:
+    """Metadata labels: the context's, then the policy's, then ours (ours win)."""
+    return {**ctx.extra_labels, **spec.daemonsets.labels, **_ours(component)}
+
+
+def metadata(
+    name: str,
+    component: str,
+    spec: ClusterPolicySpec,
+    ctx: RenderContext,
+    *,
+    namespaced: bool = True,
+) -> dict[str, Any]:
+    """Object metadata; cluster-scoped objects get no namespace."""
+    meta: dict[str, Any] = {"name": name, "labels": object_labels(component, spec, ctx)}
+    if namespaced:
+        meta["namespace"] = ctx.namespace
+    return meta
+
+
+def pod_labels(app: str, component: str, spec: ClusterPolicySpec) -> dict[str, str]:
+    """Pod template labels: only the policy's pod-wide labels and fixed ones, so nothing
+    outside `spec.daemonsets` and the operand's own section can restart its pods."""
+    return {**spec.daemonsets.labels, APP_LABEL: app, **_ours(component)}
+
+
+def max_unavailable(value: int | str) -> int | str:
+    """Kubernetes int-or-string: a quoted count ("1", upstream's chart style) becomes the
+    int it means, the canonical form every API server version reads as a count."""
+    return int(value) if isinstance(value, str) and value.isdigit() else value
+
+
+def rolling_update_strategy(spec: ClusterPolicySpec) -> dict[str, Any]:
+    """The operand DaemonSets' update strategy from `spec.daemonsets`."""
+    if spec.daemonsets.update_strategy == "OnDelete":
+        return {"type": "OnDelete"}
+    limit = max_unavailable(spec.daemonsets.rolling_update.max_unavailable)
+    return {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": limit}}
+
+
+def dump_tolerations(spec: ClusterPolicySpec) -> list[dict[str, Any]]:
+    return [
+        t.model_dump(mode="json", by_alias=True, exclude_none=True)
+        for t in spec.daemonsets.tolerations
+    ]
+
+
+def unique(names: Iterable[str]) -> list[str]:
+    """Order-preserving de-duplication."""
+    return list(dict.fromkeys(names))
+
+
+def pull_secrets(*groups: Iterable[str] | None) -> list[dict[str, str]]:
+    return [{"name": n} for n in unique(n for g in groups if g for n in g)]
+
+
+def daemonset(
+    name: str,
+    component: str,
+    spec: ClusterPolicySpec,
+    ctx: RenderContext,
+    pod_spec: dict[str, Any],
+    *,
+    node_selector: Mapping[str, str],
+    update_strategy: dict[str, Any] | None = None,
+    pod_annotations: Mapping[str, str] | None = None,
+) -> Manifest:
+    """A DaemonSet selecting `app=<name>`, with the policy's pod-wide settings applied."""
+    labels = pod_labels(name, component, spec)
+    annotations = {**spec.daemonsets.annotations, **(pod_annotations or {})}
+    template_meta: dict[str, Any] = {"labels": labels}
+    if annotations:
+        template_meta["annotations"] = annotations
+    full_pod: dict[str, Any] = {
+        **pod_spec,
+        "nodeSelector": dict(node_selector),
+        "tolerations": dump_tolerations(spec),
+        "priorityClassName": spec.daemonsets.priority_class_name,
+    }
+    if not full_pod.get("imagePullSecrets"):
+        full_pod.pop("imagePullSecrets", None)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": metadata(name, component, spec, ctx),
+        "spec": {
+            "selector": {"matchLabels": {APP_LABEL: name}},
+            "updateStrategy": update_strategy or rolling_update_strategy(spec),
+            "template": {"metadata": template_meta, "spec": full_pod},
+        },
+    }
+
+
+def env(name: str, value: str) -> dict[str, Any]:
+    return {"name": name, "value": value}
+
+
+def field_env(name: str, path: str) -> dict[str, Any]:
+    """An environment variable from the downward API (`spec.nodeName`, `metadata.uid`)."""
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def dump_env(variables: Sequence[EnvVar] | None) -> list[dict[str, Any]]:
+    return [v.model_dump(mode="json", by_alias=True, exclude_none=True) for v in variables or ()]
+
+
+def merge_env(*groups: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Later groups override earlier ones by name (the user's env comes last)."""
+    merged: dict[str, dict[str, Any]] = {}
+    for group in groups:
+        for var in group:
+            merged.pop(var["name"], None)
+            merged[var["name"]] = var
+    return list(merged.values())
+
+
+def container(
+    name: str,
+    image: str,
+    section: ImageSpec,
+    *,
+    command: list[str] | None = None,
+    args: Sequence[str] = (),
+    env_vars: Sequence[dict[str, Any]] = (),
+    mounts: Sequence[dict[str, Any]] = (),
+    privileged: bool = False,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A container; a ComponentSpec section adds its args, env and resources."""
+    user_args: list[str] = []
+    user_env: list[dict[str, Any]] = []
+    resources: dict[str, Any] | None = None
+    if isinstance(section, ComponentSpec):
+        user_args = list(section.args or ())
+        user_env = dump_env(section.env)
+        if section.resources is not None:
+            resources = section.resources.model_dump(mode="json", exclude_none=True)
+    result: dict[str, Any] = {
+        "name": name,
+        "image": image,
+        "imagePullPolicy": section.image_pull_policy,
+    }
+    if command:
+        result["command"] = command
+    all_args = [*args, *user_args]
+    if all_args:
+        result["args"] = all_args
+    all_env = merge_env(env_vars, user_env)
+    if all_env:
+        result["env"] = all_env
+    if resources:
+        result["resources"] = resources
+    if mounts:
+        result["volumeMounts"] = list(mounts)
+    if privileged:
+        result["securityContext"] = {"privileged": True}
+    result.update(extra or {})
+    return result
+
+
+def host_path(name: str, path: str, kind: str | None = None) -> dict[str, Any]:
+    source: dict[str, Any] = {"path": path}
+    if kind:
+        source["type"] = kind
+    return {"name": name, "hostPath": source}
+
+
+def config_map_volume(name: str, config_map: str, *, optional: bool = False) -> dict[str, Any]:
+    source: dict[str, Any] = {"name": config_map}
+    if optional:
+        source["optional"] = True
+    return {"name": name, "configMap": source}
+
+
+def mount(
+    name: str, path: str, *, read_only: bool = False, propagation: str | None = None
+) -> dict[str, Any]:
+    result: dict[str, Any] = {"name": name, "mountPath": path}
+    if read_only:
+        result["readOnly"] = True
+    if propagation:
+        result["mountPropagation"] = propagation
+    return result
+
+
+def wait_for_file(ctx: RenderContext, name: str, path: str) -> dict[str, Any]:
+    """Init container holding an operand back until an earlier layer wrote its status file.
+
+    Runs the operator image because operand images may be distroless (no shell)."""
+    script = f'until [ -f {path} ]; do echo "waiting for {path}"; sleep 5; done'
+    return {
+        "name": name,
+        "image": ctx.operator_image,
+        "imagePullPolicy": ctx.operator_image_pull_policy,
+        "command": ["sh", "-c", script],
+        "volumeMounts": [mount("run-nvidia-validations", VALIDATIONS_DIR, read_only=True)],
+    }
+
+
+def validations_volume() -> dict[str, Any]:
+    return host_path("run-nvidia-validations", VALIDATIONS_DIR, "DirectoryOrCreate")
+
+
+def service_account(
+    name: str, component: str, spec: ClusterPolicySpec, ctx: RenderContext
+) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": metadata(name, component, spec, ctx),
+    }
+
+
+def cluster_role_and_binding(
+    name: str,
+    component: str,
+    spec: ClusterPolicySpec,
+    ctx: RenderContext,
+    rules: list[dict[str, Any]],
+) -> list[Manifest]:
+    """Cluster-wide permissions (e.g. reading Nodes) for the ServiceAccount `name`."""
+    meta = metadata(name, component, spec, ctx, namespaced=False)
+    return [
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": meta,
+            "rules": rules,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": dict(meta),
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": name,
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ctx.namespace}],
+        },
+    ]
+
+
+def role_and_binding(
+    name: str,
+    component: str,
+    spec: ClusterPolicySpec,
+    ctx: RenderContext,
+    rules: list[dict[str, Any]],
+) -> list[Manifest]:
+    """Namespaced permissions for the ServiceAccount `name`."""
+    return [
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": metadata(name, component, spec, ctx),
+            "rules": rules,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": metadata(name, component, spec, ctx),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ctx.namespace}],
+        },
+    ]
+
+
+READ_NODES = {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}
+"""Config managers and validators read their own Node (labels, allocatable)."""
+
+DRIVER_ROOT_VOLUME_NAME = "driver-root"
+
+
+def driver_root(spec: ClusterPolicySpec) -> str:
+    """Where the driver's files are on the host: the driver container's root when we run
+    the driver, else the host's own root (a host-installed driver)."""
+    return spec.host_paths.driver_install_dir if spec.driver.enabled else spec.host_paths.root_fs

@@ -1,0 +1,160 @@
+"""dcgm-exporter: per-GPU metrics for Prometheus, its Service, and optionally a
+ServiceMonitor (only when asked for and the Prometheus Operator's CRD exists, since the
+API server refuses objects of an unknown kind)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from components._k8s import (
+    APP_LABEL,
+    VALIDATIONS_DIR,
+    config_map_volume,
+    container,
+    daemonset,
+    env,
+    field_env,
+    host_path,
+    metadata,
+    mount,
+    pull_secrets,
+    service_account,
+    validations_volume,
+    wait_for_file,
+)
+from components.component import Component
+from components.context import Manifest, RenderContext
+from components.keys import DEPLOY_DCGM_EXPORTER_LABEL, TRUE
+from crd import ClusterPolicySpec, component_image
+
+NAME = "dcgm-exporter"
+DAEMONSET_NAME = "nvidia-dcgm-exporter"
+SERVICE_NAME = "nvidia-dcgm-exporter"
+SERVICE_ACCOUNT = "nvidia-dcgm-exporter"
+CONTAINER_NAME = "nvidia-dcgm-exporter"
+METRICS_PORT = 9400
+SERVICE_PORT_NAME = "gpu-metrics"
+CUSTOM_METRICS_DIR = "/etc/dcgm-exporter/custom"
+POD_RESOURCES_DIR = "/var/lib/kubelet/pod-resources"
+
+
+def enabled(spec: ClusterPolicySpec) -> bool:
+    return spec.dcgm_exporter.enabled
+
+
+def _env(spec: ClusterPolicySpec) -> list[dict[str, Any]]:
+    exporter = spec.dcgm_exporter
+    variables = [
+        env("DCGM_EXPORTER_LISTEN", f":{METRICS_PORT}"),
+        env("DCGM_EXPORTER_KUBERNETES", "true"),
+    ]
+    if exporter.config and exporter.config.name:
+        variables.append(env("DCGM_EXPORTER_COLLECTORS", f"{CUSTOM_METRICS_DIR}/dcgm-metrics.csv"))
+    if spec.dcgm.enabled:  # use the standalone host engine on this node
+        variables += [
+            field_env("NODE_IP", "status.hostIP"),
+            env("DCGM_REMOTE_HOSTENGINE_INFO", f"$(NODE_IP):{spec.dcgm.host_port}"),
+        ]
+    return variables
+
+
+def _daemonset(spec: ClusterPolicySpec, ctx: RenderContext) -> Manifest:
+    exporter = spec.dcgm_exporter
+    mounts = [mount("pod-resources", POD_RESOURCES_DIR, read_only=True)]
+    volumes = [host_path("pod-resources", POD_RESOURCES_DIR), validations_volume()]
+    if exporter.config and exporter.config.name:
+        mounts.append(mount("metrics-config", CUSTOM_METRICS_DIR, read_only=True))
+        volumes.append(config_map_volume("metrics-config", exporter.config.name))
+    main = container(
+        CONTAINER_NAME,
+        component_image(spec, "dcgmExporter"),
+        exporter,
+        env_vars=_env(spec),
+        mounts=mounts,
+        extra={
+            "ports": [{"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
+            "securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}},
+        },
+    )
+    pod: dict[str, Any] = {
+        "serviceAccountName": SERVICE_ACCOUNT,
+        "runtimeClassName": spec.operator.runtime_class,
+        "initContainers": [
+            wait_for_file(ctx, "toolkit-validation", f"{VALIDATIONS_DIR}/toolkit-ready")
+        ],
+        "containers": [main],
+        "imagePullSecrets": pull_secrets(
+            exporter.image_pull_secrets, ctx.operator_image_pull_secrets
+        ),
+        "volumes": volumes,
+    }
+    return daemonset(
+        DAEMONSET_NAME, NAME, spec, ctx, pod, node_selector={DEPLOY_DCGM_EXPORTER_LABEL: TRUE}
+    )
+
+
+def _service(spec: ClusterPolicySpec, ctx: RenderContext) -> Manifest:
+    settings = spec.dcgm_exporter.service
+    service_spec: dict[str, Any] = {
+        "type": (settings.type if settings and settings.type else "ClusterIP"),
+        "selector": {APP_LABEL: DAEMONSET_NAME},
+        "ports": [
+            {
+                "name": SERVICE_PORT_NAME,
+                "port": METRICS_PORT,
+                "targetPort": METRICS_PORT,
+                "protocol": "TCP",
+            }
+        ],
+    }
+    if settings and settings.internal_traffic_policy:
+        service_spec["internalTrafficPolicy"] = settings.internal_traffic_policy
+    meta = metadata(SERVICE_NAME, NAME, spec, ctx)
+    meta["labels"][APP_LABEL] = DAEMONSET_NAME
+    meta["annotations"] = {"prometheus.io/scrape": "true"}
+    return {"apiVersion": "v1", "kind": "Service", "metadata": meta, "spec": service_spec}
+
+
+def _service_monitor(spec: ClusterPolicySpec, ctx: RenderContext) -> Manifest | None:
+    monitor = spec.dcgm_exporter.service_monitor
+    if monitor is None or not monitor.enabled or not ctx.service_monitor_crd:
+        return None
+    endpoint: dict[str, Any] = {
+        "port": SERVICE_PORT_NAME,
+        "path": "/metrics",
+        "honorLabels": monitor.honor_labels,
+    }
+    if monitor.interval:
+        endpoint["interval"] = monitor.interval
+    if monitor.relabelings:
+        endpoint["relabelings"] = monitor.relabelings
+    meta = metadata(SERVICE_NAME, NAME, spec, ctx)
+    meta["labels"] = {**(monitor.additional_labels or {}), **meta["labels"]}
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "ServiceMonitor",
+        "metadata": meta,
+        "spec": {
+            "jobLabel": APP_LABEL,
+            "selector": {"matchLabels": {APP_LABEL: DAEMONSET_NAME}},
+            "namespaceSelector": {"matchNames": [ctx.namespace]},
+            "endpoints": [endpoint],
+        },
+    }
+
+
+def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
+    objects = [
+        service_account(SERVICE_ACCOUNT, NAME, spec, ctx),
+        _daemonset(spec, ctx),
+        _service(spec, ctx),
+    ]
+    monitor = _service_monitor(spec, ctx)
+    if monitor is not None:
+        objects.append(monitor)
+    return objects
+
+
+COMPONENT = Component(
+    name=NAME, deploy_label=DEPLOY_DCGM_EXPORTER_LABEL, is_enabled=enabled, render=render
+)

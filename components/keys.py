@@ -1,0 +1,60 @@
+"""Node label keys and values shared by the labeller and the operand manifests.
+
+They are upstream's spellings: users' node selectors, runbooks and other tools (MIG
+manager pausing operands, GFD publishing capabilities) already rely on them.
+"""
+
+from __future__ import annotations
+
+NFD_GPU_LABELS: tuple[str, ...] = (
+    "feature.node.kubernetes.io/pci-10de.present",
+    "feature.node.kubernetes.io/pci-0302_10de.present",
+    "feature.node.kubernetes.io/pci-0300_10de.present",
+)
+"""Node Feature Discovery's PCI labels for an NVIDIA device (any class, 3D, VGA)."""
+
+GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
+"""Ours: the node has an NVIDIA GPU."""
+
+DEPLOY_LABEL_PREFIX = "nvidia.com/gpu.deploy."
+"""Per-operand deploy labels: `nvidia.com/gpu.deploy.<operand>`."""
+
+DEPLOY_OPERANDS_LABEL = "nvidia.com/gpu.deploy.operands"
+"""The user's: `false` keeps every operand off the node."""
+
+DEPLOY_DRIVER_LABEL = "nvidia.com/gpu.deploy.driver"
+DEPLOY_TOOLKIT_LABEL = "nvidia.com/gpu.deploy.container-toolkit"
+DEPLOY_DEVICE_PLUGIN_LABEL = "nvidia.com/gpu.deploy.device-plugin"
+DEPLOY_DCGM_LABEL = "nvidia.com/gpu.deploy.dcgm"
+DEPLOY_DCGM_EXPORTER_LABEL = "nvidia.com/gpu.deploy.dcgm-exporter"
+DEPLOY_GFD_LABEL = "nvidia.com/gpu.deploy.gpu-feature-discovery"
+DEPLOY_MIG_MANAGER_LABEL = "nvidia.com/gpu.deploy.mig-manager"
+DEPLOY_NODE_STATUS_EXPORTER_LABEL = "nvidia.com/gpu.deploy.node-status-exporter"
+DEPLOY_VALIDATOR_LABEL = "nvidia.com/gpu.deploy.operator-validator"
+
+DEPLOY_LABELS: tuple[str, ...] = (
+    DEPLOY_DRIVER_LABEL,
+    DEPLOY_TOOLKIT_LABEL,
+    DEPLOY_VALIDATOR_LABEL,
+    DEPLOY_DEVICE_PLUGIN_LABEL,
+    DEPLOY_DCGM_LABEL,
+    DEPLOY_DCGM_EXPORTER_LABEL,
+    DEPLOY_GFD_LABEL,
+    DEPLOY_MIG_MANAGER_LABEL,
+    DEPLOY_NODE_STATUS_EXPORTER_LABEL,
+)
+"""Every per-operand deploy label this operator manages."""
+
+MIG_CAPABLE_LABEL = "nvidia.com/mig.capable"
+"""Set by GPU feature discovery: `true` on nodes whose GPUs support MIG."""
+
+MPS_CAPABLE_LABEL = "nvidia.com/mps.capable"
+"""Set by the device plugin when its configuration asks for MPS sharing."""
+
+DEVICE_PLUGIN_CONFIG_LABEL = "nvidia.com/device-plugin.config"
+"""The user's: which device plugin configuration (ConfigMap key) a node uses."""
+
+TRUE = "true"
+FALSE = "false"
+PAUSED_PREFIX = "paused-for-"
+"""Deploy label values another component set to stop an operand for a while."""

@@ -1,0 +1,96 @@
+"""Node labelling as a pure function: which of our labels a node should gain or lose.
+
+Ownership is read from values, so nothing needs remembering between passes: `true` on
+`nvidia.com/gpu.present` or a deploy label is ours; `false` is the user's (never touched);
+`paused-for-*` belongs to another component that stopped an operand for a while (left
+alone). Only our own values are ever removed, and the result is a fixed point: applying
+it and asking again yields no change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from components.keys import (
+    DEPLOY_LABELS,
+    DEPLOY_MIG_MANAGER_LABEL,
+    DEPLOY_OPERANDS_LABEL,
+    FALSE,
+    GPU_PRESENT_LABEL,
+    MIG_CAPABLE_LABEL,
+    NFD_GPU_LABELS,
+    PAUSED_PREFIX,
+    TRUE,
+)
+from components.registry import COMPONENTS
+from crd import ClusterPolicySpec
+
+LabelChanges = dict[str, str | None]
+"""Label key to new value, or None to remove it."""
+
+
+def is_gpu_node(labels: Mapping[str, str]) -> bool:
+    """NFD found an NVIDIA PCI device on the node."""
+    return any(labels.get(key) == TRUE for key in NFD_GPU_LABELS)
+
+
+def is_mig_capable(labels: Mapping[str, str]) -> bool:
+    """GPU feature discovery reported MIG support."""
+    return labels.get(MIG_CAPABLE_LABEL) == TRUE
+
+
+def wanted_deploy_labels(labels: Mapping[str, str], spec: ClusterPolicySpec | None) -> set[str]:
+    """Deploy labels that should be `true` on this node (before respecting user values)."""
+    if spec is None or not is_gpu_node(labels) or labels.get(DEPLOY_OPERANDS_LABEL) == FALSE:
+        return set()
+    wanted = {c.deploy_label for c in COMPONENTS if c.deploy_label and c.enabled(spec)}
+    if not is_mig_capable(labels):
+        wanted.discard(DEPLOY_MIG_MANAGER_LABEL)
+    return wanted
+
+
+def _not_ours(value: str | None) -> bool:
+    return value == FALSE or (value is not None and value.startswith(PAUSED_PREFIX))
+
+
+def node_label_changes(labels: Mapping[str, str], spec: ClusterPolicySpec | None) -> LabelChanges:
+    """The label patch for one node; empty when the node is already as it should be.
+
+    `spec` is None when no ClusterPolicy is active: then no operand is wanted anywhere,
+    but `nvidia.com/gpu.present` still tracks the hardware.
+    """
+    changes: LabelChanges = {}
+    present = labels.get(GPU_PRESENT_LABEL)
+    if is_gpu_node(labels):
+        if present != TRUE and not _not_ours(present):
+            changes[GPU_PRESENT_LABEL] = TRUE
+    elif present == TRUE:
+        changes[GPU_PRESENT_LABEL] = None
+    wanted = wanted_deploy_labels(labels, spec)
+    for key in DEPLOY_LABELS:
+        value = labels.get(key)
+        if _not_ours(value):
+            continue
+        if key in wanted and value != TRUE:
+            changes[key] = TRUE
+        elif key not in wanted and value == TRUE:
+            changes[key] = None
+    return changes
+
+
+def apply_label_changes(
+    labels: Mapping[str, str], changes: Mapping[str, str | None]
+) -> dict[str, str]:
+    """The labels after a patch (what the API server would store)."""
+    result = dict(labels)
+    for key, value in changes.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = value
+    return result
+
+
+def any_mig_capable(nodes: Iterable[Mapping[str, str]]) -> bool:
+    """Whether some GPU node (given by its labels) is MIG-capable: RenderContext.mig_capable."""
+    return any(is_gpu_node(labels) and is_mig_capable(labels) for labels in nodes)

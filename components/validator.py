@@ -1,0 +1,168 @@
+"""operator-validation: our node agent checks driver, toolkit, CUDA and device plugin in
+order and writes the `*-ready` status files that later operands wait for.
+
+The pod turns Ready only at `plugin-ready`, i.e. after the device plugin (a later rollout
+state) advertises GPUs: the component therefore does not gate the rollout, but its pods'
+readiness is what the driver upgrade's validation step waits for.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from components._k8s import (
+    DRIVER_ROOT,
+    HOST_ROOT_MOUNT,
+    READ_NODES,
+    VALIDATIONS_DIR,
+    cluster_role_and_binding,
+    container,
+    daemonset,
+    driver_root,
+    dump_env,
+    field_env,
+    host_path,
+    merge_env,
+    mount,
+    pull_secrets,
+    role_and_binding,
+    service_account,
+    validations_volume,
+)
+from components.component import Component
+from components.context import Manifest, RenderContext
+from components.keys import DEPLOY_VALIDATOR_LABEL, TRUE
+from crd import CUDA_SAMPLE_IMAGE, ClusterPolicySpec, ValidatorComponentSpec
+
+NAME = "operator-validation"
+DAEMONSET_NAME = "nvidia-operator-validator"
+SERVICE_ACCOUNT = "nvidia-operator-validator"
+CONTAINER_NAME = "nvidia-operator-validator"
+CUDA_IMAGE_ENV = "CUDA_SAMPLE_IMAGE"
+"""Set in `validator.cuda.env` to replace the CUDA sample image (private registries)."""
+WITH_WORKLOAD_ENV = "WITH_WORKLOAD"
+"""`true` in `validator.plugin.env`: also run a pod requesting a GPU after allocatable."""
+DEFAULT_TOOLKIT_DIR = "/usr/local/nvidia"
+
+_POD_RULES = [
+    {
+        "apiGroups": [""],
+        "resources": ["pods"],
+        "verbs": ["get", "list", "watch", "create", "delete"],
+    }
+]
+
+
+def enabled(spec: ClusterPolicySpec) -> bool:
+    return spec.validator.enabled
+
+
+def _env_value(section: ValidatorComponentSpec | None, name: str) -> str | None:
+    for var in (section.env or ()) if section else ():
+        if var.name == name and var.value:
+            return var.value
+    return None
+
+
+def cuda_image(spec: ClusterPolicySpec) -> str:
+    """The CUDA sample the cuda check runs: `validator.cuda.env` CUDA_SAMPLE_IMAGE or ours."""
+    return _env_value(spec.validator.cuda, CUDA_IMAGE_ENV) or CUDA_SAMPLE_IMAGE
+
+
+def command(spec: ClusterPolicySpec) -> list[str]:
+    """`gpuop node-agent validate --wait ...` with this policy's settings."""
+    validator = spec.validator
+    root = DRIVER_ROOT if spec.driver.enabled else HOST_ROOT_MOUNT
+    cmd = [
+        "gpuop",
+        "node-agent",
+        "validate",
+        "--wait",
+        "--driver-root",
+        root,
+        "--host-root",
+        HOST_ROOT_MOUNT,
+        "--validations-dir",
+        VALIDATIONS_DIR,
+        "--cuda-image",
+        cuda_image(spec),
+        "--runtime-class",
+        spec.operator.runtime_class,
+    ]
+    for secret in validator.image_pull_secrets or ():
+        cmd += ["--image-pull-secret", secret]
+    if (_env_value(validator.plugin, WITH_WORKLOAD_ENV) or "").lower() == TRUE:
+        cmd.append("--plugin-workload")
+    install_dir = spec.toolkit.install_dir.rstrip("/")
+    if install_dir != DEFAULT_TOOLKIT_DIR:
+        toolkit = f"{install_dir}/toolkit"
+        cmd += [
+            "--toolkit-runtime-dirs",
+            f"{toolkit},/usr/bin,/usr/local/bin",
+            "--toolkit-config-paths",
+            f"{toolkit}/.config/nvidia-container-runtime/config.toml,"
+            "/etc/nvidia-container-runtime/config.toml",
+        ]
+    return cmd
+
+
+def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
+    validator = spec.validator
+    steps = (validator.driver, validator.toolkit, validator.cuda, validator.plugin)
+    main = container(
+        CONTAINER_NAME,
+        ctx.operator_image,
+        validator,
+        command=command(spec),
+        env_vars=merge_env(
+            [
+                field_env("NODE_NAME", "spec.nodeName"),
+                field_env("POD_NAME", "metadata.name"),
+                field_env("POD_NAMESPACE", "metadata.namespace"),
+                field_env("POD_UID", "metadata.uid"),
+            ],
+            *(dump_env(step.env) for step in steps if step is not None),
+        ),
+        mounts=[
+            mount("run-nvidia-validations", VALIDATIONS_DIR),
+            mount("driver-root", DRIVER_ROOT, read_only=True, propagation="HostToContainer"),
+            mount("host-root", HOST_ROOT_MOUNT, read_only=True, propagation="HostToContainer"),
+        ],
+        privileged=True,
+        extra={
+            "readinessProbe": {
+                "exec": {"command": ["test", "-f", f"{VALIDATIONS_DIR}/plugin-ready"]},
+                "periodSeconds": 5,
+            }
+        },
+    )
+    main["imagePullPolicy"] = ctx.operator_image_pull_policy
+    pod: dict[str, Any] = {
+        "serviceAccountName": SERVICE_ACCOUNT,
+        "containers": [main],
+        "imagePullSecrets": pull_secrets(
+            ctx.operator_image_pull_secrets, validator.image_pull_secrets
+        ),
+        "volumes": [
+            validations_volume(),
+            host_path("driver-root", driver_root(spec), "DirectoryOrCreate"),
+            host_path("host-root", spec.host_paths.root_fs),
+        ],
+    }
+    return [
+        service_account(SERVICE_ACCOUNT, NAME, spec, ctx),
+        *role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, _POD_RULES),
+        *cluster_role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, [READ_NODES]),
+        daemonset(
+            DAEMONSET_NAME, NAME, spec, ctx, pod, node_selector={DEPLOY_VALIDATOR_LABEL: TRUE}
+        ),
+    ]
+
+
+COMPONENT = Component(
+    name=NAME,
+    deploy_label=DEPLOY_VALIDATOR_LABEL,
+    is_enabled=enabled,
+    render=render,
+    gates_rollout=False,
+)

@@ -1,0 +1,20 @@
+"""Settings of one operator process (CLI flags and environment)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_NAMESPACE = "gpu-operator"
+DEFAULT_OPERATOR_IMAGE = "ghcr.io/gpuop/gpuop:0.1.0"
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    namespace: str = DEFAULT_NAMESPACE
+    operator_image: str = DEFAULT_OPERATOR_IMAGE
+    workers: int = 8
+    metrics_host: str = "0.0.0.0"  # a pod serves on its own IP
+    metrics_port: int = 8080
+    probe_port: int = 8081
+    leader_elect: bool = False
+    lease_name: str = "gpuop-leader"

@@ -1,0 +1,59 @@
+"""What the controller keeps of a Node, and which changes deserve a reconcile.
+
+Nodes are most of the operator's memory at fleet scale; keeping only the fields
+it reads (labels, annotations, schedulability, taints, Ready, allocatable) keeps
+a node to a few hundred bytes instead of several kilobytes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+Obj = dict[str, Any]
+
+
+def trim_node(node: Obj) -> Obj:
+    meta = node.get("metadata") or {}
+    spec = node.get("spec") or {}
+    status = node.get("status") or {}
+    ready = [c for c in status.get("conditions") or [] if c.get("type") == "Ready"]
+    return {
+        "metadata": {
+            "name": meta.get("name"),
+            "uid": meta.get("uid"),
+            "resourceVersion": meta.get("resourceVersion"),
+            "labels": meta.get("labels") or {},
+            "annotations": meta.get("annotations") or {},
+        },
+        "spec": {k: spec[k] for k in ("unschedulable", "taints") if k in spec},
+        "status": {
+            "conditions": [{"type": "Ready", "status": c.get("status")} for c in ready],
+            "allocatable": status.get("allocatable") or {},
+        },
+    }
+
+
+def node_fingerprint(node: Obj | None) -> Any:
+    """Everything a node reconcile reads; heartbeats alone do not change it."""
+    if node is None:
+        return None
+    meta = node["metadata"]
+    return (
+        tuple(sorted(meta["labels"].items())),
+        tuple(sorted(meta["annotations"].items())),
+        node["spec"].get("unschedulable", False),
+        repr(node["spec"].get("taints")),
+        is_ready(node),
+    )
+
+
+def is_ready(node: Obj) -> bool:
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in node["status"].get("conditions", [])
+    )
+
+
+def labels(node: Obj) -> dict[str, str]:
+    result: dict[str, str] = node["metadata"]["labels"]
+    return result

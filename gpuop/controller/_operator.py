@@ -1,0 +1,440 @@
+"""The operator process core: caches, queue, and the two reconcilers."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from components import COMPONENTS, RenderContext
+from components._k8s import COMPONENT_LABEL, MANAGED_BY, MANAGED_BY_LABEL
+from components.hashing import applied_hash, needs_apply, with_hash
+from components.labels import any_mig_capable, is_gpu_node, node_label_changes
+from components.readiness import component_ready
+from crd import (
+    REASON_INVALID_SPEC,
+    REASON_NFD_LABELS_MISSING,
+    REASON_OPERAND_NOT_READY,
+    ClusterPolicy,
+    ClusterPolicySpec,
+    ClusterPolicyStatus,
+    ComponentState,
+    ignored_status,
+    not_ready_status,
+    parse_policy,
+    ready_status,
+)
+from gpuop.controller._config import OperatorConfig
+from gpuop.controller._nodes import labels, node_fingerprint, trim_node
+from gpuop.controller._status import status_dict, status_patch
+from gpuop.informer import Informer, Obj, ResourceSpec, key_of
+from gpuop.log import get_logger
+from gpuop.metrics import (
+    STATUS_ERROR,
+    STATUS_NO_POLICY,
+    STATUS_NOT_READY,
+    STATUS_READY,
+    OperatorMetrics,
+)
+from gpuop.rest import Kind, Rest, by_kind
+from statemachine.rollout import ComponentStatus, plan_rollout
+
+log = get_logger(__name__)
+
+CLUSTER_KEY = "cluster"
+NODE_PREFIX = "node/"
+MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
+
+NODE = by_kind("v1", "Node")
+POLICY = by_kind("nvidia.com/v1", "ClusterPolicy")
+
+#: Namespaced kinds we create and watch (label-selected) in the operator namespace.
+_OWNED_NAMESPACED = (
+    by_kind("apps/v1", "DaemonSet"),
+    by_kind("v1", "Service"),
+    by_kind("v1", "ServiceAccount"),
+    by_kind("v1", "ConfigMap"),
+    by_kind("rbac.authorization.k8s.io/v1", "Role"),
+    by_kind("rbac.authorization.k8s.io/v1", "RoleBinding"),
+)
+_OWNED_CLUSTER = (
+    by_kind("node.k8s.io/v1", "RuntimeClass"),
+    by_kind("rbac.authorization.k8s.io/v1", "ClusterRole"),
+    by_kind("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"),
+)
+_NFD_LABELS = (
+    "feature.node.kubernetes.io/pci-10de.present",
+    "feature.node.kubernetes.io/pci-0302_10de.present",
+    "feature.node.kubernetes.io/pci-0300_10de.present",
+)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _gen(obj: Obj) -> int | None:
+    value = obj.get("metadata", {}).get("generation")
+    return int(value) if value is not None else None
+
+
+class Operator:
+    """Wires watch caches to a work queue; owns no state that is not in the cluster."""
+
+    def __init__(self, rest: Rest, config: OperatorConfig, metrics: OperatorMetrics) -> None:
+        from gpuop.workqueue import WorkQueue
+
+        self.rest = rest
+        self.config = config
+        self.metrics = metrics
+        self.queue = WorkQueue(self._reconcile, workers=config.workers)
+        ns = config.namespace
+        self.nodes = Informer(
+            ResourceSpec("nodes", rest.lister(NODE), transform=trim_node), self._on_node
+        )
+        self.policies = Informer(
+            ResourceSpec("clusterpolicies", rest.lister(POLICY)), self._on_policy
+        )
+        self.owned: dict[str, Informer] = {}
+        for kind in (*_OWNED_NAMESPACED, *_OWNED_CLUSTER):
+            self.owned[kind.kind] = Informer(
+                ResourceSpec(
+                    kind.plural,
+                    rest.lister(kind, ns if kind.namespaced else None),
+                    label_selector=MANAGED_SELECTOR,
+                ),
+                self._on_owned,
+            )
+        self.pods = Informer(
+            ResourceSpec(
+                "pods", rest.lister(by_kind("v1", "Pod"), ns), label_selector=MANAGED_SELECTOR
+            ),
+            self._on_pod,
+        )
+        self.revisions = Informer(
+            ResourceSpec(
+                "controllerrevisions",
+                rest.lister(by_kind("apps/v1", "ControllerRevision"), ns),
+                label_selector=MANAGED_SELECTOR,
+            ),
+            self._on_revision,
+        )
+        #: Hashes we applied but whose watch event may not have arrived yet, so a
+        #: pass right after a write does not write again. Keyed like the caches.
+        self._applied: dict[tuple[str, str], str] = {}
+        self._policy_cache: tuple[str, ClusterPolicy | None, list[str]] | None = None
+        self.synced = False
+        self._started = time.monotonic()
+
+    # ------------------------------------------------------------- informers
+    @property
+    def informers(self) -> list[Informer]:
+        return [self.nodes, self.policies, self.pods, self.revisions, *self.owned.values()]
+
+    async def run(self) -> None:
+        """Run until cancelled; any root task dying ends the process (TaskGroup)."""
+        async with asyncio.TaskGroup() as group:
+            for informer in self.informers:
+                group.create_task(informer.run(), name=f"watch-{informer.spec.name}")
+            await asyncio.gather(*(i.synced.wait() for i in self.informers))
+            self.synced = True
+            log.info(
+                "caches synced",
+                nodes=len(self.nodes.store),
+                seconds=round(time.monotonic() - self._started, 2),
+            )
+            group.create_task(self.queue.run(), name="workqueue")
+            self.queue.add(CLUSTER_KEY)
+            for name in self.nodes.store:
+                self.queue.add(NODE_PREFIX + name)
+
+    # -------------------------------------------------------- event routing
+    def _on_node(self, event: str, old: Obj | None, new: Obj | None) -> None:
+        node = new or old
+        assert node is not None
+        name = node["metadata"]["name"]
+        if node_fingerprint(old) == node_fingerprint(new):
+            return
+        self.queue.add(NODE_PREFIX + name)
+        if event != "MODIFIED" or _gpu_facts(old) != _gpu_facts(new):
+            self.queue.add(CLUSTER_KEY)
+
+    def _on_policy(self, event: str, old: Obj | None, new: Obj | None) -> None:
+        if (
+            event == "MODIFIED"
+            and old is not None
+            and new is not None
+            and _gen(old) == _gen(new)
+            and old["metadata"].get("labels") == new["metadata"].get("labels")
+        ):
+            return  # only status changed (most likely our own write)
+        self.queue.add(CLUSTER_KEY)
+        # Enabled components decide each node's deploy labels.
+        for name, node in self.nodes.store.items():
+            if is_gpu_node(labels(node)):
+                self.queue.add(NODE_PREFIX + name)
+
+    def _on_owned(self, event: str, old: Obj | None, new: Obj | None) -> None:
+        obj = new or old
+        assert obj is not None
+        if event == "DELETED":
+            self._applied.pop(_cache_key(obj), None)
+        self.queue.add(CLUSTER_KEY)
+
+    def _on_pod(self, event: str, old: Obj | None, new: Obj | None) -> None:
+        pod = new or old
+        assert pod is not None
+        node = (pod.get("spec") or {}).get("nodeName")
+        if node:
+            self.queue.add(NODE_PREFIX + node)
+
+    def _on_revision(self, event: str, old: Obj | None, new: Obj | None) -> None:
+        # A new driver revision may start upgrades on every GPU node.
+        for name, node in self.nodes.store.items():
+            if is_gpu_node(labels(node)):
+                self.queue.add(NODE_PREFIX + name)
+
+    # ------------------------------------------------------------ reconcile
+    async def _reconcile(self, key: str) -> None:
+        if key == CLUSTER_KEY:
+            await self.reconcile_cluster()
+        elif key.startswith(NODE_PREFIX):
+            await self.reconcile_node(key[len(NODE_PREFIX) :])
+
+    def active_policy(self) -> tuple[Obj | None, ClusterPolicy | None, list[str]]:
+        """The oldest ClusterPolicy is the active one; parsed once per resourceVersion."""
+        policies = sorted(
+            self.policies.values(),
+            key=lambda p: (p["metadata"].get("creationTimestamp", ""), p["metadata"]["name"]),
+        )
+        if not policies:
+            return None, None, []
+        raw = policies[0]
+        rv = str(raw["metadata"].get("resourceVersion"))
+        if self._policy_cache is None or self._policy_cache[0] != rv:
+            model, problems = parse_policy(raw)
+            self._policy_cache = (rv, model, [f"{p.path}: {p.message}" for p in problems])
+        return raw, self._policy_cache[1], self._policy_cache[2]
+
+    def active_spec(self) -> ClusterPolicySpec | None:
+        _, model, problems = self.active_policy()
+        return model.spec if model is not None and not problems else None
+
+    async def reconcile_cluster(self) -> None:
+        self.metrics.reconciliation_total.inc()
+        try:
+            await self._reconcile_cluster()
+        except Exception:
+            self.metrics.reconciliation_failed_total.inc()
+            self.metrics.reconciliation_status.set(STATUS_ERROR)
+            raise
+
+    async def _reconcile_cluster(self) -> None:
+        nodes = self.nodes.values()
+        gpu_nodes = [n for n in nodes if is_gpu_node(labels(n))]
+        has_nfd = any(any(k in labels(n) for k in _NFD_LABELS) for n in nodes)
+        self.metrics.gpu_nodes_total.set(len(gpu_nodes))
+        self.metrics.reconciliation_has_nfd_labels.set(1 if has_nfd else 0)
+
+        raw, model, problems = self.active_policy()
+        if raw is None:
+            self.metrics.reconciliation_status.set(STATUS_NO_POLICY)
+            await self._cleanup(set())
+            return
+        await self._mark_ignored(raw["metadata"]["name"])
+        previous = _parse_status(raw)
+        generation = _gen(raw)
+
+        if model is None or problems:
+            message = "invalid ClusterPolicy: " + "; ".join(problems)
+            status = not_ready_status(
+                self.config.namespace,
+                reason=REASON_INVALID_SPEC,
+                message=message[:32000],
+                error=True,
+                generation=generation,
+                now=_now(),
+                previous=previous,
+            )
+            await self._write_status(raw, status)
+            self.metrics.reconciliation_status.set(STATUS_ERROR)
+            log.warning(
+                "ClusterPolicy is invalid", policy=raw["metadata"]["name"], problems=problems
+            )
+            return
+
+        spec = model.spec
+        self.metrics.driver_auto_upgrade_enabled.set(
+            1 if spec.driver.enabled and spec.driver.upgrade_policy.auto_upgrade else 0
+        )
+        ctx = RenderContext(
+            namespace=self.config.namespace,
+            operator_image=self.config.operator_image,
+            mig_capable=any_mig_capable(labels(n) for n in gpu_nodes),
+            service_monitor_crd=False,
+        )
+        desired = {c.name: [with_hash(o) for o in c.objects(spec, ctx)] for c in COMPONENTS}
+        snapshot: dict[str, ComponentStatus] = {}
+        actual: dict[str, tuple[bool, str]] = {}
+        daemonsets = {d["metadata"]["name"]: d for d in self.owned["DaemonSet"].values()}
+        for comp in COMPONENTS:
+            objs = desired[comp.name]
+            if not objs:
+                snapshot[comp.name] = ComponentStatus(enabled=False)
+                continue
+            applied = all(not self._needs_apply(o) for o in objs)
+            ready, message = component_ready(objs, daemonsets)
+            if not applied:
+                ready, message = False, "applying"
+            actual[comp.name] = (ready, message)
+            # A non-gating component never holds later ones back, but still
+            # counts for overall readiness below.
+            gate_ready = ready or not comp.gates_rollout
+            snapshot[comp.name] = ComponentStatus(enabled=True, ready=gate_ready, message=message)
+
+        plan = plan_rollout(snapshot, previous.rollout_state if previous else None)
+        for name in plan.apply:
+            for obj in desired[name]:
+                if self._needs_apply(obj):
+                    await self._apply(obj)
+        wanted = {_cache_key(o) for objs in desired.values() for o in objs}
+        await self._cleanup(wanted)
+
+        not_ready = [n for n, (ok, _) in actual.items() if not ok and n not in plan.pending]
+        overall = plan.ready and not not_ready
+        components = [
+            ComponentState(
+                name=p.name,
+                state=p.phase.value,
+                message=actual.get(p.name, (True, ""))[1] or None
+                if p.phase.value != "disabled"
+                else None,
+            )
+            for p in plan.progress
+        ]
+        if not has_nfd:
+            status = not_ready_status(
+                self.config.namespace,
+                reason=REASON_NFD_LABELS_MISSING,
+                message=(
+                    "no node has NFD's PCI labels (feature.node.kubernetes.io/pci-10de.present);"
+                    " deploy Node Feature Discovery or enable it in the chart"
+                ),
+                error=False,
+                generation=generation,
+                now=_now(),
+                previous=previous,
+            )
+            self.metrics.reconciliation_status.set(STATUS_NOT_READY)
+        elif overall:
+            status = ready_status(
+                self.config.namespace, generation=generation, now=_now(), previous=previous
+            )
+            self.metrics.reconciliation_status.set(STATUS_READY)
+            self.metrics.reconciliation_last_success.set(time.time())
+        else:
+            blocking = plan.current or not_ready[0]
+            status = not_ready_status(
+                self.config.namespace,
+                reason=REASON_OPERAND_NOT_READY,
+                message=f"{blocking} is not ready: {actual.get(blocking, (False, ''))[1]}",
+                error=False,
+                generation=generation,
+                now=_now(),
+                previous=previous,
+            )
+            self.metrics.reconciliation_status.set(STATUS_NOT_READY)
+        status = status.model_copy(update={"rollout_state": plan.state, "components": components})
+        await self._write_status(raw, status)
+
+    def _needs_apply(self, obj: Obj) -> bool:
+        key = _cache_key(obj)
+        if self._applied.get(key) == applied_hash(obj):
+            return False
+        return needs_apply(obj, self._observed(obj))
+
+    def _observed(self, obj: Obj) -> Obj | None:
+        informer = self.owned.get(obj["kind"])
+        if informer is None:
+            return None
+        return informer.get(key_of(obj))
+
+    async def _apply(self, obj: Obj) -> None:
+        await self.rest.apply(obj)
+        self._applied[_cache_key(obj)] = applied_hash(obj) or ""
+        log.info("applied", kind=obj["kind"], name=obj["metadata"]["name"])
+
+    async def _cleanup(self, wanted: set[tuple[str, str]]) -> None:
+        """Delete our objects that no enabled component wants any more."""
+        for kind_name, informer in self.owned.items():
+            for obj in informer.values():
+                obj.setdefault("kind", kind_name)
+                if _cache_key(obj) in wanted:
+                    continue
+                kind = _kind_of_cached(kind_name)
+                meta = obj["metadata"]
+                if meta.get("deletionTimestamp"):
+                    continue
+                await self.rest.delete(kind, meta["name"], meta.get("namespace"))
+                self._applied.pop(_cache_key(obj), None)
+                log.info(
+                    "deleted",
+                    kind=kind_name,
+                    name=meta["name"],
+                    component=(meta.get("labels") or {}).get(COMPONENT_LABEL),
+                )
+
+    async def _mark_ignored(self, active: str) -> None:
+        for raw in self.policies.values():
+            if raw["metadata"]["name"] == active:
+                continue
+            status = ignored_status(
+                active, generation=_gen(raw), now=_now(), previous=_parse_status(raw)
+            )
+            await self._write_status(raw, status)
+
+    async def _write_status(self, raw: Obj, status: ClusterPolicyStatus) -> None:
+        patch = status_patch(raw.get("status"), status_dict(status))
+        if patch is None:
+            return
+        await self.rest.merge_patch(POLICY, raw["metadata"]["name"], patch, subresource="status")
+
+    # --------------------------------------------------------------- nodes
+    async def reconcile_node(self, name: str) -> None:
+        node = self.nodes.get(name)
+        if node is None:
+            self.queue.forget(NODE_PREFIX + name)
+            return
+        changes = node_label_changes(labels(node), self.active_spec())
+        if changes:
+            await self.rest.merge_patch(NODE, name, {"metadata": {"labels": dict(changes)}})
+            log.info("node labels", node=name, changes=dict(changes))
+
+
+def _gpu_facts(node: Obj | None) -> Any:
+    if node is None:
+        return None
+    node_labels = labels(node)
+    return (is_gpu_node(node_labels), node_labels.get("nvidia.com/mig.capable"))
+
+
+def _cache_key(obj: Obj) -> tuple[str, str]:
+    return (str(obj.get("kind")), key_of(obj))
+
+
+def _kind_of_cached(kind_name: str) -> Kind:
+    for kind in (*_OWNED_NAMESPACED, *_OWNED_CLUSTER):
+        if kind.kind == kind_name:
+            return kind
+    raise KeyError(kind_name)
+
+
+def _parse_status(raw: Obj) -> ClusterPolicyStatus | None:
+    data = raw.get("status")
+    if not data:
+        return None
+    try:
+        return ClusterPolicyStatus.model_validate(data)
+    except ValueError:
+        return None

@@ -1,0 +1,41 @@
+"""Install what the operator needs in a fresh cluster: the CRD, its namespace and,
+for demos and tests, the sample ClusterPolicy. Real installs use the Helm chart."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import crd
+from gpuop.rest import Rest, by_kind
+
+CRD_KIND = by_kind("apiextensions.k8s.io/v1", "CustomResourceDefinition")
+NAMESPACE = by_kind("v1", "Namespace")
+
+
+async def install_crd(rest: Rest, timeout: float = 60.0) -> None:
+    """Apply the generated CRD and wait until the API server serves it."""
+    manifest: dict[str, Any] = crd.crd_manifest()
+    await rest.apply(manifest)
+    deadline = time.monotonic() + timeout
+    while True:
+        got = await rest.get(CRD_KIND, manifest["metadata"]["name"])
+        conditions = (got or {}).get("status", {}).get("conditions") or []
+        if any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"CRD {manifest['metadata']['name']} not Established in {timeout}s")
+        await asyncio.sleep(0.2)
+
+
+async def ensure_namespace(rest: Rest, name: str) -> None:
+    await rest.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+
+
+async def install_sample_policy(rest: Rest) -> None:
+    """Create the chart-default ClusterPolicy unless one already exists."""
+    existing = await rest.list(by_kind("nvidia.com/v1", "ClusterPolicy"))
+    if existing:
+        return
+    await rest.apply(crd.sample_policy())

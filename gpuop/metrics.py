@@ -1,0 +1,67 @@
+"""The operator's Prometheus metrics, with the upstream names dashboards expect."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+PREFIX = "gpu_operator_"
+
+#: ``reconciliation_status`` values, as upstream defines them.
+STATUS_READY = 1
+STATUS_NOT_READY = 0
+STATUS_NO_POLICY = -1
+STATUS_ERROR = -2
+
+
+class OperatorMetrics:
+    """All metrics on one private registry (tests run several operators per process)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.gpu_nodes_total = Gauge(
+            f"{PREFIX}gpu_nodes_total", "Number of nodes with GPUs", registry=r
+        )
+        self.reconciliation_status = Gauge(
+            f"{PREFIX}reconciliation_status",
+            "1 ready, 0 not ready, -1 no ClusterPolicy, -2 error",
+            registry=r,
+        )
+        self.reconciliation_total = Counter(
+            f"{PREFIX}reconciliation", "ClusterPolicy reconciliations", registry=r
+        )
+        self.reconciliation_failed_total = Counter(
+            f"{PREFIX}reconciliation_failed",
+            "ClusterPolicy reconciliations that failed",
+            registry=r,
+        )
+        self.reconciliation_last_success = Gauge(
+            f"{PREFIX}reconciliation_last_success_ts_seconds",
+            "Time of the last successful reconciliation (unix seconds)",
+            registry=r,
+        )
+        self.reconciliation_has_nfd_labels = Gauge(
+            f"{PREFIX}reconciliation_has_nfd_labels",
+            "1 when NFD's PCI labels were found on at least one node",
+            registry=r,
+        )
+        self.driver_auto_upgrade_enabled = Gauge(
+            f"{PREFIX}driver_auto_upgrade_enabled", "1 when driver auto-upgrade is on", registry=r
+        )
+        self.upgrades_in_progress = Gauge(
+            f"{PREFIX}nodes_upgrades_in_progress", "Nodes in a driver upgrade", registry=r
+        )
+        self.upgrades_done = Gauge(
+            f"{PREFIX}nodes_upgrades_done", "Nodes whose driver upgrade is done", registry=r
+        )
+        self.upgrades_failed = Gauge(
+            f"{PREFIX}nodes_upgrades_failed", "Nodes whose driver upgrade failed", registry=r
+        )
+        self.upgrades_available = Gauge(
+            f"{PREFIX}nodes_upgrades_available",
+            "Upgrade slots free under maxParallelUpgrades and maxUnavailable",
+            registry=r,
+        )
+        self.upgrades_pending = Gauge(
+            f"{PREFIX}nodes_upgrades_pending", "Nodes waiting for a driver upgrade", registry=r
+        )

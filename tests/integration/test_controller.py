@@ -1,0 +1,236 @@
+"""The operator against the real control plane: labels, ordered rollout, status,
+zero writes when nothing changes, user overrides, invalid and extra policies."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client
+
+import crd
+from components.keys import DEPLOY_DCGM_EXPORTER_LABEL, DEPLOY_DRIVER_LABEL, GPU_PRESENT_LABEL
+from gpuop.cluster import NFD_GPU_LABEL
+from gpuop.controller import Operator, OperatorConfig
+from gpuop.install import ensure_namespace, install_crd
+from gpuop.metrics import OperatorMetrics
+from gpuop.rest import Rest, by_kind
+from tests.conftest import TEST_GPU_NODES
+
+pytestmark = pytest.mark.integration
+
+NAMESPACE = "gpuop-it"
+POLICY = by_kind("nvidia.com/v1", "ClusterPolicy")
+NODE = by_kind("v1", "Node")
+DS = by_kind("apps/v1", "DaemonSet")
+
+
+async def eventually(
+    check: Callable[[], Awaitable[Any]], timeout: float = 60.0, interval: float = 0.2
+) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = await check()
+        if last:
+            return last
+        await asyncio.sleep(interval)
+    raise AssertionError(f"not met within {timeout}s; last={last!r}")
+
+
+class Running:
+    """An operator running in this process against the test cluster."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.rest = Rest(api)
+        self.operator = Operator(
+            self.rest, OperatorConfig(namespace=NAMESPACE, workers=4), OperatorMetrics()
+        )
+        self.task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Running:
+        self.task = asyncio.create_task(self.operator.run())
+        await eventually(lambda: _true(self.operator.synced), timeout=30)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.task is not None
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
+
+    async def settle(self, quiet: float = 1.0) -> None:
+        """Wait until the queue is idle and stays idle for ``quiet`` seconds."""
+        while True:
+            await asyncio.wait_for(self.operator.queue.wait_idle(), 60)
+            await asyncio.sleep(quiet)
+            if self.operator.queue.is_idle():
+                return
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+@pytest.fixture(scope="module")
+async def rest(api_client: client.ApiClient) -> AsyncIterator[Rest]:
+    rest = Rest(api_client)
+    await install_crd(rest)
+    await ensure_namespace(rest, NAMESPACE)
+    for existing in await rest.list(POLICY):
+        await rest.delete(POLICY, existing["metadata"]["name"])
+    yield rest
+    for existing in await rest.list(POLICY):
+        await rest.delete(POLICY, existing["metadata"]["name"])
+
+
+async def _policy(rest: Rest, name: str = "cluster-policy") -> dict[str, Any] | None:
+    return await rest.get(POLICY, name)
+
+
+async def _state(rest: Rest, name: str = "cluster-policy") -> str | None:
+    got = await _policy(rest, name)
+    return ((got or {}).get("status") or {}).get("state")
+
+
+async def _node_labels(rest: Rest) -> dict[str, dict[str, str]]:
+    return {n["metadata"]["name"]: n["metadata"].get("labels", {}) for n in await rest.list(NODE)}
+
+
+async def test_policy_rolls_out_in_order_and_converges_with_zero_writes(
+    rest: Rest, api_client: client.ApiClient
+) -> None:
+    policy = crd.sample_policy()
+    await rest.apply(policy)
+    async with Running(api_client) as run:
+        assert await eventually(lambda: _is(rest, "ready"), timeout=90)
+        status = (await _policy(rest))["status"]  # type: ignore[index]
+        assert status["namespace"] == NAMESPACE
+        assert status["rolloutState"] == "ready"
+        states = {c["name"]: c["state"] for c in status["components"]}
+        assert states["driver"] == "ready"
+        assert states["device-plugin"] == "ready"
+        assert states["node-status-exporter"] == "disabled"
+        assert [c["name"] for c in status["components"]][:3] == [
+            "pre-requisites",
+            "operator-metrics",
+            "driver",
+        ]
+
+        labels = await _node_labels(rest)
+        gpu = {n for n, lab in labels.items() if lab.get(NFD_GPU_LABEL) == "true"}
+        assert len(gpu) == TEST_GPU_NODES
+        for name, lab in labels.items():
+            if name in gpu:
+                assert lab[GPU_PRESENT_LABEL] == "true"
+                assert lab[DEPLOY_DRIVER_LABEL] == "true"
+            else:
+                assert GPU_PRESENT_LABEL not in lab
+                assert not any(k.startswith("nvidia.com/gpu.deploy.") for k in lab)
+
+        daemonsets = await rest.list(DS, NAMESPACE)
+        by_name = {d["metadata"]["name"]: d for d in daemonsets}
+        driver = by_name["nvidia-driver-daemonset"]
+        assert driver["spec"]["updateStrategy"]["type"] == "OnDelete"
+        assert driver["status"]["numberReady"] == TEST_GPU_NODES
+
+        # Converged: a full pass over every key writes nothing.
+        await run.settle()
+        before = run.rest.writes
+        run.operator.queue.add("cluster")
+        for name in labels:
+            run.operator.queue.add(f"node/{name}")
+        await run.settle()
+        assert run.rest.writes == before, run.rest.write_counts()
+
+    # A restarted operator finds everything in place and writes nothing.
+    async with Running(api_client) as again:
+        await again.settle()
+        assert again.rest.writes == 0, again.rest.write_counts()
+        assert again.operator.metrics.reconciliation_status._value.get() == 1
+
+
+async def _is(rest: Rest, state: str, name: str = "cluster-policy") -> bool:
+    return await _state(rest, name) == state
+
+
+async def test_user_false_label_wins_and_disabling_a_component_removes_it(
+    rest: Rest, api_client: client.ApiClient
+) -> None:
+    await rest.apply(crd.sample_policy())
+    gpu_node = "gpu-node-0000"
+    async with Running(api_client) as run:
+        await eventually(lambda: _is(rest, "ready"), timeout=90)
+        await rest.merge_patch(
+            NODE, gpu_node, {"metadata": {"labels": {DEPLOY_DCGM_EXPORTER_LABEL: "false"}}}
+        )
+
+        async def exporter_gone_from_node() -> bool:
+            pods = await rest.list(
+                by_kind("v1", "Pod"), NAMESPACE, label_selector="app=nvidia-dcgm-exporter"
+            )
+            return all(p["spec"].get("nodeName") != gpu_node for p in pods)
+
+        assert await eventually(exporter_gone_from_node)
+        await run.settle()
+        assert (await _node_labels(rest))[gpu_node][DEPLOY_DCGM_EXPORTER_LABEL] == "false"
+
+        policy = copy.deepcopy(crd.sample_policy())
+        policy["spec"].setdefault("dcgmExporter", {})["enabled"] = False
+        await rest.apply(policy)
+
+        async def exporter_deleted() -> bool:
+            return await rest.get(DS, "nvidia-dcgm-exporter", NAMESPACE) is None
+
+        assert await eventually(exporter_deleted)
+        await run.settle()
+        labels = await _node_labels(rest)
+        # Ours removed everywhere; the user's "false" stays.
+        assert labels[gpu_node][DEPLOY_DCGM_EXPORTER_LABEL] == "false"
+        assert all(lab.get(DEPLOY_DCGM_EXPORTER_LABEL) != "true" for lab in labels.values())
+        status = (await _policy(rest))["status"]  # type: ignore[index]
+        assert {c["name"]: c["state"] for c in status["components"]}["dcgm-exporter"] == "disabled"
+    await rest.merge_patch(
+        NODE, gpu_node, {"metadata": {"labels": {DEPLOY_DCGM_EXPORTER_LABEL: None}}}
+    )
+
+
+async def test_semantic_error_is_reported_and_a_second_policy_is_ignored(
+    rest: Rest, api_client: client.ApiClient
+) -> None:
+    await rest.apply(crd.sample_policy())
+    async with Running(api_client) as run:
+        await eventually(lambda: _is(rest, "ready"), timeout=90)
+        second = copy.deepcopy(crd.sample_policy())
+        second["metadata"]["name"] = "second-policy"
+        await rest.apply(second)
+        assert await eventually(lambda: _is(rest, "ignored", "second-policy"))
+        ignored = (await _policy(rest, "second-policy"))["status"]  # type: ignore[index]
+        ready = next(c for c in ignored["conditions"] if c["type"] == "Ready")
+        assert "cluster-policy" in ready["message"]
+        await rest.delete(POLICY, "second-policy")
+
+        bad = copy.deepcopy(crd.sample_policy())
+        bad["spec"]["driver"] = {
+            **bad["spec"].get("driver", {}),
+            "upgradePolicy": {"drain": {"podSelector": "app in (a"}},
+        }
+        await rest.apply(bad)
+
+        async def error_condition() -> dict[str, Any] | None:
+            status = ((await _policy(rest)) or {}).get("status") or {}
+            errors = [c for c in status.get("conditions", []) if c["type"] == "Error"]
+            return errors[0] if errors and errors[0]["status"] == "True" else None
+
+        error = await eventually(error_condition)
+        assert "spec.driver.upgradePolicy.drain.podSelector" in error["message"]
+        assert (await _state(rest)) == "notReady"
+        # Nothing crashed or looped: the queue settles and stays idle.
+        await run.settle()
+        assert run.operator.metrics.reconciliation_status._value.get() == -2
+    await rest.apply(crd.sample_policy())

@@ -1,0 +1,586 @@
+"""Every component renders complete manifests from the policy, and only when enabled."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+import components as c
+import crd
+from components import dcgm_exporter, driver, validator
+
+DATA = Path(__file__).resolve().parent.parent / "data"
+NS = "gpu-ops"
+OPERATOR_IMAGE = "registry.example.com/gpuop:1.2.3"
+CLUSTER_SCOPED = {"RuntimeClass", "ClusterRole", "ClusterRoleBinding"}
+REGISTRY = "dockerhub.kubekey.local/kse/nvidia"
+
+
+def spec(**sections: object) -> crd.ClusterPolicySpec:
+    return crd.ClusterPolicySpec.model_validate(sections)
+
+
+def load_spec(name: str) -> crd.ClusterPolicySpec:
+    return crd.ClusterPolicy.model_validate(yaml.safe_load((DATA / name).read_text())).spec
+
+
+def ctx(**overrides: Any) -> c.RenderContext:
+    values: dict[str, Any] = {
+        "namespace": NS,
+        "operator_image": OPERATOR_IMAGE,
+        "mig_capable": True,
+    }
+    values.update(overrides)
+    return c.RenderContext(**values)
+
+
+def everything() -> crd.ClusterPolicySpec:
+    """A policy that turns every component on, with a device plugin config."""
+    return spec(
+        dcgm={"enabled": True},
+        nodeStatusExporter={"enabled": True},
+        devicePlugin={"config": {"name": "dp-configs", "default": "any"}},
+        dcgmExporter={"serviceMonitor": {"enabled": True, "interval": "15s"}},
+    )
+
+
+def daemonsets(objects: list[c.Manifest]) -> list[c.Manifest]:
+    return [o for o in objects if o["kind"] == "DaemonSet"]
+
+
+def only_daemonset(name: str, policy: crd.ClusterPolicySpec, **kw: Any) -> c.Manifest:
+    (ds,) = daemonsets(c.component_by_name(name).objects(policy, ctx(**kw)))
+    return ds
+
+
+def pod(ds: c.Manifest) -> dict[str, Any]:
+    result: dict[str, Any] = ds["spec"]["template"]["spec"]
+    return result
+
+
+def main_container(ds: c.Manifest) -> dict[str, Any]:
+    result: dict[str, Any] = pod(ds)["containers"][0]
+    return result
+
+
+def env_of(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
+
+
+def all_containers(ds: c.Manifest) -> Iterator[dict[str, Any]]:
+    yield from pod(ds).get("initContainers", [])
+    yield from pod(ds)["containers"]
+
+
+def check_manifest(obj: c.Manifest, component: str) -> None:
+    """What an API server would insist on, plus our own labelling conventions."""
+    assert obj["apiVersion"]
+    assert obj["kind"]
+    meta = obj["metadata"]
+    assert meta["name"]
+    if obj["kind"] in CLUSTER_SCOPED:
+        assert "namespace" not in meta
+    else:
+        assert meta["namespace"] == NS
+    assert meta["labels"][c.MANAGED_BY_LABEL] == "gpuop"
+    assert meta["labels"][c.PART_OF_LABEL] == "gpu-operator"
+    assert meta["labels"][c.COMPONENT_LABEL] == component
+    if obj["kind"] == "DaemonSet":
+        check_daemonset(obj)
+
+
+def check_daemonset(ds: c.Manifest) -> None:
+    selector = ds["spec"]["selector"]["matchLabels"]
+    template_labels = ds["spec"]["template"]["metadata"]["labels"]
+    assert selector == {"app": ds["metadata"]["name"]}
+    assert selector.items() <= template_labels.items()
+    assert template_labels[c.MANAGED_BY_LABEL] == "gpuop"
+    spec_ = pod(ds)
+    assert spec_["containers"]
+    names = [x["name"] for x in all_containers(ds)]
+    assert len(names) == len(set(names))
+    volumes = [v["name"] for v in spec_.get("volumes", [])]
+    assert len(volumes) == len(set(volumes))
+    for container in all_containers(ds):
+        assert container["name"]
+        assert container["image"]
+        for m in container.get("volumeMounts", []):
+            assert m["name"] in volumes, (container["name"], m["name"])
+            assert m["mountPath"].startswith("/")
+    strategy = ds["spec"]["updateStrategy"]
+    assert strategy["type"] in ("RollingUpdate", "OnDelete")
+    if strategy["type"] == "RollingUpdate":
+        assert isinstance(strategy["rollingUpdate"]["maxUnavailable"], int | str)
+    assert spec_["priorityClassName"] == "system-node-critical"
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec_[
+        "tolerations"
+    ]
+
+
+def test_components_are_in_rollout_order() -> None:
+    from statemachine.rollout import ROLLOUT_ORDER
+
+    assert tuple(x.name for x in c.COMPONENTS) == ROLLOUT_ORDER
+    assert c.component_by_name("driver").deploy_label == c.DEPLOY_DRIVER_LABEL
+    with pytest.raises(KeyError):
+        c.component_by_name("nope")
+
+
+def test_deploy_labels_of_components_are_the_managed_ones() -> None:
+    labels = {x.deploy_label for x in c.COMPONENTS if x.deploy_label}
+    assert labels == set(c.DEPLOY_LABELS)
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [spec(), everything(), load_spec("clusterpolicy_seed004.yaml")],
+    ids=["default", "everything", "seed004"],
+)
+def test_every_object_is_a_complete_manifest(policy: crd.ClusterPolicySpec) -> None:
+    rendered = c.desired_objects(policy, ctx())
+    assert list(rendered) == [x.name for x in c.COMPONENTS]
+    for name, objects in rendered.items():
+        kinds_names = [(o["kind"], o["metadata"]["name"]) for o in objects]
+        assert len(kinds_names) == len(set(kinds_names))
+        for obj in objects:
+            check_manifest(obj, name)
+        for ds in daemonsets(objects):
+            label = c.component_by_name(name).deploy_label
+            selector = pod(ds)["nodeSelector"]
+            if label:
+                assert selector[label] == "true"
+            else:  # the MPS daemon runs where the device plugin does, if MPS-capable
+                assert selector[c.DEPLOY_DEVICE_PLUGIN_LABEL] == "true"
+        # Everything renders to plain YAML-able data.
+        assert yaml.safe_load(yaml.safe_dump(objects)) == objects
+
+
+def test_everything_policy_enables_every_component() -> None:
+    assert c.enabled_components(everything()) == [x.name for x in c.COMPONENTS]
+    assert all(c.desired_objects(everything(), ctx()).values())
+
+
+EXPECTED_DAEMONSETS = {
+    "driver": "nvidia-driver-daemonset",
+    "container-toolkit": "nvidia-container-toolkit-daemonset",
+    "operator-validation": "nvidia-operator-validator",
+    "device-plugin": "nvidia-device-plugin-daemonset",
+    "mps-control-daemon": "nvidia-device-plugin-mps-control-daemon",
+    "dcgm": "nvidia-dcgm",
+    "dcgm-exporter": "nvidia-dcgm-exporter",
+    "gpu-feature-discovery": "gpu-feature-discovery",
+    "mig-manager": "nvidia-mig-manager",
+    "node-status-exporter": "nvidia-node-status-exporter",
+}
+
+
+@pytest.mark.parametrize(("component", "name"), EXPECTED_DAEMONSETS.items())
+def test_daemonset_names(component: str, name: str) -> None:
+    assert only_daemonset(component, everything())["metadata"]["name"] == name
+
+
+def test_default_policy_components() -> None:
+    assert c.enabled_components(spec()) == [
+        "pre-requisites",
+        "operator-metrics",
+        "driver",
+        "container-toolkit",
+        "operator-validation",
+        "device-plugin",
+        "dcgm-exporter",
+        "gpu-feature-discovery",
+        "mig-manager",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("section", "component"),
+    [
+        ("driver", "driver"),
+        ("toolkit", "container-toolkit"),
+        ("validator", "operator-validation"),
+        ("devicePlugin", "device-plugin"),
+        ("dcgmExporter", "dcgm-exporter"),
+        ("gfd", "gpu-feature-discovery"),
+        ("migManager", "mig-manager"),
+    ],
+)
+def test_disabling_a_section_disables_its_component(section: str, component: str) -> None:
+    policy = spec(**{section: {"enabled": False}})
+    assert component not in c.enabled_components(policy)
+    assert c.desired_objects(policy, ctx())[component] == []
+    assert c.component_by_name(component).objects(policy, ctx()) == []
+
+
+def test_seed004_private_registry_images() -> None:
+    policy = load_spec("clusterpolicy_seed004.yaml")
+    images = {
+        name: main_container(only_daemonset(name, policy))["image"]
+        for name in ("driver", "container-toolkit", "device-plugin", "dcgm-exporter")
+    }
+    images["gfd"] = main_container(only_daemonset("gpu-feature-discovery", policy))["image"]
+    images["mig"] = main_container(only_daemonset("mig-manager", policy))["image"]
+    assert images == {
+        "driver": f"{REGISTRY}/driver:550-5.15.0-131-generic",
+        "container-toolkit": f"{REGISTRY}/k8s/container-toolkit:v1.20.0",
+        "device-plugin": f"{REGISTRY}/k8s-device-plugin:v0.20.0",
+        "dcgm-exporter": f"{REGISTRY}/k8s/dcgm-exporter:4.6.0-4.8.3-distroless",
+        "gfd": f"{REGISTRY}/gpu-feature-discovery:v0.20.0",
+        "mig": f"{REGISTRY}/cloud-native/k8s-mig-manager:v0.15.0",
+    }
+    # The seed turns dcgm and the node status exporter off.
+    assert c.desired_objects(policy, ctx())["dcgm"] == []
+    assert c.desired_objects(policy, ctx())["node-status-exporter"] == []
+
+
+def test_default_images() -> None:
+    assert main_container(only_daemonset("driver", spec()))["image"] == (
+        "nvcr.io/nvidia/driver:595.91.07"
+    )
+    assert main_container(only_daemonset("dcgm", spec(dcgm={"enabled": True})))["image"] == (
+        "nvcr.io/nvidia/cloud-native/dcgm:4.6.0-1-ubuntu24.04"
+    )
+
+
+def test_section_settings_reach_the_container() -> None:
+    policy = spec(
+        devicePlugin={
+            "imagePullPolicy": "Always",
+            "imagePullSecrets": ["regcred"],
+            "args": ["--fail-on-init-error=false"],
+            "env": [{"name": "MIG_STRATEGY", "value": "mixed"}, {"name": "EXTRA", "value": "1"}],
+            "resources": {"limits": {"memory": "256Mi"}},
+        }
+    )
+    ds = only_daemonset("device-plugin", policy)
+    main = main_container(ds)
+    assert main["imagePullPolicy"] == "Always"
+    assert main["args"] == ["--fail-on-init-error=false"]
+    assert main["resources"] == {"limits": {"memory": "256Mi"}}
+    variables = env_of(main)
+    assert variables["MIG_STRATEGY"] == "mixed"  # the user's value wins
+    assert variables["EXTRA"] == "1"
+    assert [e["name"] for e in main["env"]].count("MIG_STRATEGY") == 1
+    assert pod(ds)["imagePullSecrets"] == [{"name": "regcred"}]
+
+
+def test_daemonsets_section_applies_to_every_pod() -> None:
+    policy = spec(
+        daemonsets={
+            "labels": {"team": "gpu"},
+            "annotations": {"note": "x"},
+            "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "gpu"}],
+            "priorityClassName": "high",
+            "rollingUpdate": {"maxUnavailable": "3"},
+        }
+    )
+    for objects in c.desired_objects(policy, ctx()).values():
+        for obj in objects:
+            assert obj["metadata"]["labels"]["team"] == "gpu"
+        for ds in daemonsets(objects):
+            template = ds["spec"]["template"]
+            assert template["metadata"]["labels"]["team"] == "gpu"
+            assert template["metadata"]["annotations"]["note"] == "x"
+            assert template["spec"]["tolerations"] == [
+                {"key": "dedicated", "operator": "Equal", "value": "gpu"}
+            ]
+            assert template["spec"]["priorityClassName"] == "high"
+            if ds["metadata"]["name"] != driver.DAEMONSET_NAME:
+                assert ds["spec"]["updateStrategy"] == {
+                    "type": "RollingUpdate",
+                    "rollingUpdate": {"maxUnavailable": 3},  # an int, as the API wants
+                }
+
+
+def test_policy_labels_never_replace_ours() -> None:
+    policy = spec(daemonsets={"labels": {"app": "evil", c.MANAGED_BY_LABEL: "helm"}})
+    ds = only_daemonset("driver", policy)
+    assert ds["spec"]["template"]["metadata"]["labels"]["app"] == driver.DAEMONSET_NAME
+    assert ds["metadata"]["labels"][c.MANAGED_BY_LABEL] == "gpuop"
+
+
+def test_extra_labels_go_on_metadata_only() -> None:
+    ds = only_daemonset("driver", spec(), extra_labels={"helm.sh/chart": "gpuop-1"})
+    assert ds["metadata"]["labels"]["helm.sh/chart"] == "gpuop-1"
+    assert "helm.sh/chart" not in ds["spec"]["template"]["metadata"]["labels"]
+
+
+def test_percent_max_unavailable_stays_a_string() -> None:
+    policy = spec(daemonsets={"rollingUpdate": {"maxUnavailable": "20%"}})
+    ds = only_daemonset("gpu-feature-discovery", policy)
+    assert ds["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"] == "20%"
+
+
+# --- driver ---------------------------------------------------------------------------
+
+
+def driver_template(policy: crd.ClusterPolicySpec, **kw: Any) -> Any:
+    return only_daemonset("driver", policy, **kw)["spec"]["template"]
+
+
+def test_driver_daemonset() -> None:
+    ds = only_daemonset("driver", spec())
+    assert ds["spec"]["template"]["metadata"]["labels"]["app"] == "nvidia-driver-daemonset"
+    assert pod(ds)["nodeSelector"] == {c.DEPLOY_DRIVER_LABEL: "true"}
+    assert pod(ds)["hostPID"] is True
+    main = main_container(ds)
+    assert main["securityContext"]["privileged"] is True
+    mounts = {m["mountPath"]: m for m in main["volumeMounts"]}
+    assert mounts["/run/nvidia"]["mountPropagation"] == "Bidirectional"
+    assert {"/var/log", "/dev/log", "/host-etc/os-release"} <= set(mounts)
+    assert "startupProbe" in main
+    objects = c.component_by_name("driver").objects(spec(), ctx())
+    assert [o["kind"] for o in objects] == ["ServiceAccount", "DaemonSet"]
+    assert pod(ds)["serviceAccountName"] == objects[0]["metadata"]["name"]
+
+
+def test_driver_update_strategy_follows_auto_upgrade() -> None:
+    auto = only_daemonset("driver", spec())
+    assert auto["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    manual = only_daemonset(
+        "driver",
+        spec(
+            driver={"upgradePolicy": {"autoUpgrade": False}},
+            daemonsets={"rollingUpdate": {"maxUnavailable": "25%"}},
+        ),
+    )
+    assert manual["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxUnavailable": "25%"},
+    }
+
+
+def test_driver_probe_timing_from_spec() -> None:
+    main = main_container(
+        only_daemonset(
+            "driver",
+            spec(
+                driver={
+                    "startupProbe": {"failureThreshold": 5},
+                    "readinessProbe": {"periodSeconds": 7},
+                }
+            ),
+        )
+    )
+    assert main["startupProbe"]["failureThreshold"] == 5
+    assert main["startupProbe"]["initialDelaySeconds"] == 60
+    assert main["readinessProbe"]["periodSeconds"] == 7
+
+
+@pytest.mark.parametrize(
+    ("changed", "kw"),
+    [
+        (spec(devicePlugin={"version": "v9.9.9"}), {}),
+        (spec(dcgmExporter={"enabled": False, "serviceMonitor": {"enabled": True}}), {}),
+        (spec(toolkit={"version": "v2.0.0"}, gfd={"enabled": False}), {}),
+        (spec(mig={"strategy": "mixed"}, cdi={"enabled": False}), {}),
+        (spec(validator={"env": [{"name": "X", "value": "y"}]}), {}),
+        (spec(driver={"upgradePolicy": {"autoUpgrade": False, "maxParallelUpgrades": 4}}), {}),
+        (spec(daemonsets={"rollingUpdate": {"maxUnavailable": "5"}}), {}),
+        (spec(hostPaths={"driverInstallDir": "/opt/driver"}), {}),
+        (spec(), {"operator_image": "other/gpuop:9", "extra_labels": {"chart": "v2"}}),
+        (spec(), {"mig_capable": False, "namespace": "elsewhere"}),
+    ],
+)
+def test_driver_template_ignores_unrelated_changes(
+    changed: crd.ClusterPolicySpec, kw: dict[str, Any]
+) -> None:
+    assert driver_template(changed, **kw) == driver_template(spec())
+
+
+@pytest.mark.parametrize(
+    "changed",
+    [
+        spec(driver={"version": "570.1.2"}),
+        spec(driver={"repository": "private.example.com/nvidia"}),
+        spec(driver={"env": [{"name": "A", "value": "b"}]}),
+        spec(daemonsets={"labels": {"team": "x"}}),
+        spec(daemonsets={"priorityClassName": "other"}),
+    ],
+)
+def test_driver_template_changes_with_the_driver(changed: crd.ClusterPolicySpec) -> None:
+    assert driver_template(changed) != driver_template(spec())
+
+
+# --- validator ------------------------------------------------------------------------
+
+
+def test_validator_daemonset() -> None:
+    ds = only_daemonset("operator-validation", spec())
+    assert ds["spec"]["template"]["metadata"]["labels"]["app"] == "nvidia-operator-validator"
+    assert pod(ds)["nodeSelector"] == {c.DEPLOY_VALIDATOR_LABEL: "true"}
+    main = main_container(ds)
+    assert main["image"] == OPERATOR_IMAGE
+    assert main["command"][:4] == ["gpuop", "node-agent", "validate", "--wait"]
+    cmd = main["command"]
+    assert cmd[cmd.index("--cuda-image") + 1] == crd.CUDA_SAMPLE_IMAGE
+    assert main["securityContext"]["privileged"] is True
+    assert main["readinessProbe"]["exec"]["command"] == [
+        "test",
+        "-f",
+        "/run/nvidia/validations/plugin-ready",
+    ]
+    variables = env_of(main)
+    for name, path in [
+        ("NODE_NAME", "spec.nodeName"),
+        ("POD_NAME", "metadata.name"),
+        ("POD_NAMESPACE", "metadata.namespace"),
+        ("POD_UID", "metadata.uid"),
+    ]:
+        assert variables[name] == {"fieldRef": {"fieldPath": path}}
+    mounts = {m["mountPath"]: m for m in main["volumeMounts"]}
+    assert mounts["/run/nvidia/validations"].get("readOnly") is not True
+    assert mounts["/run/nvidia/driver"]["readOnly"] is True
+    assert mounts["/run/nvidia/driver"]["mountPropagation"] == "HostToContainer"
+    assert mounts["/host"]["readOnly"] is True
+    assert mounts["/host"]["mountPropagation"] == "HostToContainer"
+    volumes = {v["name"]: v for v in pod(ds)["volumes"]}
+    assert volumes[mounts["/run/nvidia/validations"]["name"]]["hostPath"] == {
+        "path": "/run/nvidia/validations",
+        "type": "DirectoryOrCreate",
+    }
+    assert c.component_by_name("operator-validation").gates_rollout is False
+
+
+def test_validator_cuda_image_and_options_from_policy() -> None:
+    policy = spec(
+        validator={
+            "imagePullSecrets": ["pull"],
+            "cuda": {"env": [{"name": validator.CUDA_IMAGE_ENV, "value": "my/cuda:1"}]},
+            "plugin": {"env": [{"name": "WITH_WORKLOAD", "value": "true"}]},
+        },
+        driver={"enabled": False},
+        toolkit={"installDir": "/opt/nvidia"},
+    )
+    cmd = validator.command(policy)
+    assert cmd[cmd.index("--cuda-image") + 1] == "my/cuda:1"
+    assert cmd[cmd.index("--driver-root") + 1] == "/host"  # host-installed driver
+    assert cmd[cmd.index("--image-pull-secret") + 1] == "pull"
+    assert "--plugin-workload" in cmd
+    assert cmd[cmd.index("--toolkit-runtime-dirs") + 1].startswith("/opt/nvidia/toolkit,")
+
+
+def test_node_status_exporter_runs_our_export() -> None:
+    ds = only_daemonset("node-status-exporter", spec(nodeStatusExporter={"enabled": True}))
+    main = main_container(ds)
+    assert main["image"] == OPERATOR_IMAGE
+    assert main["command"][:5] == ["gpuop", "node-agent", "export", "--port", "8000"]
+    assert "node-status-exporter" not in c.enabled_components(spec())
+
+
+# --- other operands -------------------------------------------------------------------
+
+
+def test_prerequisites_runtime_class_is_cluster_scoped() -> None:
+    (rc,) = c.component_by_name("pre-requisites").objects(spec(), ctx())
+    assert rc["kind"] == "RuntimeClass"
+    assert rc["metadata"]["name"] == "nvidia"
+    assert rc["handler"] == "nvidia"
+    assert "namespace" not in rc["metadata"]
+
+
+def test_operator_metrics_service() -> None:
+    (svc,) = c.component_by_name("operator-metrics").objects(spec(), ctx())
+    assert svc["metadata"]["name"] == "gpu-operator"
+    assert svc["spec"]["selector"] == {"app": "gpu-operator"}
+    assert svc["spec"]["ports"][0]["port"] == 8080
+    assert svc["spec"]["ports"][0]["name"] == "gpu-operator-metrics"
+
+
+def test_dcgm_exporter_service_and_service_monitor() -> None:
+    objects = c.component_by_name("dcgm-exporter").objects(spec(), ctx())
+    assert [o["kind"] for o in objects] == ["ServiceAccount", "DaemonSet", "Service"]
+    svc = objects[2]
+    assert svc["metadata"]["name"] == "nvidia-dcgm-exporter"
+    assert svc["spec"]["ports"][0]["port"] == 9400
+    assert svc["spec"]["ports"][0]["name"] == "gpu-metrics"
+    assert svc["spec"]["selector"] == {"app": "nvidia-dcgm-exporter"}
+
+    policy = spec(
+        dcgmExporter={
+            "serviceMonitor": {
+                "enabled": True,
+                "interval": "15s",
+                "honorLabels": True,
+                "additionalLabels": {"release": "prom"},
+            }
+        }
+    )
+    objects = c.component_by_name("dcgm-exporter").objects(policy, ctx())
+    monitor = objects[-1]
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["kind"] == "ServiceMonitor"
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    endpoint = monitor["spec"]["endpoints"][0]
+    assert endpoint == {
+        "port": "gpu-metrics",
+        "path": "/metrics",
+        "honorLabels": True,
+        "interval": "15s",
+    }
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    # No CRD in the cluster: no ServiceMonitor.
+    without = c.component_by_name("dcgm-exporter").objects(policy, ctx(service_monitor_crd=False))
+    assert "ServiceMonitor" not in [o["kind"] for o in without]
+
+
+def test_dcgm_exporter_uses_standalone_dcgm_when_enabled() -> None:
+    main = main_container(only_daemonset("dcgm-exporter", spec(dcgm={"enabled": True})))
+    assert env_of(main)["DCGM_REMOTE_HOSTENGINE_INFO"] == "$(NODE_IP):5555"
+    main = main_container(only_daemonset("dcgm-exporter", spec()))
+    assert "DCGM_REMOTE_HOSTENGINE_INFO" not in env_of(main)
+    assert dcgm_exporter.METRICS_PORT == 9400
+
+
+def test_device_plugin_config_mounts_the_users_configmap() -> None:
+    plain = only_daemonset("device-plugin", spec())
+    assert [x["name"] for x in pod(plain)["containers"]] == ["nvidia-device-plugin"]
+    assert "CONFIG_FILE" not in env_of(main_container(plain))
+
+    policy = spec(devicePlugin={"config": {"name": "time-slicing", "default": "any"}})
+    ds = only_daemonset("device-plugin", policy)
+    volumes = {v["name"]: v for v in pod(ds)["volumes"]}
+    assert volumes["available-configs"]["configMap"]["name"] == "time-slicing"
+    init = {x["name"]: x for x in pod(ds)["initContainers"]}
+    assert env_of(init["config-manager-init"])["DEFAULT_CONFIG"] == "any"
+    assert env_of(init["config-manager-init"])["NODE_LABEL"] == c.DEVICE_PLUGIN_CONFIG_LABEL
+    assert env_of(main_container(ds))["CONFIG_FILE"] == "/config/config.yaml"
+    assert pod(ds)["shareProcessNamespace"] is True
+    kinds = [o["kind"] for o in c.component_by_name("device-plugin").objects(policy, ctx())]
+    assert "ClusterRole" in kinds
+
+
+def test_mps_daemon_only_with_a_device_plugin_config() -> None:
+    assert "mps-control-daemon" not in c.enabled_components(spec())
+    policy = spec(devicePlugin={"config": {"name": "sharing"}})
+    assert "mps-control-daemon" in c.enabled_components(policy)
+    ds = only_daemonset("mps-control-daemon", policy)
+    assert pod(ds)["nodeSelector"] == {
+        c.DEPLOY_DEVICE_PLUGIN_LABEL: "true",
+        c.MPS_CAPABLE_LABEL: "true",
+    }
+    off = spec(devicePlugin={"enabled": False, "config": {"name": "sharing"}})
+    assert "mps-control-daemon" not in c.enabled_components(off)
+
+
+def test_mig_manager_needs_a_mig_capable_node() -> None:
+    component = c.component_by_name("mig-manager")
+    assert component.enabled(spec())
+    assert component.objects(spec(), ctx(mig_capable=False)) == []
+    assert daemonsets(component.objects(spec(), ctx(mig_capable=True)))
+
+
+def test_dcgm_host_port() -> None:
+    main = main_container(only_daemonset("dcgm", spec(dcgm={"enabled": True, "hostPort": 6000})))
+    assert main["ports"][0]["hostPort"] == 6000
+
+
+def test_operands_wait_for_the_toolkit() -> None:
+    for name in ("device-plugin", "dcgm-exporter", "gpu-feature-discovery", "mig-manager"):
+        init = pod(only_daemonset(name, spec()))["initContainers"][0]
+        assert init["image"] == OPERATOR_IMAGE
+        assert "/run/nvidia/validations/toolkit-ready" in init["command"][-1]
