@@ -85,6 +85,16 @@ class Informer:
     def values(self) -> list[Obj]:
         return list(self.store.values())
 
+    def observe(self, raw: Obj) -> None:
+        """Store what a write of ours returned, so the next pass does not act on the
+        stale copy and write the same thing again. Older versions never overwrite newer
+        ones; the watch event that follows finds nothing changed."""
+        obj = self.spec.transform(raw)
+        key = key_of(obj)
+        current = self.store.get(key)
+        if current is None or _rv_int(obj) >= _rv_int(current):
+            self.store[key] = obj
+
     async def run(self) -> None:
         """List and watch forever; transient failures back off and retry."""
         backoff = 0.5
@@ -205,6 +215,13 @@ class Informer:
         before = self.store.get(key)
         self.store[key] = obj
         self.handler("ADDED" if before is None else "MODIFIED", before, obj)
+
+
+def _rv_int(obj: Obj) -> int:
+    try:
+        return int(_rv(obj))
+    except ValueError:
+        return 0
 
 
 def _rv(obj: Obj) -> str:

@@ -24,7 +24,7 @@ from pathlib import Path
 from gpuop.progress import Progress
 
 from ._errors import ClusterError
-from ._versions import KUBE_COMMANDS, BinaryPaths, Versions, cache_dir
+from ._versions import KUBE_COMMANDS, BinaryPaths, Versions, cache_dir, helm_path, helm_version
 
 _STAMP = ".complete"
 _MISSING_VERSION_MARKERS = (
@@ -54,6 +54,20 @@ def ensure_binaries(versions: Versions | None = None, root: Path | None = None) 
         if not _stamped(paths.kwok.parent):
             _build_kwok(go, root, versions.kwok, paths.kwok.parent)
     return paths
+
+
+def ensure_helm(version: str | None = None, root: Path | None = None) -> Path:
+    """Return the cached Helm binary (the chart tests need it), building it if missing."""
+    version = version or helm_version()
+    root = root or cache_dir()
+    path = helm_path(root, version)
+    if path.is_file() and _stamped(path.parent):
+        return path
+    root.mkdir(parents=True, exist_ok=True)
+    with _build_lock(root):
+        if not _stamped(path.parent):
+            _build_helm(_find_go(), root, version, path.parent)
+    return path
 
 
 def _all_stamped(paths: BinaryPaths) -> bool:
@@ -319,4 +333,56 @@ def _build_kwok(go: str, root: Path, version: str, final: Path) -> None:
         final,
         binary="kwok",
         also=stages,
+    )
+
+
+def _helm_kube_minor(go: str, version: str, cwd: Path) -> str:
+    """The Kubernetes minor Helm's client libraries speak, read from its go.mod
+    (client-go v0.X.Y is Kubernetes 1.X), as Helm's Makefile derives it."""
+    out = _run_go(
+        go, ["mod", "download", "-json", f"helm.sh/helm/v3@{version}"], cwd, "helm download"
+    )
+    info = json.loads(out)
+    if info.get("Error"):
+        raise _go_failure(f"helm {version}", str(info["Error"]))
+    go_mod = Path(str(info["GoMod"])).read_text()
+    match = re.search(r"^\s*k8s\.io/client-go\s+v0\.(\d+)\.", go_mod, re.MULTILINE)
+    if not match:
+        raise ClusterError(
+            f"helm {version}: its go.mod names no k8s.io/client-go release",
+            "set GPUOP_HELM_VERSION to a Helm 3 release such as v3.19.5",
+        )
+    return match.group(1)
+
+
+def _build_helm(go: str, root: Path, version: str, final: Path) -> None:
+    pkg = "helm.sh/helm/v3/cmd/helm"
+    probe = root / "src"
+    probe.mkdir(parents=True, exist_ok=True)
+    minor = _helm_kube_minor(go, version, probe)
+    # What Helm's own Makefile stamps in: its version (for `helm version`) and the
+    # Kubernetes release its client libraries speak (the default .Capabilities.KubeVersion
+    # of `helm template`, and the release `helm lint` checks deprecations against).
+    ldflags = " ".join(
+        [
+            "-s -w",
+            f"-X helm.sh/helm/v3/internal/version.version={version}",
+            "-X helm.sh/helm/v3/internal/version.gitTreeState=clean",
+            *(
+                f"-X helm.sh/helm/v3/pkg/{pkg_name}.k8sVersion{part}={value}"
+                for pkg_name in ("chartutil", "lint/rules")
+                for part, value in (("Major", "1"), ("Minor", minor))
+            ),
+        ]
+    )
+    _build_wrapped(
+        go,
+        root,
+        "helm",
+        version,
+        f"require helm.sh/helm/v3 {version}\n",
+        [pkg],
+        final,
+        ldflags,
+        binary="helm",
     )

@@ -19,6 +19,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,10 +50,13 @@ def default_dir() -> Path:
 
 @dataclass(frozen=True)
 class ClientTuning:
-    """Client rates for the controller manager, scheduler and kwok (raise for big fleets)."""
+    """Client rates for the controller manager and scheduler, and kwok's parallelism
+    (raise for big fleets; kwok's own client is not rate-limited)."""
 
     qps: int = 100
     burst: int = 200
+    #: Workers per kwok stage loop (pod and node stages, leases, pods-on-node sync).
+    kwok_parallelism: int = 16
 
 
 def _free_port() -> int:
@@ -91,10 +95,14 @@ class LocalCluster:
         directory: Path | None = None,
         versions: Versions | None = None,
         tuning: ClientTuning | None = None,
+        audit_policy: Mapping[str, Any] | None = None,
     ) -> None:
         self.directory = (directory or default_dir()).resolve()
         self.versions = versions or Versions.from_env()
         self.tuning = tuning or ClientTuning()
+        #: An audit.k8s.io/v1 Policy; when set, kube-apiserver writes a JSON audit
+        #: log to ``audit_log`` (off by default: benchmarks use it to attribute requests).
+        self.audit_policy = audit_policy
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         self._records: list[_procs.ProcRecord] = []
 
@@ -106,6 +114,10 @@ class LocalCluster:
     @property
     def _state_file(self) -> Path:
         return self.directory / _STATE
+
+    @property
+    def audit_log(self) -> Path:
+        return self.directory / "logs" / "audit.log"
 
     def _log(self, name: str) -> Path:
         return self.directory / "logs" / f"{name}.log"
@@ -189,6 +201,17 @@ class LocalCluster:
             "kwok": _free_port(),
         }
         server = f"https://127.0.0.1:{api_port}"
+        audit_flags: list[str] = []
+        if self.audit_policy is not None:
+            policy_file = self.directory / "audit-policy.yaml"
+            policy_file.write_text(yaml.safe_dump(dict(self.audit_policy)))
+            self.audit_log.parent.mkdir(parents=True, exist_ok=True)
+            audit_flags = [
+                f"--audit-policy-file={policy_file}",
+                f"--audit-log-path={self.audit_log}",
+                "--audit-log-format=json",
+                "--audit-log-maxsize=0",
+            ]
         self._state_extra: dict[str, object] = {"server": server, "ports": ports}
         self._write_kubeconfig(server, pki)
         progress.advance(1, "pki + kubeconfig")
@@ -239,6 +262,7 @@ class LocalCluster:
                 # directly and expire for real once history is compacted (tests).
                 "--watch-cache-sizes=podtemplates#0",
                 "--v=1",
+                *audit_flags,
             ],
             tie,
         )
@@ -300,13 +324,14 @@ class LocalCluster:
         # picture; the stages (saved beside the binary at build time) give nodes
         # a Ready heartbeat and make pods Running and Ready.
         stages = (bins.kwok.parent / KWOK_STAGES).read_text()
+        par = self.tuning.kwok_parallelism
         kwok_config.write_text(
             "apiVersion: config.kwok.x-k8s.io/v1alpha1\nkind: KwokConfiguration\n"
             "options:\n"
-            "  podPlayStageParallelism: 16\n"
-            "  nodePlayStageParallelism: 16\n"
-            "  nodeLeaseParallelism: 16\n"
-            "  podsOnNodeSyncParallelism: 16\n"
+            f"  podPlayStageParallelism: {par}\n"
+            f"  nodePlayStageParallelism: {par}\n"
+            f"  nodeLeaseParallelism: {par}\n"
+            f"  podsOnNodeSyncParallelism: {par}\n"
             f"---\n{stages}"
         )
         self._spawn(

@@ -9,6 +9,9 @@ from pathlib import Path
 KUBERNETES_VERSION = "v1.34.4"
 ETCD_VERSION = "v3.5.35"
 KWOK_VERSION = "v0.8.0"
+#: The newest Helm 3 release whose go.mod still asks only for Go 1.24 (the
+#: floor the README promises); it has no ``replace`` lines, so it builds directly.
+HELM_VERSION = "v3.19.5"
 
 KUBE_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
 
@@ -72,3 +75,13 @@ class BinaryPaths:
             self.kubectl,
             self.kwok,
         )
+
+
+def helm_version() -> str:
+    """``$GPUOP_HELM_VERSION``, else the pinned Helm release."""
+    return os.environ.get("GPUOP_HELM_VERSION", HELM_VERSION)
+
+
+def helm_path(root: Path, version: str) -> Path:
+    """Where the Helm binary of ``version`` is cached under ``root``."""
+    return root / "bin" / f"helm-{version}" / "helm"

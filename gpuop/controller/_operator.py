@@ -28,6 +28,7 @@ from crd import (
 from gpuop.controller._config import OperatorConfig
 from gpuop.controller._nodes import labels, node_fingerprint, trim_node
 from gpuop.controller._status import status_dict, status_patch
+from gpuop.controller._upgrade import Upgrades, policy_view, requeue_after
 from gpuop.informer import Informer, Obj, ResourceSpec, key_of
 from gpuop.log import get_logger
 from gpuop.metrics import (
@@ -38,11 +39,14 @@ from gpuop.metrics import (
     OperatorMetrics,
 )
 from gpuop.rest import Kind, Rest, by_kind
+from statemachine import Action
 from statemachine.rollout import ComponentStatus, plan_rollout
+from statemachine.upgrade_keys import STATE_LABEL
 
 log = get_logger(__name__)
 
 CLUSTER_KEY = "cluster"
+UPGRADES_KEY = "upgrades"
 NODE_PREFIX = "node/"
 MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
 
@@ -120,6 +124,15 @@ class Operator:
             ),
             self._on_revision,
         )
+        self.upgrades = Upgrades(
+            rest,
+            metrics,
+            ns,
+            pods=self.pods,
+            revisions=self.revisions,
+            daemonsets=self.owned["DaemonSet"],
+            nodes=self.nodes,
+        )
         #: Hashes we applied but whose watch event may not have arrived yet, so a
         #: pass right after a write does not write again. Keyed like the caches.
         self._applied: dict[tuple[str, str], str] = {}
@@ -146,6 +159,7 @@ class Operator:
             )
             group.create_task(self.queue.run(), name="workqueue")
             self.queue.add(CLUSTER_KEY)
+            self.queue.add(UPGRADES_KEY)
             for name in self.nodes.store:
                 self.queue.add(NODE_PREFIX + name)
 
@@ -157,6 +171,7 @@ class Operator:
         if node_fingerprint(old) == node_fingerprint(new):
             return
         self.queue.add(NODE_PREFIX + name)
+        self.queue.add(UPGRADES_KEY)
         if event != "MODIFIED" or _gpu_facts(old) != _gpu_facts(new):
             self.queue.add(CLUSTER_KEY)
 
@@ -170,6 +185,7 @@ class Operator:
         ):
             return  # only status changed (most likely our own write)
         self.queue.add(CLUSTER_KEY)
+        self.queue.add(UPGRADES_KEY)
         # Enabled components decide each node's deploy labels.
         for name, node in self.nodes.store.items():
             if is_gpu_node(labels(node)):
@@ -188,9 +204,11 @@ class Operator:
         node = (pod.get("spec") or {}).get("nodeName")
         if node:
             self.queue.add(NODE_PREFIX + node)
+            self.queue.add(UPGRADES_KEY)
 
     def _on_revision(self, event: str, old: Obj | None, new: Obj | None) -> None:
         # A new driver revision may start upgrades on every GPU node.
+        self.queue.add(UPGRADES_KEY)
         for name, node in self.nodes.store.items():
             if is_gpu_node(labels(node)):
                 self.queue.add(NODE_PREFIX + name)
@@ -199,6 +217,8 @@ class Operator:
     async def _reconcile(self, key: str) -> None:
         if key == CLUSTER_KEY:
             await self.reconcile_cluster()
+        elif key == UPGRADES_KEY:
+            await self.reconcile_upgrades()
         elif key.startswith(NODE_PREFIX):
             await self.reconcile_node(key[len(NODE_PREFIX) :])
 
@@ -398,7 +418,10 @@ class Operator:
         patch = status_patch(raw.get("status"), status_dict(status))
         if patch is None:
             return
-        await self.rest.merge_patch(POLICY, raw["metadata"]["name"], patch, subresource="status")
+        patched = await self.rest.merge_patch(
+            POLICY, raw["metadata"]["name"], patch, subresource="status"
+        )
+        self.policies.observe(patched)
 
     # --------------------------------------------------------------- nodes
     async def reconcile_node(self, name: str) -> None:
@@ -406,10 +429,42 @@ class Operator:
         if node is None:
             self.queue.forget(NODE_PREFIX + name)
             return
-        changes = node_label_changes(labels(node), self.active_spec())
+        spec = self.active_spec()
+        changes = node_label_changes(labels(node), spec)
         if changes:
-            await self.rest.merge_patch(NODE, name, {"metadata": {"labels": dict(changes)}})
+            patched = await self.rest.merge_patch(
+                NODE, name, {"metadata": {"labels": dict(changes)}}
+            )
+            self.nodes.observe(patched)
             log.info("node labels", node=name, changes=dict(changes))
+            self.queue.add(NODE_PREFIX + name)  # again, on the fresh labels
+            return
+        if spec is None or not is_gpu_node(labels(node)):
+            return
+        policy = policy_view(spec)
+        if not policy.auto_upgrade and STATE_LABEL not in labels(node):
+            return
+        decision = await self.upgrades.step(node, policy, self.upgrades.newest_driver_revision())
+        delay = requeue_after(decision)
+        if delay is not None:
+            self.queue.add_after(NODE_PREFIX + name, delay)
+        if decision.has_patch or decision.action in (Action.CORDON, Action.UNCORDON):
+            self.queue.add(NODE_PREFIX + name)  # the next step may already be due
+        if decision.changed_state:
+            self.queue.add(UPGRADES_KEY)
+
+    async def reconcile_upgrades(self) -> None:
+        """Grant upgrade slots over the whole fleet (one serial key keeps the budget)."""
+        spec = self.active_spec()
+        if spec is None:
+            return
+        policy = policy_view(spec)
+        if not policy.auto_upgrade:
+            self.upgrades.granted.clear()
+            return
+        newest = self.upgrades.newest_driver_revision()
+        for name in self.upgrades.select(self.nodes.values(), policy, newest):
+            self.queue.add(NODE_PREFIX + name)
 
 
 def _gpu_facts(node: Obj | None) -> Any:

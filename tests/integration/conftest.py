@@ -8,6 +8,10 @@ from collections.abc import AsyncIterator
 import pytest
 from kubernetes_asyncio import client
 
+from gpuop.install import ensure_namespace, install_crd
+from gpuop.rest import Rest
+from tests.integration.harness import NAMESPACE, POLICY
+
 
 @pytest.fixture
 async def namespace(api_client: client.ApiClient) -> AsyncIterator[str]:
@@ -19,3 +23,17 @@ async def namespace(api_client: client.ApiClient) -> AsyncIterator[str]:
         yield name
     finally:
         await core.delete_namespace(name)
+
+
+@pytest.fixture(scope="module")
+async def rest(api_client: client.ApiClient) -> AsyncIterator[Rest]:
+    """Admin REST access with the CRD installed, the test namespace present, and no
+    ClusterPolicy left from another module (only one policy is ever active)."""
+    rest = Rest(api_client)
+    await install_crd(rest)
+    await ensure_namespace(rest, NAMESPACE)
+    for existing in await rest.list(POLICY):
+        await rest.delete(POLICY, existing["metadata"]["name"])
+    yield rest
+    for existing in await rest.list(POLICY):
+        await rest.delete(POLICY, existing["metadata"]["name"])

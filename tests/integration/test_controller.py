@@ -3,11 +3,7 @@ zero writes when nothing changes, user overrides, invalid and extra policies."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import copy
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -16,77 +12,13 @@ from kubernetes_asyncio import client
 import crd
 from components.keys import DEPLOY_DCGM_EXPORTER_LABEL, DEPLOY_DRIVER_LABEL, GPU_PRESENT_LABEL
 from gpuop.cluster import NFD_GPU_LABEL
-from gpuop.controller import Operator, OperatorConfig
-from gpuop.install import ensure_namespace, install_crd
-from gpuop.metrics import OperatorMetrics
 from gpuop.rest import Rest, by_kind
 from tests.conftest import TEST_GPU_NODES
+from tests.integration.harness import NAMESPACE, NODE, POLICY, Running, eventually, policy_state_is
 
 pytestmark = pytest.mark.integration
 
-NAMESPACE = "gpuop-it"
-POLICY = by_kind("nvidia.com/v1", "ClusterPolicy")
-NODE = by_kind("v1", "Node")
 DS = by_kind("apps/v1", "DaemonSet")
-
-
-async def eventually(
-    check: Callable[[], Awaitable[Any]], timeout: float = 60.0, interval: float = 0.2
-) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = await check()
-        if last:
-            return last
-        await asyncio.sleep(interval)
-    raise AssertionError(f"not met within {timeout}s; last={last!r}")
-
-
-class Running:
-    """An operator running in this process against the test cluster."""
-
-    def __init__(self, api: client.ApiClient) -> None:
-        self.rest = Rest(api)
-        self.operator = Operator(
-            self.rest, OperatorConfig(namespace=NAMESPACE, workers=4), OperatorMetrics()
-        )
-        self.task: asyncio.Task[None] | None = None
-
-    async def __aenter__(self) -> Running:
-        self.task = asyncio.create_task(self.operator.run())
-        await eventually(lambda: _true(self.operator.synced), timeout=30)
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self.task is not None
-        self.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self.task
-
-    async def settle(self, quiet: float = 1.0) -> None:
-        """Wait until the queue is idle and stays idle for ``quiet`` seconds."""
-        while True:
-            await asyncio.wait_for(self.operator.queue.wait_idle(), 60)
-            await asyncio.sleep(quiet)
-            if self.operator.queue.is_idle():
-                return
-
-
-async def _true(value: bool) -> bool:
-    return value
-
-
-@pytest.fixture(scope="module")
-async def rest(api_client: client.ApiClient) -> AsyncIterator[Rest]:
-    rest = Rest(api_client)
-    await install_crd(rest)
-    await ensure_namespace(rest, NAMESPACE)
-    for existing in await rest.list(POLICY):
-        await rest.delete(POLICY, existing["metadata"]["name"])
-    yield rest
-    for existing in await rest.list(POLICY):
-        await rest.delete(POLICY, existing["metadata"]["name"])
 
 
 async def _policy(rest: Rest, name: str = "cluster-policy") -> dict[str, Any] | None:
@@ -108,7 +40,7 @@ async def test_policy_rolls_out_in_order_and_converges_with_zero_writes(
     policy = crd.sample_policy()
     await rest.apply(policy)
     async with Running(api_client) as run:
-        assert await eventually(lambda: _is(rest, "ready"), timeout=90)
+        assert await eventually(lambda: policy_state_is(rest, "ready"), timeout=90)
         status = (await _policy(rest))["status"]  # type: ignore[index]
         assert status["namespace"] == NAMESPACE
         assert status["rolloutState"] == "ready"
@@ -155,17 +87,13 @@ async def test_policy_rolls_out_in_order_and_converges_with_zero_writes(
         assert again.operator.metrics.reconciliation_status._value.get() == 1
 
 
-async def _is(rest: Rest, state: str, name: str = "cluster-policy") -> bool:
-    return await _state(rest, name) == state
-
-
 async def test_user_false_label_wins_and_disabling_a_component_removes_it(
     rest: Rest, api_client: client.ApiClient
 ) -> None:
     await rest.apply(crd.sample_policy())
     gpu_node = "gpu-node-0000"
     async with Running(api_client) as run:
-        await eventually(lambda: _is(rest, "ready"), timeout=90)
+        await eventually(lambda: policy_state_is(rest, "ready"), timeout=90)
         await rest.merge_patch(
             NODE, gpu_node, {"metadata": {"labels": {DEPLOY_DCGM_EXPORTER_LABEL: "false"}}}
         )
@@ -205,11 +133,11 @@ async def test_semantic_error_is_reported_and_a_second_policy_is_ignored(
 ) -> None:
     await rest.apply(crd.sample_policy())
     async with Running(api_client) as run:
-        await eventually(lambda: _is(rest, "ready"), timeout=90)
+        await eventually(lambda: policy_state_is(rest, "ready"), timeout=90)
         second = copy.deepcopy(crd.sample_policy())
         second["metadata"]["name"] = "second-policy"
         await rest.apply(second)
-        assert await eventually(lambda: _is(rest, "ignored", "second-policy"))
+        assert await eventually(lambda: policy_state_is(rest, "ignored", "second-policy"))
         ignored = (await _policy(rest, "second-policy"))["status"]  # type: ignore[index]
         ready = next(c for c in ignored["conditions"] if c["type"] == "Ready")
         assert "cluster-policy" in ready["message"]

@@ -1,0 +1,408 @@
+"""Driver upgrades: the imperative side of the per-node upgrade rulebook.
+
+The rulebook (``statemachine.upgrade``) decides; this module builds its inputs
+from the caches (plus, for nodes being emptied, a LIST of the pods on that node)
+and carries out its decisions: one merge patch for labels, annotations and
+cordon state, then the side effect (delete GPU pods, evict, restart the driver
+pod). Which nodes may *start* is decided by one serial ``upgrades`` key over the
+whole fleet, so the parallelism budget holds however many workers run.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from components.driver import DAEMONSET_NAME as DRIVER_DS
+from components.labels import is_gpu_node
+from components.validator import DAEMONSET_NAME as VALIDATOR_DS
+from crd import ClusterPolicySpec
+from gpuop.controller._nodes import is_ready, labels
+from gpuop.informer import Obj
+from gpuop.log import get_logger
+from gpuop.metrics import OperatorMetrics
+from gpuop.rest import Rest, by_kind
+from statemachine import (
+    Action,
+    BudgetNode,
+    Decision,
+    DrainView,
+    DriverPodView,
+    NodeUpgradeView,
+    PodDeletionView,
+    UpgradePolicyView,
+    UpgradeState,
+    WaitForCompletionView,
+    next_step,
+    select_nodes,
+)
+from statemachine.upgrade_keys import DRAIN_SKIP_POD_LABEL, STATE_LABEL
+
+log = get_logger(__name__)
+
+POD = by_kind("v1", "Pod")
+NODE = by_kind("v1", "Node")
+#: While a node is being emptied, pods elsewhere in the cluster are not watched
+#: (that would cache every pod of the fleet); the node is looked at again after this.
+EMPTYING_POLL_SECONDS = 2.0
+#: An eviction refused by a PodDisruptionBudget is retried after this.
+EVICTION_RETRY_SECONDS = 5.0
+_EMPTYING = {
+    UpgradeState.WAIT_FOR_JOBS_REQUIRED,
+    UpgradeState.POD_DELETION_REQUIRED,
+    UpgradeState.DRAIN_REQUIRED,
+}
+_GPU_RESOURCE_PREFIXES = ("nvidia.com/gpu", "nvidia.com/mig-")
+
+
+def policy_view(spec: ClusterPolicySpec) -> UpgradePolicyView:
+    """The rulebook's view of ``driver.upgradePolicy``."""
+    up = spec.driver.upgrade_policy
+    return UpgradePolicyView(
+        auto_upgrade=bool(spec.driver.enabled and up.auto_upgrade),
+        max_parallel_upgrades=up.max_parallel_upgrades,
+        max_unavailable=up.max_unavailable,
+        wait_for_completion=WaitForCompletionView(
+            pod_selector=up.wait_for_completion.pod_selector or "",
+            timeout_seconds=up.wait_for_completion.timeout_seconds,
+        ),
+        pod_deletion=PodDeletionView(
+            force=up.pod_deletion.force,
+            timeout_seconds=up.pod_deletion.timeout_seconds,
+            delete_empty_dir=up.pod_deletion.delete_empty_dir,
+        ),
+        drain=DrainView(
+            enable=up.drain.enable,
+            force=up.drain.force,
+            pod_selector=up.drain.pod_selector or "",
+            timeout_seconds=up.drain.timeout_seconds,
+            delete_empty_dir=up.drain.delete_empty_dir,
+        ),
+        validation_enabled=spec.validator.enabled if spec.validator.enabled is not None else True,
+    )
+
+
+def _app(pod: Obj) -> str | None:
+    return (pod["metadata"].get("labels") or {}).get("app")
+
+
+def _pod_ready(pod: Obj) -> bool:
+    status = pod.get("status") or {}
+    return status.get("phase") == "Running" and any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
+
+
+def _restarts(pod: Obj) -> int:
+    return sum(
+        int(c.get("restartCount", 0))
+        for c in (pod.get("status") or {}).get("containerStatuses") or []
+    )
+
+
+def uses_gpu(pod: Obj) -> bool:
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        resources = container.get("resources") or {}
+        for section in ("limits", "requests"):
+            if any(k.startswith(_GPU_RESOURCE_PREFIXES) for k in resources.get(section) or {}):
+                return True
+    return False
+
+
+def _terminal(pod: Obj) -> bool:
+    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+
+
+def _daemonset_owned(pod: Obj) -> bool:
+    return any(o.get("kind") == "DaemonSet" for o in pod["metadata"].get("ownerReferences") or [])
+
+
+def _mirror(pod: Obj) -> bool:
+    return "kubernetes.io/config.mirror" in (pod["metadata"].get("annotations") or {})
+
+
+def drainable(pod: Obj) -> bool:
+    """Pods a drain evicts: not DaemonSet-managed, not mirror/static, not finished,
+    not opted out with the drain-skip label."""
+    pod_labels = pod["metadata"].get("labels") or {}
+    return not (
+        _terminal(pod)
+        or _daemonset_owned(pod)
+        or _mirror(pod)
+        or pod_labels.get(DRAIN_SKIP_POD_LABEL) == "true"
+    )
+
+
+class Upgrades:
+    """Carries out upgrade decisions for the operator (which owns the caches)."""
+
+    def __init__(
+        self,
+        rest: Rest,
+        metrics: OperatorMetrics,
+        namespace: str,
+        pods: Any,
+        revisions: Any,
+        daemonsets: Any,
+        nodes: Any,
+    ) -> None:
+        self.rest = rest
+        self.metrics = metrics
+        self.namespace = namespace
+        self._pods = pods
+        self._revisions = revisions
+        self._daemonsets = daemonsets
+        self._nodes = nodes
+        #: Nodes the fleet budget allowed to start, not yet started. Memory only,
+        #: and safe so: a lost grant just means the next ``upgrades`` pass grants again.
+        self.granted: set[str] = set()
+
+    # ------------------------------------------------------------- inputs
+    def newest_driver_revision(self) -> str | None:
+        ds = self._daemonsets.get(f"{self.namespace}/{DRIVER_DS}")
+        if ds is None:
+            return None
+        uid = ds["metadata"].get("uid")
+        newest: tuple[int, str] | None = None
+        for rev in self._revisions.values():
+            owners = rev["metadata"].get("ownerReferences") or []
+            if not any(o.get("uid") == uid for o in owners):
+                continue
+            number = int(rev.get("revision", 0))
+            hash_ = (rev["metadata"].get("labels") or {}).get("controller-revision-hash", "")
+            if newest is None or number > newest[0]:
+                newest = (number, hash_)
+        return newest[1] if newest else None
+
+    def _pods_on(self, node: str, app: str) -> list[Obj]:
+        return [
+            p
+            for p in self._pods.values()
+            if (p.get("spec") or {}).get("nodeName") == node and _app(p) == app
+        ]
+
+    def driver_pod(self, node: str) -> DriverPodView | None:
+        pods = [
+            p for p in self._pods_on(node, DRIVER_DS) if not p["metadata"].get("deletionTimestamp")
+        ]
+        if not pods:
+            return None
+        pod = max(pods, key=lambda p: p["metadata"].get("creationTimestamp", ""))
+        return DriverPodView(
+            uid=pod["metadata"]["uid"],
+            revision_hash=(pod["metadata"].get("labels") or {}).get("controller-revision-hash", ""),
+            running=(pod.get("status") or {}).get("phase") == "Running",
+            ready=_pod_ready(pod),
+            restart_count=_restarts(pod),
+        )
+
+    def validators_ready(self, node: str) -> bool:
+        pods = self._pods_on(node, VALIDATOR_DS)
+        return bool(pods) and all(_pod_ready(p) for p in pods)
+
+    async def _node_pods(self, node: str, label_selector: str = "") -> list[Obj]:
+        selectors = {"field_selector": f"spec.nodeName={node}"}
+        if label_selector:
+            selectors["label_selector"] = label_selector
+        return await self.rest.list(POD, None, **selectors)
+
+    async def view(
+        self, node: Obj, policy: UpgradePolicyView, newest: str | None
+    ) -> NodeUpgradeView:
+        name = node["metadata"]["name"]
+        node_labels = labels(node)
+        wait = gpu = drain = 0
+        state = (
+            UpgradeState(node_labels[STATE_LABEL])
+            if node_labels.get(STATE_LABEL) in {s.value for s in UpgradeState}
+            else UpgradeState.UNKNOWN
+        )
+        # The rulebook may pass several states in one go, so count the node's pods
+        # whenever emptying could be next: also right before and after cordoning.
+        granted = name in self.granted and state is UpgradeState.UPGRADE_REQUIRED
+        if state in _EMPTYING or state is UpgradeState.CORDON_REQUIRED or granted:
+            pods = [p for p in await self._node_pods(name) if not _terminal(p)]
+            gpu = sum(
+                1 for p in pods if uses_gpu(p) and p["metadata"].get("namespace") != self.namespace
+            )
+            drain_pods = pods
+            if policy.drain.pod_selector:
+                drain_pods = await self._node_pods(name, str(policy.drain.pod_selector))
+            drain = sum(1 for p in drain_pods if drainable(p))
+            selector = policy.wait_for_completion.pod_selector
+            if selector:
+                wait = sum(
+                    1
+                    for p in await self._node_pods(name, str(selector))
+                    if (p.get("status") or {}).get("phase") == "Running"
+                )
+        return NodeUpgradeView(
+            name=name,
+            now=time.time(),
+            labels=node_labels,
+            annotations=node["metadata"].get("annotations") or {},
+            unschedulable=bool(node["spec"].get("unschedulable")),
+            node_ready=is_ready(node),
+            driver_pod=self.driver_pod(name),
+            newest_revision=newest,
+            wait_pods_running=wait,
+            gpu_pods=gpu,
+            drain_pods=drain,
+            validators_ready=self.validators_ready(name),
+        )
+
+    # --------------------------------------------------------- fleet budget
+    def select(self, nodes: list[Obj], policy: UpgradePolicyView, newest: str | None) -> list[str]:
+        """Grant start slots; returns the nodes newly granted. Updates the metrics."""
+        fleet: list[BudgetNode] = []
+        counts = {"in_progress": 0, "done": 0, "failed": 0, "pending": 0}
+        for node in nodes:
+            name = node["metadata"]["name"]
+            node_labels = labels(node)
+            if not is_gpu_node(node_labels):
+                continue
+            raw_state = node_labels.get(STATE_LABEL, "")
+            state = (
+                UpgradeState(raw_state)
+                if raw_state in {s.value for s in UpgradeState}
+                else UpgradeState.UNKNOWN
+            )
+            if name in self.granted and state is UpgradeState.UPGRADE_REQUIRED:
+                state = UpgradeState.CORDON_REQUIRED  # holds its slot until it moves
+            elif name in self.granted:
+                self.granted.discard(name)
+            fleet.append(
+                BudgetNode(
+                    name=name,
+                    state=state,
+                    ready=is_ready(node),
+                    unschedulable=bool(node["spec"].get("unschedulable")),
+                    skip=node_labels.get("nvidia.com/gpu-driver-upgrade.skip") == "true",
+                    driver_pod_present=self.driver_pod(name) is not None,
+                )
+            )
+            if fleet[-1].in_progress:
+                counts["in_progress"] += 1
+            elif state is UpgradeState.UPGRADE_DONE:
+                counts["done"] += 1
+            elif state is UpgradeState.UPGRADE_FAILED:
+                counts["failed"] += 1
+            elif state is UpgradeState.UPGRADE_REQUIRED:
+                counts["pending"] += 1
+        selection = select_nodes(
+            fleet,
+            max_parallel_upgrades=policy.max_parallel_upgrades,
+            max_unavailable=policy.max_unavailable,
+        )
+        self.metrics.upgrades_in_progress.set(counts["in_progress"])
+        self.metrics.upgrades_done.set(counts["done"])
+        self.metrics.upgrades_failed.set(counts["failed"])
+        self.metrics.upgrades_pending.set(counts["pending"])
+        self.metrics.upgrades_available.set(len(selection.start))
+        for name, why in selection.blocked.items():
+            log.info("upgrade blocked", node=name, reason=why)
+        new = [n for n in selection.start if n not in self.granted]
+        self.granted.update(selection.start)
+        return new
+
+    # ------------------------------------------------------------ decisions
+    async def step(self, node: Obj, policy: UpgradePolicyView, newest: str | None) -> Decision:
+        view = await self.view(node, policy, newest)
+        name = view.name
+        decision = next_step(view, policy, may_start=name in self.granted)
+        if decision.target is not UpgradeState.UPGRADE_REQUIRED:
+            self.granted.discard(name)
+        await self._persist(node, decision)
+        await self._act(view, decision, policy)
+        if decision.entered_failed:
+            log.warning("driver upgrade failed", node=name, reason=decision.failure)
+        if decision.changed_state:
+            log.info(
+                "driver upgrade",
+                node=name,
+                from_state=decision.current.value,
+                to_state=decision.target.value,
+                reason=decision.reason,
+            )
+        return decision
+
+    async def _persist(self, node: Obj, decision: Decision) -> None:
+        patch: dict[str, Any] = dict(decision.merge_patch())
+        cordon = _wanted_unschedulable(decision)
+        if cordon is not None and bool(node["spec"].get("unschedulable")) != cordon:
+            patch["spec"] = {"unschedulable": cordon if cordon else None}
+        if patch:
+            patched = await self.rest.merge_patch(NODE, node["metadata"]["name"], patch)
+            self._nodes.observe(patched)
+
+    async def _act(
+        self, view: NodeUpgradeView, decision: Decision, policy: UpgradePolicyView
+    ) -> None:
+        action = decision.action
+        if action is Action.DELETE_GPU_PODS:
+            pods = [
+                p
+                for p in await self._node_pods(view.name)
+                if uses_gpu(p)
+                and not _terminal(p)
+                and p["metadata"].get("namespace") != self.namespace
+            ]
+            for pod in pods:
+                await self._delete_pod(pod, grace=0 if decision.force else None)
+        elif action is Action.DRAIN:
+            await self._drain(view.name, policy, decision.force)
+        elif action is Action.RESTART_DRIVER_POD:
+            for pod in self._pods_on(view.name, DRIVER_DS):
+                await self._delete_pod(pod)
+
+    async def _drain(self, node: str, policy: UpgradePolicyView, force: bool) -> None:
+        selector = str(policy.drain.pod_selector or "")
+        for pod in await self._node_pods(node, selector):
+            if not drainable(pod) or pod["metadata"].get("deletionTimestamp"):
+                continue
+            meta = pod["metadata"]
+            if force:
+                await self._delete_pod(pod, grace=0)
+                continue
+            try:
+                await self.rest.evict(meta["name"], meta["namespace"])
+            except ApiException as err:
+                if err.status == 429:
+                    log.info(
+                        "eviction blocked by a PodDisruptionBudget, retrying",
+                        node=node,
+                        pod=f"{meta['namespace']}/{meta['name']}",
+                    )
+                elif err.status != 404:
+                    raise
+
+    async def _delete_pod(self, pod: Obj, grace: int | None = None) -> None:
+        meta = pod["metadata"]
+        body = {"gracePeriodSeconds": grace} if grace is not None else None
+        await self.rest.delete(POD, meta["name"], meta["namespace"], body=body)
+
+
+def _wanted_unschedulable(decision: Decision) -> bool | None:
+    if decision.action is Action.CORDON:
+        return True
+    if decision.action is Action.UNCORDON:
+        return False
+    return None
+
+
+def requeue_after(decision: Decision) -> float | None:
+    """When to look at the node again without a watch event (timeouts, emptying)."""
+    delays = [d for d in (decision.requeue_after,) if d is not None]
+    if decision.target in _EMPTYING or decision.action in (Action.DRAIN, Action.DELETE_GPU_PODS):
+        delays.append(
+            EMPTYING_POLL_SECONDS if decision.action is not Action.DRAIN else EVICTION_RETRY_SECONDS
+        )
+    return min(delays) if delays else None
+
+
+def needs_upgrade_pass(labels_: Mapping[str, str]) -> bool:
+    return is_gpu_node(labels_)

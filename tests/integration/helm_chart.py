@@ -1,0 +1,82 @@
+"""Shared helpers of the chart tests: the cached Helm binary, rendering, the plain
+manifests. Run as ``python -m tests.integration.helm_chart`` to regenerate
+deploy/manifests/gpu-operator.yaml after a chart change."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpuop.cluster._build import ensure_helm
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "deploy" / "helm" / "gpu-operator"
+MANIFESTS = ROOT / "deploy" / "manifests" / "gpu-operator.yaml"
+DATA = ROOT / "tests" / "data"
+RELEASE = "gpu-operator"
+NAMESPACE = "gpu-operator"
+
+_MANIFEST_HEADER = f"""\
+# gpuop for `kubectl apply`, without Helm: the chart in deploy/helm/gpu-operator
+# rendered with its default values (release {RELEASE!r}, namespace {NAMESPACE!r}),
+# CRDs included. Generated -- do not edit; regenerate with
+#   python -m tests.integration.helm_chart
+# Apply with `kubectl apply --server-side -f deploy/manifests/gpu-operator.yaml`.
+---
+apiVersion: v1
+kind: Namespace
+metadata:
+  name: {NAMESPACE}
+"""
+
+
+def helm(*args: str, kubeconfig: Path | None = None, check: bool = True) -> str:
+    """Run the cached Helm binary; on failure the assertion carries its output."""
+    env_args = ["--kubeconfig", str(kubeconfig)] if kubeconfig else []
+    proc = subprocess.run(
+        [str(ensure_helm()), *args, *env_args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    if check:
+        assert proc.returncode == 0, f"helm {' '.join(args)} failed:\n{proc.stderr}{proc.stdout}"
+    return proc.stdout + proc.stderr if not check else proc.stdout
+
+
+def template(
+    *args: str, values: Sequence[Path] = (), release: str = RELEASE, namespace: str = NAMESPACE
+) -> str:
+    files = [a for v in values for a in ("--values", str(v))]
+    return helm("template", release, str(CHART), "--namespace", namespace, *files, *args)
+
+
+def documents(text: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+def by_kind(docs: Iterable[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d.get("kind") == kind]
+
+
+def one(docs: Iterable[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [d for d in by_kind(docs, kind) if name is None or d["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, got {len(found)}"
+    return found[0]
+
+
+def render_manifests() -> str:
+    """What deploy/manifests/gpu-operator.yaml must hold."""
+    return _MANIFEST_HEADER + template("--include-crds")
+
+
+if __name__ == "__main__":
+    MANIFESTS.parent.mkdir(parents=True, exist_ok=True)
+    MANIFESTS.write_text(render_manifests())
+    print(f"wrote {MANIFESTS.relative_to(ROOT)}", file=sys.stderr)

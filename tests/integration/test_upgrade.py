@@ -1,0 +1,171 @@
+"""Driver upgrades on the real control plane: a driver change rolls node by node
+through cordon, drain, restart, validation and uncordon within the budget."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import time
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client
+
+import crd
+from gpuop.cluster import NFD_GPU_LABEL
+from gpuop.rest import Rest, by_kind
+from statemachine.upgrade_keys import (
+    IN_PROGRESS_STATES,
+    INITIAL_UNSCHEDULABLE_ANNOTATION,
+    SKIP_LABEL,
+    STATE_LABEL,
+    UpgradeState,
+)
+from tests.integration.harness import NAMESPACE, NODE, POLICY, Running, eventually, policy_state_is
+
+pytestmark = pytest.mark.integration
+
+POD = by_kind("v1", "Pod")
+WORKLOADS = "gpu-workloads"
+
+
+def _policy(version: str, max_parallel: int = 2, max_unavailable: str = "50%") -> dict[str, Any]:
+    policy = copy.deepcopy(crd.sample_policy())
+    driver = policy["spec"].setdefault("driver", {})
+    driver["version"] = version
+    driver["upgradePolicy"] = {
+        "autoUpgrade": True,
+        "maxParallelUpgrades": max_parallel,
+        "maxUnavailable": max_unavailable,
+        "drain": {"enable": True, "timeoutSeconds": 60},
+        "podDeletion": {"timeoutSeconds": 60},
+    }
+    return policy
+
+
+async def _gpu_nodes(rest: Rest) -> list[dict[str, Any]]:
+    return [
+        n
+        for n in await rest.list(NODE)
+        if (n["metadata"].get("labels") or {}).get(NFD_GPU_LABEL) == "true"
+    ]
+
+
+async def _driver_hashes(rest: Rest) -> dict[str, str]:
+    pods = await rest.list(POD, NAMESPACE, label_selector="app=nvidia-driver-daemonset")
+    return {
+        p["spec"]["nodeName"]: p["metadata"]["labels"]["controller-revision-hash"]
+        for p in pods
+        if not p["metadata"].get("deletionTimestamp")
+    }
+
+
+async def test_driver_version_change_upgrades_every_node_within_budget(
+    rest: Rest, api_client: client.ApiClient
+) -> None:
+    core = client.CoreV1Api(api_client)
+    await rest.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": WORKLOADS}})
+    await rest.apply(_policy("595.91.07"))
+    gpu = sorted(n["metadata"]["name"] for n in await _gpu_nodes(rest))
+    cordoned_by_admin = gpu[-1]
+    skipped = gpu[-2]
+    async with Running(api_client) as run:
+        await eventually(lambda: policy_state_is(rest, "ready"), timeout=90)
+        await run.settle()
+        before = await _driver_hashes(rest)
+        assert set(before) == set(gpu)
+
+        # An administrator cordoned one node for their own reasons; another is skipped.
+        await rest.merge_patch(NODE, cordoned_by_admin, {"spec": {"unschedulable": True}})
+        await rest.merge_patch(NODE, skipped, {"metadata": {"labels": {SKIP_LABEL: "true"}}})
+        # A GPU workload on the first node must be evicted by the drain.
+        await core.create_namespaced_pod(
+            WORKLOADS,
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "trainer", "labels": {"app": "trainer"}},
+                "spec": {
+                    "nodeName": gpu[0],
+                    "containers": [
+                        {
+                            "name": "c",
+                            "image": "cuda",
+                            "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                        }
+                    ],
+                },
+            },
+        )
+        await run.settle()
+
+        await rest.apply(_policy("600.10.01"))
+        peak_in_progress = 0
+        peak_unavailable = 0
+        deadline = time.monotonic() + 180
+        upgraded = [n for n in gpu if n != skipped]
+        while time.monotonic() < deadline:
+            nodes = {n["metadata"]["name"]: n for n in await _gpu_nodes(rest)}
+            states = {
+                name: (n["metadata"].get("labels") or {}).get(STATE_LABEL, "")
+                for name, n in nodes.items()
+            }
+            in_progress = sum(
+                1 for s in states.values() if UpgradeState(s or "unknown") in IN_PROGRESS_STATES
+            )
+            # The admin-cordoned node was unavailable before; count it like the budget does.
+            unavailable = sum(
+                1
+                for name, n in nodes.items()
+                if n["spec"].get("unschedulable")
+                or UpgradeState(states[name] or "unknown") in IN_PROGRESS_STATES
+            )
+            peak_in_progress = max(peak_in_progress, in_progress)
+            peak_unavailable = max(peak_unavailable, unavailable)
+            assert in_progress <= 2, states
+            assert unavailable <= 2, states  # 50% of 4 GPU nodes
+            if all(states[n] == "upgrade-done" for n in upgraded):
+                hashes = await _driver_hashes(rest)
+                if all(hashes.get(n, before[n]) != before[n] for n in upgraded):
+                    break
+            assert not any(s == "upgrade-failed" for s in states.values()), states
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError(f"upgrade did not finish: {states}")
+        assert peak_in_progress >= 1
+
+        after = await _driver_hashes(rest)
+        for name in upgraded:
+            assert after[name] != before[name], name
+        assert after[skipped] == before[skipped]
+        assert states[skipped] != "upgrade-done" or after[skipped] == before[skipped]
+
+        nodes = {n["metadata"]["name"]: n for n in await _gpu_nodes(rest)}
+        for name in upgraded:
+            meta = nodes[name]["metadata"]
+            if name == cordoned_by_admin:
+                assert nodes[name]["spec"].get("unschedulable") is True
+            else:
+                assert not nodes[name]["spec"].get("unschedulable"), name
+            assert INITIAL_UNSCHEDULABLE_ANNOTATION not in (meta.get("annotations") or {})
+
+        async def trainer_gone() -> bool:
+            return await rest.get(POD, "trainer", WORKLOADS) is None
+
+        assert await eventually(trainer_gone, timeout=30)
+        assert run.operator.queue.stats.failed == 0
+
+        # Converged again: nothing more to write.
+        await run.settle()
+        writes = run.rest.writes
+        for name in gpu:
+            run.operator.queue.add(f"node/{name}")
+        run.operator.queue.add("upgrades")
+        await run.settle()
+        assert run.rest.writes == writes, run.rest.write_counts()
+
+    await rest.merge_patch(NODE, cordoned_by_admin, {"spec": {"unschedulable": None}})
+    await rest.merge_patch(NODE, skipped, {"metadata": {"labels": {SKIP_LABEL: None}}})
+    await rest.delete(by_kind("v1", "Namespace"), WORKLOADS)
+    await rest.apply(crd.sample_policy())
+    await rest.delete(POLICY, "cluster-policy")
