@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import time
+import uuid
 from typing import Any
 
 import pytest
@@ -26,10 +27,12 @@ from tests.integration.harness import NAMESPACE, NODE, POLICY, Running, eventual
 pytestmark = pytest.mark.integration
 
 POD = by_kind("v1", "Pod")
-WORKLOADS = "gpu-workloads"
+WORKLOADS = f"gpu-workloads-{uuid.uuid4().hex[:6]}"
 
 
-def _policy(version: str, max_parallel: int = 2, max_unavailable: str = "50%") -> dict[str, Any]:
+def _policy(
+    version: str, max_parallel: int = 2, max_unavailable: int | str = "50%"
+) -> dict[str, Any]:
     policy = copy.deepcopy(crd.sample_policy())
     driver = policy["spec"].setdefault("driver", {})
     driver["version"] = version
@@ -168,4 +171,85 @@ async def test_driver_version_change_upgrades_every_node_within_budget(
     await rest.merge_patch(NODE, skipped, {"metadata": {"labels": {SKIP_LABEL: None}}})
     await rest.delete(by_kind("v1", "Namespace"), WORKLOADS)
     await rest.apply(crd.sample_policy())
+    await rest.delete(POLICY, "cluster-policy")
+
+
+async def test_a_restarted_operator_resumes_a_drain_blocked_by_a_budget(
+    rest: Rest, api_client: client.ApiClient
+) -> None:
+    """Progress lives in node labels: kill the operator mid-drain, start another,
+    and the node continues from drain-required once the PodDisruptionBudget allows."""
+    core = client.CoreV1Api(api_client)
+    policy_api = client.PolicyV1Api(api_client)
+    workloads = f"{WORKLOADS}-b"
+    await rest.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": workloads}})
+    await rest.apply(_policy("595.91.07", max_parallel=1, max_unavailable=1))
+    gpu = sorted(n["metadata"]["name"] for n in await _gpu_nodes(rest))
+    first = gpu[0]
+    async with Running(api_client) as run:
+        await eventually(lambda: policy_state_is(rest, "ready"), timeout=90)
+        await run.settle()
+    await core.create_namespaced_pod(
+        workloads,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "guarded", "labels": {"app": "guarded"}},
+            "spec": {"nodeName": first, "containers": [{"name": "c", "image": "app"}]},
+        },
+    )
+    await policy_api.create_namespaced_pod_disruption_budget(
+        workloads,
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": "guard"},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}},
+        },
+    )
+
+    async def pdb_active() -> bool:
+        pdb = await policy_api.read_namespaced_pod_disruption_budget_status("guard", workloads)
+        return bool(pdb.status and pdb.status.current_healthy == 1)
+
+    await eventually(pdb_active)
+
+    async def state_of(name: str) -> str:
+        node = await rest.get(NODE, name)
+        return ((node or {})["metadata"].get("labels") or {}).get(STATE_LABEL, "")
+
+    async with Running(api_client) as run:
+        await run.settle()
+        await rest.apply(_policy("600.10.01", max_parallel=1, max_unavailable=1))
+
+        async def blocked_in_drain() -> bool:
+            return await state_of(first) == "drain-required"
+
+        await eventually(blocked_in_drain, timeout=60)
+        await asyncio.sleep(6)  # at least one refused eviction retried
+        assert await state_of(first) == "drain-required"
+        assert await rest.get(POD, "guarded", workloads) is not None
+        # One slot: nobody else started.
+        assert all([await state_of(n) in ("upgrade-required", "upgrade-done") for n in gpu[1:]])
+    # The operator is gone; the node stays cordoned with its state and reason on record.
+    node = await rest.get(NODE, first)
+    assert node is not None
+    assert node["spec"].get("unschedulable") is True
+    assert node["metadata"]["labels"][STATE_LABEL] == "drain-required"
+
+    async with Running(api_client) as run:
+        await asyncio.sleep(2)
+        assert await state_of(first) == "drain-required"  # resumed, not restarted
+        await policy_api.delete_namespaced_pod_disruption_budget("guard", workloads)
+
+        async def all_done() -> bool:
+            return all([await state_of(n) == "upgrade-done" for n in gpu])
+
+        await eventually(all_done, timeout=120)
+        node = await rest.get(NODE, first)
+        assert node is not None
+        assert not node["spec"].get("unschedulable")
+        assert run.operator.queue.stats.failed == 0
+
+    await rest.delete(by_kind("v1", "Namespace"), workloads)
     await rest.delete(POLICY, "cluster-policy")
