@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
+import socket
 import sys
 from pathlib import Path
 
 from gpuop.controller import Operator, OperatorConfig
 from gpuop.install import ensure_namespace, install_crd, install_sample_policy
 from gpuop.kube import api_client
+from gpuop.leader import LeaderElector
 from gpuop.log import get_logger
 from gpuop.metrics import OperatorMetrics
 from gpuop.rest import Rest
@@ -46,7 +49,16 @@ async def run_operator(
         def healthy() -> tuple[bool, str]:
             return True, "ok"
 
+        elector = (
+            LeaderElector(rest, config.namespace, config.lease_name, _identity())
+            if config.leader_elect
+            else None
+        )
+
         def ready() -> tuple[bool, str]:
+            # A follower is ready (it can take over at once); the leader once synced.
+            if elector is not None and not elector.leading:
+                return True, "follower"
             return (operator.synced, "ok" if operator.synced else "caches not synced")
 
         app = make_app(metrics.registry, healthy, ready)
@@ -64,7 +76,11 @@ async def run_operator(
                 await install_crd(rest)
                 await ensure_namespace(rest, config.namespace)
                 await install_sample_policy(rest)
+            if elector is not None:
+                await elector.acquire()
             async with asyncio.TaskGroup() as group:
+                if elector is not None:
+                    group.create_task(elector.hold(), name="leader-lease")
                 group.create_task(operator.run(), name="operator")
                 if status_line:
                     group.create_task(_status_line(operator), name="status-line")
@@ -77,9 +93,16 @@ async def run_operator(
             log.exception("operator failed")
             return 1
         finally:
+            if elector is not None:
+                await elector.release()
             for runner in runners:
                 await runner.cleanup()
     return 1
+
+
+def _identity() -> str:
+    """Pod name inside a cluster (HOSTNAME), plus the pid so two local runs differ."""
+    return f"{os.environ.get('POD_NAME') or socket.gethostname()}-{os.getpid()}"
 
 
 async def _status_line(operator: Operator) -> None:

@@ -88,6 +88,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         metrics_host=host,
         metrics_port=args.metrics_port,
         probe_port=args.probe_port,
+        leader_elect=args.leader_elect,
     )
     return asyncio.run(
         run_operator(config, kubeconfig, install=install, status_line=sys.stderr.isatty())
@@ -144,6 +145,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="image of this operator, also run as the validator on each node",
     )
     run.add_argument("--workers", type=int, default=8, help="parallel reconcile workers")
+    run.add_argument(
+        "--leader-elect",
+        action="store_true",
+        help="hold a Lease before acting (needed with more than one replica)",
+    )
     run.add_argument("--metrics-port", type=int, default=8080)
     run.add_argument("--probe-port", type=int, default=8081)
     run.set_defaults(func=_cmd_run)

@@ -261,6 +261,19 @@ class Rest:
         )
         return patched
 
+    async def replace(
+        self, kind: Kind, body: Mapping[str, Any], namespace: str | None = None
+    ) -> Obj:
+        """PUT with the body's resourceVersion: a conflict (409) means someone else won."""
+        replaced: Obj = await self._call(
+            "UPDATE",
+            "PUT",
+            kind.item(body["metadata"]["name"], namespace),
+            kind.plural,
+            body=dict(body),
+        )
+        return replaced
+
     async def create(
         self, kind: Kind, body: Mapping[str, Any], namespace: str | None = None
     ) -> Obj:
