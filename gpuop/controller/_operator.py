@@ -20,6 +20,7 @@ from crd import (
     ClusterPolicySpec,
     ClusterPolicyStatus,
     ComponentState,
+    find_condition,
     ignored_status,
     not_ready_status,
     parse_policy,
@@ -418,10 +419,28 @@ class Operator:
         patch = status_patch(raw.get("status"), status_dict(status))
         if patch is None:
             return
+        if status.state != (raw.get("status") or {}).get("state"):
+            await self._record_state_change(raw, status)
         patched = await self.rest.merge_patch(
             POLICY, raw["metadata"]["name"], patch, subresource="status"
         )
         self.policies.observe(patched)
+
+    async def _record_state_change(self, raw: Obj, status: ClusterPolicyStatus) -> None:
+        """An Event on the policy when its state changes (ready, notReady, ignored)."""
+        ready = find_condition(status.conditions, "Ready")
+        error = find_condition(status.conditions, "Error")
+        involved = {
+            "apiVersion": POLICY.api_version,
+            "kind": POLICY.kind,
+            "metadata": raw["metadata"],
+        }
+        await self.upgrades.events.record(
+            involved,
+            ready.reason if ready else "StateChanged",
+            f"ClusterPolicy is {status.state}: {ready.message if ready else ''}",
+            warning=error is not None and error.status == "True",
+        )
 
     # --------------------------------------------------------------- nodes
     async def reconcile_node(self, name: str) -> None:

@@ -21,6 +21,7 @@ from components.labels import is_gpu_node
 from components.validator import DAEMONSET_NAME as VALIDATOR_DS
 from crd import ClusterPolicySpec
 from gpuop.controller._nodes import is_ready, labels
+from gpuop.events import EventRecorder
 from gpuop.informer import Obj
 from gpuop.log import get_logger
 from gpuop.metrics import OperatorMetrics
@@ -157,6 +158,7 @@ class Upgrades:
         self._revisions = revisions
         self._daemonsets = daemonsets
         self._nodes = nodes
+        self.events = EventRecorder(rest)
         #: Nodes the fleet budget allowed to start, not yet started. Memory only,
         #: and safe so: a lost grant just means the next ``upgrades`` pass grants again.
         self.granted: set[str] = set()
@@ -320,6 +322,21 @@ class Upgrades:
         await self._act(view, decision, policy)
         if decision.entered_failed:
             log.warning("driver upgrade failed", node=name, reason=decision.failure)
+            await self.events.record(
+                _node_ref(node), "DriverUpgradeFailed", decision.failure, warning=True
+            )
+        elif (
+            decision.changed_state
+            and decision.target is UpgradeState.UPGRADE_DONE
+            and (decision.current is not UpgradeState.UNKNOWN)
+        ):
+            await self.events.record(
+                _node_ref(node), "DriverUpgradeDone", f"driver upgraded on {name}"
+            )
+        elif decision.action is Action.CORDON:
+            await self.events.record(
+                _node_ref(node), "DriverUpgradeStarted", f"driver upgrade started on {name}"
+            )
         if decision.changed_state:
             log.info(
                 "driver upgrade",
@@ -384,6 +401,10 @@ class Upgrades:
         meta = pod["metadata"]
         body = {"gracePeriodSeconds": grace} if grace is not None else None
         await self.rest.delete(POD, meta["name"], meta["namespace"], body=body)
+
+
+def _node_ref(node: Obj) -> Obj:
+    return {"apiVersion": "v1", "kind": "Node", "metadata": node["metadata"]}
 
 
 def _wanted_unschedulable(decision: Decision) -> bool | None:

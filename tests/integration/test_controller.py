@@ -161,4 +161,11 @@ async def test_semantic_error_is_reported_and_a_second_policy_is_ignored(
         # Nothing crashed or looped: the queue settles and stays idle.
         await run.settle()
         assert run.operator.metrics.reconciliation_status._value.get() == -2
+        events = await rest.list(by_kind("v1", "Event"), "default")
+        warnings = [
+            e
+            for e in events
+            if e["involvedObject"]["kind"] == "ClusterPolicy" and e["type"] == "Warning"
+        ]
+        assert any("podSelector" in e["message"] for e in warnings)
     await rest.apply(crd.sample_policy())

@@ -1,0 +1,389 @@
+"""The Helm chart rendered offline: lint, templates for default values, seed 004's
+values and everything disabled, the ClusterPolicy it builds, least-privilege RBAC,
+and the plain manifests kept equal to `helm template`. Needs only the cached Helm
+binary (built by `gpuop cluster build`), not the control plane."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import pytest
+import yaml
+
+import crd
+from components import COMPONENTS, RenderContext
+from gpuop.controller._operator import _OWNED_CLUSTER, _OWNED_NAMESPACED
+from gpuop.rest import Kind
+from tests.integration.helm_chart import (
+    CHART,
+    DATA,
+    MANIFESTS,
+    NAMESPACE,
+    by_kind,
+    documents,
+    helm,
+    one,
+    render_manifests,
+    template,
+)
+
+SEED004 = (DATA / "values_seed004.yaml", DATA / "values_seed004_monitoring.yaml")
+
+_CLUSTER_SCOPED = ("ClusterRole", "ClusterRoleBinding", "ClusterPolicy", "CustomResourceDefinition")
+
+#: Every switch the chart has, off: the operator alone.
+ALL_DISABLED = [
+    f"{section}.enabled=false"
+    for section in (
+        "driver",
+        "toolkit",
+        "devicePlugin",
+        "dcgm",
+        "dcgmExporter",
+        "gfd",
+        "migManager",
+        "nodeStatusExporter",
+        "validator",
+        "gds",
+        "gdrcopy",
+        "vgpuManager",
+        "vgpuDeviceManager",
+        "vfioManager",
+        "sandboxDevicePlugin",
+        "kataManager",
+        "ccManager",
+        "nfd",
+        "psa",
+        "cdi",
+    )
+]
+
+#: Values that switch on every operand that brings its own RBAC or ServiceMonitor.
+EVERYTHING_ON = [
+    "dcgm.enabled=true",
+    "nodeStatusExporter.enabled=true",
+    "devicePlugin.config.name=plugin-config",
+    "devicePlugin.config.default=default",
+    "dcgmExporter.serviceMonitor.enabled=true",
+    "operator.serviceMonitor.enabled=true",
+]
+
+
+def _group(kind: Kind) -> str:
+    return kind.api_version.rpartition("/")[0]
+
+
+def _set(pairs: Iterable[str]) -> list[str]:
+    return [a for p in pairs for a in ("--set", p)]
+
+
+@pytest.fixture(scope="module")
+def default_docs() -> list[dict[str, Any]]:
+    return documents(template())
+
+
+@pytest.fixture(scope="module")
+def seed_docs() -> list[dict[str, Any]]:
+    return documents(template(values=SEED004))
+
+
+def _policy(docs: list[dict[str, Any]]) -> crd.ClusterPolicy:
+    raw = one(docs, "ClusterPolicy")
+    policy, problems = crd.parse_policy(raw)
+    assert problems == [], problems
+    assert policy is not None
+    # Strict: every key the chart writes is a ClusterPolicy field (nothing pruned).
+    assert crd.ClusterPolicy.model_validate(raw) == policy
+    return policy
+
+
+def test_lint_is_clean() -> None:
+    out = helm("lint", "--strict", str(CHART))
+    assert "0 chart(s) failed" in out
+    out = helm("lint", "--strict", str(CHART), *[a for v in SEED004 for a in ("-f", str(v))])
+    assert "0 chart(s) failed" in out
+
+
+def test_default_values_render_the_operator_and_a_default_policy(
+    default_docs: list[dict[str, Any]],
+) -> None:
+    kinds = {d["kind"] for d in default_docs}
+    assert {
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+        "Deployment",
+        "ClusterPolicy",
+        "DaemonSet",  # NFD worker, on by default like upstream
+    } <= kinds
+    # The metrics Service is the operator's own (component operator-metrics); a chart
+    # copy would fight it for the same object.
+    assert "ServiceMonitor" not in kinds
+    assert "Service" not in kinds
+    policy = _policy(default_docs)
+    assert policy.name == crd.DEFAULT_POLICY_NAME
+    # The chart's defaults are the models' defaults, but for the runtime upstream's
+    # chart assumes (containerd).
+    expected = crd.default_policy().spec.model_copy(
+        update={
+            "operator": crd.default_policy().spec.operator.model_copy(
+                update={"default_runtime": "containerd"}
+            )
+        }
+    )
+    assert policy.spec.model_dump(exclude_none=True) == expected.model_dump(exclude_none=True)
+    for doc in default_docs:
+        if doc["kind"] not in _CLUSTER_SCOPED:
+            assert doc["metadata"]["namespace"] == NAMESPACE, doc["metadata"]["name"]
+
+
+def test_operator_deployment_is_locked_down(default_docs: list[dict[str, Any]]) -> None:
+    deployment = one(default_docs, "Deployment", "gpu-operator")
+    spec = deployment["spec"]
+    assert spec["replicas"] == 1  # no leader election yet
+    assert spec["strategy"]["type"] == "Recreate"
+    pod = spec["template"]["spec"]
+    assert pod["serviceAccountName"] == "gpu-operator"
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    (container,) = pod["containers"]
+    assert container["image"] == "ghcr.io/gpuop/gpuop:0.1.0"
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"]["drop"] == ["ALL"]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["resources"]["requests"]
+    assert container["resources"]["limits"]
+    assert container["args"][2:4] == ["run", "--namespace=$(OPERATOR_NAMESPACE)"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["OPERATOR_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    assert env["GPUOP_OPERATOR_IMAGE"]["value"] == container["image"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"metrics": 8080, "probes": 8081}
+    # The operator's metrics Service selects the pods by `app`.
+    metrics = next(c for c in COMPONENTS if c.name == "operator-metrics")
+    ctx = RenderContext(namespace=NAMESPACE, operator_image="x")
+    (service,) = metrics.objects(crd.default_policy().spec, ctx)
+    assert service["spec"]["selector"].items() <= spec["template"]["metadata"]["labels"].items()
+    assert service["spec"]["ports"][0]["targetPort"] == ports["metrics"]
+
+
+def _leaves(value: Any, path: str = "") -> Iterable[tuple[str, Any]]:
+    if isinstance(value, dict) and value:
+        for key, item in value.items():
+            yield from _leaves(item, f"{path}.{key}")
+    else:
+        yield path, value
+
+
+def _at(obj: Any, path: str) -> Any:
+    for part in path.strip(".").split("."):
+        if not isinstance(obj, dict) or part not in obj:
+            return None
+        obj = obj[part]
+    return obj
+
+
+def test_seed004_values_install_unchanged(seed_docs: list[dict[str, Any]]) -> None:
+    """The marketplace sample (nested under `gpu-operator:`) moves every image."""
+    _policy(seed_docs)
+    rendered = one(seed_docs, "ClusterPolicy")["spec"]
+    expected = yaml.safe_load((DATA / "clusterpolicy_seed004.yaml").read_text())["spec"]
+    for path, value in _leaves(expected):
+        got = _at(rendered, path)
+        if value in ({}, []):
+            assert got in (None, value), path
+        else:
+            assert got == value, f"spec{path}: {got!r} != {value!r}"
+    deployment = one(seed_docs, "Deployment", "gpu-operator")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == "dockerhub.kubekey.local/kse/nvidia/gpu-operator:0.1.0"
+    for doc in by_kind(seed_docs, "DaemonSet") + by_kind(seed_docs, "Deployment"):
+        for c in doc["spec"]["template"]["spec"]["containers"]:
+            assert c["image"].startswith("dockerhub.kubekey.local/kse/"), c["image"]
+    assert "monitoring.coreos.com" in {
+        g for rule in one(seed_docs, "Role", "gpu-operator")["rules"] for g in rule["apiGroups"]
+    }
+
+
+def test_everything_disabled_renders_only_the_operator() -> None:
+    docs = documents(template(*_set(ALL_DISABLED)))
+    policy = _policy(docs)
+    spec = policy.spec
+    for section in (
+        spec.driver,
+        spec.toolkit,
+        spec.device_plugin,
+        spec.dcgm,
+        spec.dcgm_exporter,
+        spec.gfd,
+        spec.mig_manager,
+        spec.node_status_exporter,
+        spec.validator,
+        spec.vgpu_device_manager,
+        spec.vfio_manager,
+        spec.sandbox_device_plugin,
+    ):
+        assert section.enabled is False
+    ctx = RenderContext(namespace=NAMESPACE, operator_image="x", mig_capable=True)
+    wanted = {c.name for c in COMPONENTS if c.objects(spec, ctx)}
+    assert wanted == {"pre-requisites", "operator-metrics"}  # always there
+    assert not by_kind(docs, "DaemonSet")
+    assert not by_kind(docs, "CustomResourceDefinition")
+    assert {d["metadata"]["name"] for d in by_kind(docs, "Deployment")} == {"gpu-operator"}
+    off = documents(template("--set", "clusterPolicy.deployCR=false", *_set(ALL_DISABLED)))
+    assert not by_kind(off, "ClusterPolicy")
+
+
+def test_upgrade_policy_values_map_to_the_policy() -> None:
+    docs = documents(
+        template(
+            *_set(
+                [
+                    "driver.upgradePolicy.gpuPodDeletion.force=true",
+                    "driver.upgradePolicy.gpuPodDeletion.timeoutSeconds=60",
+                    "driver.upgradePolicy.gpuPodDeletion.deleteEmptyDir=true",
+                    "driver.upgradePolicy.maxParallelUpgrades=3",
+                    "driver.upgradePolicy.maxUnavailable=2",
+                    "driver.upgradePolicy.drain.enable=true",
+                    "driver.upgradePolicy.drain.podSelector=app=batch",
+                    "driver.upgradePolicy.waitForCompletion.podSelector=job=train",
+                    "driver.version=550.127.08",
+                    "mig.strategy=mixed",
+                ]
+            )
+        )
+    )
+    spec = _policy(docs).spec
+    upgrade = spec.driver.upgrade_policy
+    assert upgrade.pod_deletion.force is True
+    assert upgrade.pod_deletion.timeout_seconds == 60
+    assert upgrade.pod_deletion.delete_empty_dir is True
+    assert upgrade.max_parallel_upgrades == 3
+    assert upgrade.max_unavailable == 2
+    assert upgrade.drain.enable is True
+    assert upgrade.drain.pod_selector == "app=batch"
+    assert upgrade.wait_for_completion.pod_selector == "job=train"
+    assert spec.driver.version == "550.127.08"
+    assert spec.mig.strategy == "mixed"
+
+
+# ----------------------------------------------------------------------- RBAC
+def _rules(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [
+        r
+        for d in by_kind(docs, kind)
+        if d["metadata"]["name"] == "gpu-operator"
+        for r in d["rules"]
+    ]
+
+
+def _allows(
+    rules: list[dict[str, Any]], group: str, resource: str, verb: str, name: str = ""
+) -> bool:
+    for rule in rules:
+        names = rule.get("resourceNames")
+        if (
+            group in rule.get("apiGroups", [])
+            and resource in rule.get("resources", [])
+            and verb in rule.get("verbs", [])
+            and (not names or (name and name in names))
+        ):
+            return True
+    return False
+
+
+@pytest.mark.parametrize("values", [(), ALL_DISABLED, EVERYTHING_ON], ids=["default", "off", "on"])
+def test_no_wildcards_anywhere(values: list[str]) -> None:
+    docs = documents(template(*_set(values)))
+    for doc in by_kind(docs, "ClusterRole") + by_kind(docs, "Role"):
+        for rule in doc["rules"]:
+            for key in ("apiGroups", "resources", "verbs", "resourceNames"):
+                assert all("*" not in v for v in rule.get(key, [])), (doc["metadata"], rule)
+            assert "nonResourceURLs" not in rule
+            assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"])
+            # The operator never reads Secrets.
+            assert "secrets" not in rule["resources"]
+
+
+def test_operator_holds_what_it_does_and_what_it_grants_nothing_more() -> None:
+    """Every call the operator makes and every permission an operand Role or
+    ClusterRole grants is covered (Kubernetes refuses to let it grant what it does not
+    hold), and every rule the chart grants is needed by one of those."""
+    docs = documents(template(*_set(EVERYTHING_ON)))
+    cluster = _rules(docs, "ClusterRole")
+    namespaced = cluster + _rules(docs, "Role")
+    needed: list[tuple[bool, str, str, str, str]] = []  # (cluster-wide, group, res, verb, name)
+
+    def need(
+        cluster_wide: bool, group: str, resource: str, verbs: Iterable[str], name: str = ""
+    ) -> None:
+        needed.extend((cluster_wide, group, resource, v, name) for v in verbs)
+
+    # The operator's own calls (see gpuop/controller/_operator.py).
+    need(True, "", "nodes", ["get", "list", "watch", "patch"])
+    need(True, "nvidia.com", "clusterpolicies", ["list", "watch"])
+    need(True, "nvidia.com", "clusterpolicies/status", ["patch"])
+    need(False, "", "pods", ["list", "watch"])
+    need(False, "apps", "controllerrevisions", ["list", "watch"])
+    for kind in _OWNED_NAMESPACED:
+        need(False, _group(kind), kind.plural, ["list", "watch", "create", "patch", "delete"])
+    # Driver upgrades (cordon is a node patch): evict or delete GPU pods anywhere.
+    need(True, "", "pods", ["delete"])
+    need(True, "", "pods/eviction", ["create"])
+    # What the operands' roles grant.
+    policy = _policy(docs)
+    ctx = RenderContext(namespace=NAMESPACE, operator_image="x", mig_capable=True)
+    objects = [o for c in COMPONENTS for o in c.objects(policy.spec, ctx)]
+    cluster_named = {
+        (o["kind"], o["metadata"]["name"]) for o in objects if "namespace" not in o["metadata"]
+    }
+    for kind in _OWNED_CLUSTER:
+        assert {k for k, _ in cluster_named} >= {kind.kind} or kind.kind == "RuntimeClass"
+        need(True, _group(kind), kind.plural, ["list", "watch", "create"])
+    for kind_name, name in cluster_named:
+        kind = next(k for k in _OWNED_CLUSTER if k.kind == kind_name)
+        need(True, _group(kind), kind.plural, ["get", "patch", "delete"], name)
+    for obj in objects:
+        if obj["kind"] in ("ClusterRole", "Role"):
+            for rule in obj["rules"]:
+                for group in rule["apiGroups"]:
+                    for resource in rule["resources"]:
+                        need(obj["kind"] == "ClusterRole", group, resource, rule["verbs"])
+    kinds = {o["kind"] for o in objects}
+    assert {"ClusterRole", "Role", "ServiceMonitor"} <= kinds
+    need(
+        False,
+        "monitoring.coreos.com",
+        "servicemonitors",
+        ["list", "watch", "create", "patch", "delete"],
+    )
+
+    for cluster_wide, group, resource, verb, name in needed:
+        rules = cluster if cluster_wide else namespaced
+        assert _allows(rules, group, resource, verb, name), (
+            f"the chart does not grant {verb} {group or 'core'}/{resource} {name}".strip()
+        )
+    # Nothing beyond: each granted (group, resource, verb) is needed somewhere.
+    wanted = {(g, r, v) for _, g, r, v, _ in needed}
+    # get comes with list for names we apply; update with patch for the MIG manager.
+    for rules in (_rules(docs, "ClusterRole"), _rules(docs, "Role")):
+        for rule in rules:
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    for verb in rule["verbs"]:
+                        assert (group, resource, verb) in wanted or (
+                            verb == "get" and (group, resource, "list") in wanted
+                        ), f"granted but unused: {verb} {group or 'core'}/{resource}"
+
+
+# ------------------------------------------------------------------ manifests
+def test_plain_manifests_equal_helm_template() -> None:
+    assert MANIFESTS.read_text() == render_manifests(), (
+        f"{MANIFESTS} is out of date: regenerate with `python -m tests.integration.helm_chart`"
+    )

@@ -1,0 +1,279 @@
+"""The chart on the real control plane: `helm install`, the operator running with the
+chart's ServiceAccount token (not the admin credential) until the policy is ready,
+`helm upgrade` without touching the driver, removal of the policy and `helm uninstall`.
+Any 403 fails the test: the work queue counts it as a failed reconcile, the watch
+caches log it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+import structlog
+from kubernetes_asyncio import client
+
+from components.keys import DEPLOY_LABELS, GPU_PRESENT_LABEL
+from gpuop.cluster import NFD_GPU_LABEL, ClusterInfo
+from gpuop.controller import Operator, OperatorConfig
+from gpuop.metrics import OperatorMetrics
+from gpuop.rest import Rest, by_kind
+from statemachine.upgrade_keys import STATE_LABEL, UpgradeState
+from tests.integration.helm_chart import CHART, helm
+
+pytestmark = pytest.mark.integration
+
+RELEASE = "gpu-operator"
+POLICY_NAME = "cluster-policy"
+POLICY = by_kind("nvidia.com/v1", "ClusterPolicy")
+NODE = by_kind("v1", "Node")
+DS = by_kind("apps/v1", "DaemonSet")
+DEPLOYMENT = by_kind("apps/v1", "Deployment")
+SA = by_kind("v1", "ServiceAccount")
+CLUSTER_ROLE = by_kind("rbac.authorization.k8s.io/v1", "ClusterRole")
+CLUSTER_ROLE_BINDING = by_kind("rbac.authorization.k8s.io/v1", "ClusterRoleBinding")
+ROLE = by_kind("rbac.authorization.k8s.io/v1", "Role")
+ROLE_BINDING = by_kind("rbac.authorization.k8s.io/v1", "RoleBinding")
+RUNTIME_CLASS = by_kind("node.k8s.io/v1", "RuntimeClass")
+CRD = by_kind("apiextensions.k8s.io/v1", "CustomResourceDefinition")
+MANAGED = "app.kubernetes.io/managed-by=gpuop"
+
+
+async def eventually(
+    check: Callable[[], Awaitable[Any]], timeout: float = 60.0, interval: float = 0.25
+) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = await check()
+        if last:
+            return last
+        await asyncio.sleep(interval)
+    raise AssertionError(f"not met within {timeout}s; last={last!r}")
+
+
+@pytest.fixture(scope="module")
+async def admin(api_client: client.ApiClient) -> AsyncIterator[Rest]:
+    """Admin access, for setting up and checking only; a module with no policy left."""
+    rest = Rest(api_client)
+    for existing in (
+        await rest.list(POLICY) if await rest.get(CRD, POLICY.plural + ".nvidia.com") else []
+    ):
+        await rest.delete(POLICY, existing["metadata"]["name"])
+    yield rest
+    if await rest.get(CRD, "clusterpolicies.nvidia.com"):
+        for existing in await rest.list(POLICY):
+            await rest.delete(POLICY, existing["metadata"]["name"])
+    # Leave no node labelled by us.
+    for node in await rest.list(NODE):
+        labels = node["metadata"].get("labels") or {}
+        ours: dict[str, str | None] = {
+            k: None for k in (GPU_PRESENT_LABEL, *DEPLOY_LABELS) if labels.get(k) == "true"
+        }
+        if STATE_LABEL in labels:
+            ours[STATE_LABEL] = None
+        if ours:
+            await rest.merge_patch(NODE, node["metadata"]["name"], {"metadata": {"labels": ours}})
+
+
+@pytest.fixture(scope="module")
+async def release(
+    admin: Rest, api_client: client.ApiClient, local_cluster: ClusterInfo
+) -> AsyncIterator[str]:
+    """The chart installed into a fresh namespace; uninstalled and the namespace gone after."""
+    namespace = f"gpuop-helm-{uuid.uuid4().hex[:6]}"
+    kubeconfig = local_cluster.kubeconfig
+    helm(
+        "install", RELEASE, str(CHART), "-n", namespace, "--create-namespace", kubeconfig=kubeconfig
+    )
+    try:
+        yield namespace
+    finally:
+        helm("uninstall", RELEASE, "-n", namespace, kubeconfig=kubeconfig, check=False)
+        with contextlib.suppress(client.ApiException):
+            await client.CoreV1Api(api_client).delete_namespace(namespace)
+
+
+@contextlib.asynccontextmanager
+async def service_account_client(
+    api_client: client.ApiClient, info: ClusterInfo, namespace: str, name: str
+) -> AsyncIterator[client.ApiClient]:
+    """An ApiClient that authenticates as the ServiceAccount (TokenRequest API)."""
+    token = await client.CoreV1Api(api_client).create_namespaced_service_account_token(
+        name, namespace, client.AuthenticationV1TokenRequest(spec={"audiences": []})
+    )
+    config = client.Configuration()
+    config.host = info.server
+    config.ssl_ca_cert = str(info.directory / "pki" / "ca.crt")
+    config.api_key = {"BearerToken": token.status.token}
+    config.api_key_prefix = {"BearerToken": "Bearer"}
+    async with client.ApiClient(config) as sa_api:
+        review = await client.AuthenticationV1Api(sa_api).create_self_subject_review(
+            client.V1SelfSubjectReview()
+        )
+        assert review.status.user_info.username == f"system:serviceaccount:{namespace}:{name}"
+        yield sa_api
+
+
+async def _state(admin: Rest) -> str | None:
+    got = await admin.get(POLICY, POLICY_NAME)
+    return ((got or {}).get("status") or {}).get("state")
+
+
+async def _operand_objects(admin: Rest, namespace: str) -> list[str]:
+    found: list[str] = []
+    for kind in (DS, ROLE, ROLE_BINDING, SA):
+        found += [
+            f"{kind.kind}/{o['metadata']['name']}"
+            for o in await admin.list(kind, namespace, label_selector=MANAGED)
+        ]
+    for kind in (RUNTIME_CLASS, CLUSTER_ROLE, CLUSTER_ROLE_BINDING):
+        found += [
+            f"{kind.kind}/{o['metadata']['name']}"
+            for o in await admin.list(kind, label_selector=MANAGED)
+        ]
+    return found
+
+
+async def test_install_run_as_the_chart_service_account_upgrade_and_uninstall(
+    admin: Rest, release: str, api_client: client.ApiClient, local_cluster: ClusterInfo
+) -> None:
+    namespace = release
+    listed = helm("list", "-n", namespace, "-o", "json", kubeconfig=local_cluster.kubeconfig)
+    assert '"status":"deployed"' in listed
+    assert await admin.get(POLICY, POLICY_NAME) is not None
+
+    with structlog.testing.capture_logs() as logs:
+        async with service_account_client(
+            api_client, local_cluster, namespace, "gpu-operator"
+        ) as sa_api:
+            operator = Operator(
+                Rest(sa_api), OperatorConfig(namespace=namespace, workers=4), OperatorMetrics()
+            )
+            task = asyncio.create_task(operator.run())
+            try:
+                assert await eventually(lambda: _ready(admin), timeout=90)
+                driver = await admin.get(DS, "nvidia-driver-daemonset", namespace)
+                assert driver is not None
+                assert await admin.list(CLUSTER_ROLE, label_selector=MANAGED)  # granted by us
+
+                # An upgrade that changes the operator and an unrelated operand only.
+                helm(
+                    "upgrade",
+                    RELEASE,
+                    str(CHART),
+                    "-n",
+                    namespace,
+                    "--reuse-values",
+                    "--set",
+                    "dcgmExporter.enabled=false",
+                    "--set",
+                    "operator.logging.level=debug",
+                    kubeconfig=local_cluster.kubeconfig,
+                )
+                deployment = await admin.get(DEPLOYMENT, "gpu-operator", namespace)
+                assert deployment is not None
+                assert (
+                    "--log-level=debug"
+                    in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+                )
+                await eventually(lambda: _gone(admin, DS, "nvidia-dcgm-exporter", namespace))
+                assert await eventually(lambda: _ready(admin), timeout=60)
+                after = await admin.get(DS, "nvidia-driver-daemonset", namespace)
+                assert after is not None
+                assert after["metadata"]["uid"] == driver["metadata"]["uid"]
+                assert after["metadata"]["generation"] == driver["metadata"]["generation"]
+
+                # A driver change through the chart upgrades every GPU node, with
+                # cordon, pod deletion and uncordon done under the chart's RBAC.
+                helm(
+                    "upgrade",
+                    RELEASE,
+                    str(CHART),
+                    "-n",
+                    namespace,
+                    "--reuse-values",
+                    "--set",
+                    "driver.version=600.10.01",
+                    "--set",
+                    "driver.upgradePolicy.maxParallelUpgrades=0",
+                    "--set",
+                    "driver.upgradePolicy.maxUnavailable=100%",
+                    kubeconfig=local_cluster.kubeconfig,
+                )
+                await eventually(lambda: _upgraded(admin), timeout=90)
+                assert await eventually(lambda: _ready(admin), timeout=60)
+                assert operator.queue.stats.failed == 0, [
+                    e.get("error") for e in logs if e.get("event") == "reconcile failed"
+                ]
+
+                # Removing the policy first lets the operator take its operands away
+                # while it still holds its permissions (the documented uninstall order).
+                await admin.delete(POLICY, POLICY_NAME)
+                await eventually(lambda: _none_left(admin, namespace), timeout=60)
+                await eventually(lambda: _no_deploy_labels(admin), timeout=30)
+            finally:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            # A status write racing the policy's deletion may meet a 404; nothing else.
+            failures = [
+                str(e.get("error"))
+                for e in logs
+                if e.get("event") == "reconcile failed"
+                and not ("(404)" in str(e.get("error")) and POLICY_NAME in str(e.get("error")))
+            ]
+            assert failures == []
+    denied = [e for e in logs if "403" in str(e) or "Forbidden" in str(e)]
+    assert denied == []
+
+    helm("uninstall", RELEASE, "-n", namespace, kubeconfig=local_cluster.kubeconfig)
+    for kind, name, ns in (
+        (DEPLOYMENT, "gpu-operator", namespace),
+        (DEPLOYMENT, "nfd-master", namespace),
+        (DS, "nfd-worker", namespace),
+        (SA, "gpu-operator", namespace),
+        (ROLE, "gpu-operator", namespace),
+        (ROLE_BINDING, "gpu-operator", namespace),
+        (CLUSTER_ROLE, "gpu-operator", None),
+        (CLUSTER_ROLE_BINDING, "gpu-operator", None),
+        (CLUSTER_ROLE, f"{RELEASE}-nfd-master", None),
+        (CRD, "nodefeatures.nfd.k8s-sigs.io", None),
+    ):
+        await eventually(lambda k=kind, n=name, s=ns: _gone(admin, k, n, s), timeout=30)
+    # Helm's CRD rule: crds/ are installed once and never deleted by Helm.
+    assert await admin.get(CRD, "clusterpolicies.nvidia.com") is not None
+
+
+async def _upgraded(admin: Rest) -> bool:
+    states = [
+        (n["metadata"].get("labels") or {}).get(STATE_LABEL)
+        for n in await admin.list(NODE)
+        if (n["metadata"].get("labels") or {}).get(NFD_GPU_LABEL) == "true"
+    ]
+    assert UpgradeState.FAILED.value not in states, states
+    return bool(states) and all(s == UpgradeState.DONE.value for s in states)
+
+
+async def _ready(admin: Rest) -> bool:
+    return await _state(admin) == "ready"
+
+
+async def _gone(admin: Rest, kind: Any, name: str, namespace: str | None = None) -> bool:
+    return await admin.get(kind, name, namespace) is None
+
+
+async def _none_left(admin: Rest, namespace: str) -> bool:
+    return not await _operand_objects(admin, namespace)
+
+
+async def _no_deploy_labels(admin: Rest) -> bool:
+    for node in await admin.list(NODE):
+        labels = node["metadata"].get("labels") or {}
+        if any(labels.get(k) == "true" for k in DEPLOY_LABELS):
+            return False
+    return True
