@@ -52,6 +52,7 @@ _KINDS = [
     Kind("v1", "Service", "services", True),
     Kind("v1", "ServiceAccount", "serviceaccounts", True),
     Kind("v1", "ConfigMap", "configmaps", True),
+    Kind("v1", "PodTemplate", "podtemplates", True),
     Kind("v1", "Namespace", "namespaces", False),
     Kind("v1", "Event", "events", True),
     Kind("apps/v1", "DaemonSet", "daemonsets", True),

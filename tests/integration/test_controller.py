@@ -3,6 +3,7 @@ zero writes when nothing changes, user overrides, invalid and extra policies."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from typing import Any
 
@@ -79,6 +80,11 @@ async def test_policy_rolls_out_in_order_and_converges_with_zero_writes(
             run.operator.queue.add(f"node/{name}")
         await run.settle()
         assert run.rest.writes == before, run.rest.write_counts()
+
+        # Idle: watch-driven, no timers. Nothing at all is requested while nothing changes.
+        idle_before = dict(run.rest.counts)
+        await asyncio.sleep(5)
+        assert dict(run.rest.counts) == idle_before
 
     # A restarted operator finds everything in place and writes nothing.
     async with Running(api_client) as again:
