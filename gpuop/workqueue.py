@@ -89,6 +89,10 @@ class WorkQueue:
         if self.is_idle():
             self._idle.set()
 
+    def backoff(self, failures: int) -> float:
+        """Delay before retry number ``failures``: doubling from the base, capped."""
+        return float(min(self._max, self._base * (2 ** (failures - 1))))
+
     # ------------------------------------------------------------- observing
     def __len__(self) -> int:
         return len(self._queued) + len(self._active)
@@ -121,7 +125,7 @@ class WorkQueue:
             except Exception as err:  # one key's failure never stops the queue
                 failures = self._failures.get(key, 0) + 1
                 self._failures[key] = failures
-                delay = min(self._max, self._base * (2 ** (failures - 1)))
+                delay = self.backoff(failures)
                 self.stats.failed += 1
                 self.stats.retries_scheduled += 1
                 log.warning(

@@ -1,0 +1,116 @@
+"""Pure helpers of the controller: status patches, node trimming, pod classes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import crd
+from gpuop.controller._nodes import is_ready, node_fingerprint, trim_node
+from gpuop.controller._status import status_patch
+from gpuop.controller._upgrade import drainable, policy_view, uses_gpu
+from gpuop.rest import by_kind
+
+
+def test_status_patch_is_none_when_equal_and_nulls_removed_keys() -> None:
+    same = {"state": "ready", "namespace": "gpu-operator"}
+    assert status_patch(same, dict(same)) is None
+    assert status_patch({"state": "ready", "old": 1}, {"state": "notReady"}) == {
+        "status": {"state": "notReady", "old": None}
+    }
+    assert status_patch(None, {"state": "ready"}) == {"status": {"state": "ready"}}
+
+
+def _node(**status: Any) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": "n",
+            "uid": "u",
+            "resourceVersion": "5",
+            "labels": {"a": "b"},
+            "annotations": {},
+            "managedFields": [{"manager": "x"}],
+        },
+        "spec": {"podCIDR": "10.0.0.0/24", "unschedulable": True},
+        "status": {
+            "conditions": [
+                {"type": "MemoryPressure", "status": "False"},
+                {"type": "Ready", "status": "True", "lastHeartbeatTime": "t1"},
+            ],
+            "images": [{"names": ["big"] * 50}],
+            "allocatable": {"nvidia.com/gpu": "8"},
+            **status,
+        },
+    }
+
+
+def test_trim_node_keeps_only_what_is_read() -> None:
+    trimmed = trim_node(_node())
+    assert "managedFields" not in trimmed["metadata"]
+    assert "images" not in trimmed["status"]
+    assert trimmed["spec"] == {"unschedulable": True}
+    assert trimmed["status"]["conditions"] == [{"type": "Ready", "status": "True"}]
+    assert is_ready(trimmed)
+
+
+def test_heartbeats_do_not_change_the_fingerprint() -> None:
+    a = trim_node(_node())
+    b_raw = _node()
+    b_raw["status"]["conditions"][1]["lastHeartbeatTime"] = "t2"
+    b_raw["metadata"]["resourceVersion"] = "6"
+    assert node_fingerprint(a) == node_fingerprint(trim_node(b_raw))
+    c_raw = _node()
+    c_raw["metadata"]["labels"]["a"] = "c"
+    assert node_fingerprint(a) != node_fingerprint(trim_node(c_raw))
+
+
+def _pod(**extra: Any) -> dict[str, Any]:
+    pod: dict[str, Any] = {
+        "metadata": {"name": "p", "namespace": "ns", "labels": {}},
+        "spec": {"containers": [{"name": "c", "resources": {}}]},
+        "status": {"phase": "Running"},
+    }
+    for key, value in extra.items():
+        section, field = key.split("__")
+        pod[section][field] = value
+    return pod
+
+
+def test_gpu_pods_are_recognised_by_their_resources() -> None:
+    gpu = _pod()
+    gpu["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "1"}}
+    mig = _pod()
+    mig["spec"]["containers"][0]["resources"] = {"requests": {"nvidia.com/mig-1g.10gb": "1"}}
+    assert uses_gpu(gpu)
+    assert uses_gpu(mig)
+    assert not uses_gpu(_pod())
+
+
+def test_drain_skips_daemonset_mirror_finished_and_opted_out_pods() -> None:
+    assert drainable(_pod())
+    assert not drainable(_pod(metadata__ownerReferences=[{"kind": "DaemonSet"}]))
+    assert not drainable(_pod(metadata__annotations={"kubernetes.io/config.mirror": "x"}))
+    assert not drainable(_pod(status__phase="Succeeded"))
+    assert not drainable(
+        _pod(metadata__labels={"nvidia.com/gpu-driver-upgrade-drain.skip": "true"})
+    )
+
+
+def test_policy_view_follows_the_spec() -> None:
+    spec = crd.default_policy().spec
+    view = policy_view(spec)
+    assert view.auto_upgrade is True
+    assert view.max_parallel_upgrades == 1
+    assert view.max_unavailable == "25%"
+    assert view.drain.timeout_seconds == 300
+    disabled = spec.model_copy(update={"driver": spec.driver.model_copy(update={"enabled": False})})
+    assert policy_view(disabled).auto_upgrade is False
+
+
+def test_rest_paths() -> None:
+    ds = by_kind("apps/v1", "DaemonSet")
+    assert ds.item("x", "ns") == "/apis/apps/v1/namespaces/ns/daemonsets/x"
+    node = by_kind("v1", "Node")
+    assert node.item("n", "ignored") == "/api/v1/nodes/n"
+    assert by_kind("nvidia.com/v1", "ClusterPolicy").collection() == (
+        "/apis/nvidia.com/v1/clusterpolicies"
+    )
