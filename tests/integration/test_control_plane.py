@@ -3,8 +3,6 @@ eviction with PodDisruptionBudgets and watch expiry all behave as in a cluster."
 
 from __future__ import annotations
 
-import asyncio
-import time
 from typing import Any
 
 import aiohttp
@@ -14,19 +12,9 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpuop.cluster import NFD_GPU_LABEL, ClusterInfo
 from tests.conftest import TEST_GPU_NODES, TEST_NODES
+from tests.integration.harness import eventually
 
 pytestmark = pytest.mark.integration
-
-
-async def _eventually(check: Any, timeout: float = 60.0, interval: float = 0.3) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = await check()
-        if last:
-            return last
-        await asyncio.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout}s (last: {last!r})")
 
 
 async def test_version_reports_the_built_release(api_client: client.ApiClient) -> None:
@@ -117,7 +105,7 @@ async def test_daemonset_runs_pods_on_exactly_the_matching_nodes(
         }
         return running if running == gpu_nodes and len(pods) == len(gpu_nodes) else None
 
-    assert await _eventually(running_pods) == gpu_nodes
+    assert await eventually(running_pods) == gpu_nodes
 
     async def ds_ready() -> bool:
         ds = await apps.read_namespaced_daemon_set_status("probe", namespace)
@@ -126,7 +114,7 @@ async def test_daemonset_runs_pods_on_exactly_the_matching_nodes(
             and ds.status.number_ready == TEST_GPU_NODES
         )
 
-    assert await _eventually(ds_ready)
+    assert await eventually(ds_ready)
 
 
 async def test_pod_disruption_budget_blocks_eviction_with_429(
@@ -158,7 +146,7 @@ async def test_pod_disruption_budget_blocks_eviction_with_429(
         pdb = await policy.read_namespaced_pod_disruption_budget_status("guard", namespace)
         return bool(pdb.status and pdb.status.current_healthy == 1)
 
-    await _eventually(pdb_observed)
+    await eventually(pdb_observed)
     eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name="guarded", namespace=namespace))
     with pytest.raises(ApiException) as blocked:
         await core.create_namespaced_pod_eviction("guarded", namespace, eviction)
@@ -176,7 +164,7 @@ async def test_pod_disruption_budget_blocks_eviction_with_429(
             return err.status == 404
         return pod.metadata.deletion_timestamp is not None
 
-    assert await _eventually(gone)
+    assert await eventually(gone)
 
 
 async def _compact_etcd(etcd_port: int) -> int:
