@@ -52,9 +52,14 @@ def _cmd_cluster_status(args: argparse.Namespace) -> int:
 
 
 def _cmd_cluster_build(args: argparse.Namespace) -> int:
+    from gpuop.cluster._build import ensure_helm
+
     paths = ensure_binaries()
+    built = list(paths.all())
+    if args.helm:
+        built.append(ensure_helm())  # the chart tests run it
     print(f"cache: {cache_dir()}")
-    for path in paths.all():
+    for path in built:
         print(f"  {path}")
     return 0
 
@@ -173,6 +178,12 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--dir", default=None, help=dir_help)
     status.set_defaults(func=_cmd_cluster_status)
     build = csub.add_parser("build", help="only build the binaries into the cache")
+    build.add_argument(
+        "--no-helm",
+        dest="helm",
+        action="store_false",
+        help="skip Helm (built by default: the chart tests need it)",
+    )
     build.set_defaults(func=_cmd_cluster_build)
 
     from gpuop.nodeagent.cli import add_subcommands as add_node_agent

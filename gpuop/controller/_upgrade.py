@@ -162,6 +162,7 @@ class Upgrades:
         #: Nodes the fleet budget allowed to start, not yet started. Memory only,
         #: and safe so: a lost grant just means the next ``upgrades`` pass grants again.
         self.granted: set[str] = set()
+        self._blocked: dict[str, str] = {}
 
     # ------------------------------------------------------------- inputs
     def newest_driver_revision(self) -> str | None:
@@ -306,7 +307,9 @@ class Upgrades:
         self.metrics.upgrades_pending.set(counts["pending"])
         self.metrics.upgrades_available.set(len(selection.start))
         for name, why in selection.blocked.items():
-            log.info("upgrade blocked", node=name, reason=why)
+            if self._blocked.get(name) != why:
+                log.warning("upgrade blocked, others proceed", node=name, reason=why)
+        self._blocked = dict(selection.blocked)
         new = [n for n in selection.start if n not in self.granted]
         self.granted.update(selection.start)
         return new

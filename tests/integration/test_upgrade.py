@@ -274,3 +274,65 @@ async def test_a_restarted_operator_resumes_a_drain_blocked_by_a_budget(
 
     await rest.delete(by_kind("v1", "Namespace"), workloads)
     await rest.delete(POLICY, "cluster-policy")
+
+
+async def test_a_not_ready_node_does_not_stall_the_fleet(
+    rest: Rest, api_client: client.ApiClient
+) -> None:
+    """Upstream users saw one NotReady node hold every upgrade back; here it is
+    passed over (and reported), the others finish, and it follows once Ready."""
+    await rest.apply(_policy("595.91.07", max_parallel=1, max_unavailable=2))
+    gpu = sorted(n["metadata"]["name"] for n in await _gpu_nodes(rest))
+    sick = gpu[0]  # first in line: without the fix it would block the single slot
+    # The NotReady node counts against maxUnavailable (it is unavailable), so the
+    # budget is 2: one for it, one for the upgrade slot.
+
+    async def state_of(name: str) -> str:
+        node = await rest.get(NODE, name)
+        return ((node or {})["metadata"].get("labels") or {}).get(STATE_LABEL, "")
+
+    async with Running(api_client) as run:
+        await eventually(lambda: policy_state_is(rest, "ready"), timeout=90)
+        await run.settle()
+        # kwok stops heartbeating a node without its annotation; mark it NotReady.
+        await rest.merge_patch(
+            NODE, sick, {"metadata": {"annotations": {"kwok.x-k8s.io/node": None}}}
+        )
+        node = await rest.get(NODE, sick)
+        assert node is not None
+        conditions = [
+            {**c, "status": "False", "reason": "KubeletDown"} if c["type"] == "Ready" else c
+            for c in node["status"]["conditions"]
+        ]
+        await rest.merge_patch(
+            NODE, sick, {"status": {"conditions": conditions}}, subresource="status"
+        )
+        before = await _driver_hashes(rest)
+        await rest.apply(_policy("610.0.0", max_parallel=1, max_unavailable=2))
+
+        async def others_done() -> bool:
+            states = [await state_of(n) for n in gpu[1:]]
+            hashes = await _driver_hashes(rest)
+            return (
+                all(s == "upgrade-done" for s in states)
+                and all(hashes.get(n) not in (None, before[n]) for n in gpu[1:])
+                and await state_of(sick) == "upgrade-required"
+            )
+
+        await eventually(others_done, timeout=120)
+
+        async def one_pending() -> bool:
+            return bool(run.operator.metrics.upgrades_pending._value.get() == 1)
+
+        await eventually(one_pending, timeout=10)
+
+        # Back to health (kwok manages it again): it upgrades too.
+        await rest.merge_patch(
+            NODE, sick, {"metadata": {"annotations": {"kwok.x-k8s.io/node": "fake"}}}
+        )
+
+        async def sick_done() -> bool:
+            return await state_of(sick) == "upgrade-done"
+
+        await eventually(sick_done, timeout=120)
+    await rest.delete(POLICY, "cluster-policy")
