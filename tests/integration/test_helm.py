@@ -143,8 +143,8 @@ def test_default_values_render_the_operator_and_a_default_policy(
 def test_operator_deployment_is_locked_down(default_docs: list[dict[str, Any]]) -> None:
     deployment = one(default_docs, "Deployment", "gpu-operator")
     spec = deployment["spec"]
-    assert spec["replicas"] == 1  # no leader election yet
-    assert spec["strategy"]["type"] == "Recreate"
+    assert spec["replicas"] == 2
+    assert spec["strategy"]["type"] == "RollingUpdate"
     pod = spec["template"]["spec"]
     assert pod["serviceAccountName"] == "gpu-operator"
     assert pod["securityContext"]["runAsNonRoot"] is True
@@ -159,7 +159,11 @@ def test_operator_deployment_is_locked_down(default_docs: list[dict[str, Any]]) 
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert container["resources"]["requests"]
     assert container["resources"]["limits"]
-    assert container["args"][2:4] == ["run", "--namespace=$(OPERATOR_NAMESPACE)"]
+    assert container["args"][2:5] == [
+        "run",
+        "--namespace=$(OPERATOR_NAMESPACE)",
+        "--leader-elect",
+    ]
     env = {e["name"]: e for e in container["env"]}
     assert env["OPERATOR_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
     assert env["GPUOP_OPERATOR_IMAGE"]["value"] == container["image"]
@@ -238,6 +242,22 @@ def test_everything_disabled_renders_only_the_operator() -> None:
     assert {d["metadata"]["name"] for d in by_kind(docs, "Deployment")} == {"gpu-operator"}
     off = documents(template("--set", "clusterPolicy.deployCR=false", *_set(ALL_DISABLED)))
     assert not by_kind(off, "ClusterPolicy")
+
+
+def test_one_replica_without_leader_election_recreates() -> None:
+    docs = documents(
+        template("--set", "operator.replicas=1", "--set", "operator.leaderElection.enabled=false")
+    )
+    deployment = one(docs, "Deployment", "gpu-operator")
+    assert deployment["spec"]["strategy"]["type"] == "Recreate"
+    assert "--leader-elect" not in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "coordination.k8s.io" not in {
+        g for rule in one(docs, "Role", "gpu-operator")["rules"] for g in rule["apiGroups"]
+    }
+    refused = helm(
+        "template", "x", str(CHART), "--set", "operator.leaderElection.enabled=false", check=False
+    )
+    assert "needs operator.leaderElection.enabled" in refused
 
 
 def test_upgrade_policy_values_map_to_the_policy() -> None:
@@ -336,6 +356,11 @@ def test_operator_holds_what_it_does_and_what_it_grants_nothing_more() -> None:
     # Driver upgrades (cordon is a node patch): evict or delete GPU pods anywhere.
     need(True, "", "pods", ["delete"])
     need(True, "", "pods/eviction", ["create"])
+    # Events about the policy (in `default`), nodes and pods (gpuop/events.py).
+    need(True, "", "events", ["create"])
+    # Leader election (gpuop/leader.py).
+    need(False, "coordination.k8s.io", "leases", ["create"])
+    need(False, "coordination.k8s.io", "leases", ["get", "update"], "gpuop-leader")
     # What the operands' roles grant.
     policy = _policy(docs)
     ctx = RenderContext(namespace=NAMESPACE, operator_image="x", mig_capable=True)

@@ -20,6 +20,7 @@ from kubernetes_asyncio import client
 from components.keys import DEPLOY_LABELS, GPU_PRESENT_LABEL
 from gpuop.cluster import NFD_GPU_LABEL, ClusterInfo
 from gpuop.controller import Operator, OperatorConfig
+from gpuop.leader import LeaderElector
 from gpuop.metrics import OperatorMetrics
 from gpuop.rest import Rest, by_kind
 from statemachine.upgrade_keys import STATE_LABEL, UpgradeState
@@ -154,6 +155,11 @@ async def test_install_run_as_the_chart_service_account_upgrade_and_uninstall(
             operator = Operator(
                 Rest(sa_api), OperatorConfig(namespace=namespace, workers=4), OperatorMetrics()
             )
+            # Leader election as the chart's account: create the Lease, renew it, let go.
+            elector = LeaderElector(Rest(sa_api), namespace, "gpuop-leader", "helm-test")
+            assert await elector.try_acquire_or_renew()
+            assert await elector.try_acquire_or_renew()
+            await elector.release()
             task = asyncio.create_task(operator.run())
             try:
                 assert await eventually(lambda: _ready(admin), timeout=90)
@@ -255,8 +261,8 @@ async def _upgraded(admin: Rest) -> bool:
         for n in await admin.list(NODE)
         if (n["metadata"].get("labels") or {}).get(NFD_GPU_LABEL) == "true"
     ]
-    assert UpgradeState.FAILED.value not in states, states
-    return bool(states) and all(s == UpgradeState.DONE.value for s in states)
+    assert UpgradeState.UPGRADE_FAILED.value not in states, states
+    return bool(states) and all(s == UpgradeState.UPGRADE_DONE.value for s in states)
 
 
 async def _ready(admin: Rest) -> bool:

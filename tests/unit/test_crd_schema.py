@@ -15,11 +15,14 @@ import crd
 ROOT = Path(__file__).resolve().parents[2]
 REGENERATE = (
     "out of date: regenerate with `gpuop crd > crd/nvidia.com_clusterpolicies.yaml` "
-    "and copy it to deploy/crds/nvidia.com_clusterpolicies.yaml"
+    "and copy it to deploy/crds/nvidia.com_clusterpolicies.yaml and "
+    "deploy/helm/gpu-operator/crds/nvidia.com_clusterpolicies.yaml"
 )
+HELM_CHART_CRD_FILE = "deploy/helm/gpu-operator/crds/nvidia.com_clusterpolicies.yaml"
+"""The copy Helm installs (crds/: created on install, never upgraded or deleted)."""
 
 
-@pytest.mark.parametrize("path", [crd.CRD_FILE, crd.CHART_CRD_FILE])
+@pytest.mark.parametrize("path", [crd.CRD_FILE, crd.CHART_CRD_FILE, HELM_CHART_CRD_FILE])
 def test_checked_in_crd_is_generated(path: str) -> None:
     assert (ROOT / path).read_text() == crd.render_crd_yaml(), f"{path} {REGENERATE}"
 

@@ -1,0 +1,111 @@
+{{/*
+The effective values: the top-level values, overridden by a `gpu-operator:` block
+when a values file nests everything under it (the umbrella-chart form marketplace
+samples use). Templates read `include "gpuop.values" . | fromYaml`.
+*/}}
+{{- define "gpuop.values" -}}
+{{- $values := deepCopy .Values -}}
+{{- $nested := index .Values "gpu-operator" | default dict -}}
+{{- if $nested -}}
+{{- $values = mustMergeOverwrite $values (deepCopy $nested) -}}
+{{- end -}}
+{{- $_ := unset $values "gpu-operator" -}}
+{{- toYaml $values -}}
+{{- end -}}
+
+{{- define "gpuop.name" -}}
+gpu-operator
+{{- end -}}
+
+{{- define "gpuop.chart" -}}
+{{ .Chart.Name }}-{{ .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{/* Labels every object of the release carries. */}}
+{{- define "gpuop.labels" -}}
+helm.sh/chart: {{ include "gpuop.chart" . }}
+app.kubernetes.io/name: {{ include "gpuop.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{/* Selector labels of the operator pods. */}}
+{{- define "gpuop.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "gpuop.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end -}}
+
+{{/* Name of the operator's ServiceAccount, Roles and bindings. */}}
+{{- define "gpuop.serviceAccount" -}}
+gpu-operator
+{{- end -}}
+
+{{/* The operator image: repository/image:version, version defaulting to appVersion. */}}
+{{- define "gpuop.operatorImage" -}}
+{{- $op := .operator -}}
+{{- $version := $op.version | default .appVersion -}}
+{{- if $op.repository -}}
+{{ trimSuffix "/" $op.repository }}/{{ $op.image }}:{{ $version }}
+{{- else -}}
+{{ $op.image }}:{{ $version }}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Image and container fields of one ClusterPolicy section, each written only when set,
+so an unset part falls back to the operator's default. Argument: the section's values.
+*/}}
+{{- define "gpuop.imageFields" -}}
+{{- with .repository }}
+repository: {{ . | quote }}
+{{- end }}
+{{- with .image }}
+image: {{ . | quote }}
+{{- end }}
+{{- with .version }}
+version: {{ . | toString | quote }}
+{{- end }}
+{{- with .imagePullPolicy }}
+imagePullPolicy: {{ . }}
+{{- end }}
+{{- with .imagePullSecrets }}
+imagePullSecrets:
+{{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* imageFields plus resources, args and env (the knobs every operand has). */}}
+{{- define "gpuop.componentFields" -}}
+{{- include "gpuop.imageFields" . }}
+{{- with .resources }}
+resources:
+{{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .args }}
+args:
+{{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .env }}
+env:
+{{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* A section with an on/off switch: enabled plus componentFields. */}}
+{{- define "gpuop.component" -}}
+enabled: {{ .enabled }}
+{{- include "gpuop.componentFields" . }}
+{{- end -}}
+
+{{/* NFD's labels and selector labels. */}}
+{{- define "gpuop.nfdSelectorLabels" -}}
+app.kubernetes.io/name: node-feature-discovery
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "gpuop.nfdImage" -}}
+{{- $image := index . "image" -}}
+{{ $image.repository }}:{{ $image.tag }}
+{{- end -}}
