@@ -217,6 +217,16 @@ class Rest:
             raise
         return got
 
+    async def api_group_exists(self, group_version: str) -> bool:
+        """Discovery: is ``group/version`` served (a CRD installed)?"""
+        try:
+            await self._call("GET", "GET", f"/apis/{group_version}", "discovery")
+        except ApiException as err:
+            if err.status == 404:
+                return False
+            raise
+        return True
+
     async def list(self, kind: Kind, namespace: str | None = None, **selectors: str) -> list[Obj]:
         query = [
             ("labelSelector" if k == "label_selector" else "fieldSelector", v)

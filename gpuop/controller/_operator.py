@@ -7,6 +7,8 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+from kubernetes_asyncio.client.exceptions import ApiException
+
 from components import COMPONENTS, RenderContext
 from components._k8s import COMPONENT_LABEL, MANAGED_BY, MANAGED_BY_LABEL
 from components.hashing import applied_hash, needs_apply, with_hash
@@ -39,7 +41,7 @@ from gpuop.metrics import (
     STATUS_READY,
     OperatorMetrics,
 )
-from gpuop.rest import Kind, Rest, by_kind
+from gpuop.rest import Kind, Rest, by_kind, kind_of
 from statemachine import Action
 from statemachine.rollout import ComponentStatus, plan_rollout
 from statemachine.upgrade_keys import STATE_LABEL
@@ -138,6 +140,7 @@ class Operator:
         #: pass right after a write does not write again. Keyed like the caches.
         self._applied: dict[tuple[str, str], str] = {}
         self._policy_cache: tuple[str, ClusterPolicy | None, list[str]] | None = None
+        self._service_monitor_probe: tuple[str, bool] | None = None
         self.synced = False
         self._started = time.monotonic()
 
@@ -293,9 +296,13 @@ class Operator:
             namespace=self.config.namespace,
             operator_image=self.config.operator_image,
             mig_capable=any_mig_capable(labels(n) for n in gpu_nodes),
-            service_monitor_crd=False,
+            service_monitor_crd=await self._has_service_monitors(raw),
         )
-        desired = {c.name: [with_hash(o) for o in c.objects(spec, ctx)] for c in COMPONENTS}
+        owner = _owner_reference(raw)
+        desired = {
+            c.name: [with_hash(_owned_by(o, owner)) for o in c.objects(spec, ctx)]
+            for c in COMPONENTS
+        }
         snapshot: dict[str, ComponentStatus] = {}
         actual: dict[str, tuple[bool, str]] = {}
         daemonsets = {d["metadata"]["name"]: d for d in self.owned["DaemonSet"].values()}
@@ -369,6 +376,16 @@ class Operator:
         status = status.model_copy(update={"rollout_state": plan.state, "components": components})
         await self._write_status(raw, status)
 
+    async def _has_service_monitors(self, raw: Obj) -> bool:
+        """Whether the Prometheus operator's ServiceMonitor API is served (discovery,
+        which every authenticated client may read). Asked once per policy version,
+        never on a timer."""
+        rv = str(raw["metadata"].get("resourceVersion"))
+        if self._service_monitor_probe is None or self._service_monitor_probe[0] != rv:
+            found = await self.rest.api_group_exists("monitoring.coreos.com/v1")
+            self._service_monitor_probe = (rv, found)
+        return self._service_monitor_probe[1]
+
     def _needs_apply(self, obj: Obj) -> bool:
         key = _cache_key(obj)
         if self._applied.get(key) == applied_hash(obj):
@@ -382,6 +399,14 @@ class Operator:
         return informer.get(key_of(obj))
 
     async def _apply(self, obj: Obj) -> None:
+        if obj["kind"] not in self.owned:
+            # Kinds we do not watch (ServiceMonitor): read once before writing, so
+            # a restarted operator does not re-apply what is already there.
+            meta = obj["metadata"]
+            current = await self.rest.get(kind_of(obj), meta["name"], meta.get("namespace"))
+            if applied_hash(current) == applied_hash(obj):
+                self._applied[_cache_key(obj)] = applied_hash(obj) or ""
+                return
         await self.rest.apply(obj)
         self._applied[_cache_key(obj)] = applied_hash(obj) or ""
         log.info("applied", kind=obj["kind"], name=obj["metadata"]["name"])
@@ -421,9 +446,14 @@ class Operator:
             return
         if status.state != (raw.get("status") or {}).get("state"):
             await self._record_state_change(raw, status)
-        patched = await self.rest.merge_patch(
-            POLICY, raw["metadata"]["name"], patch, subresource="status"
-        )
+        try:
+            patched = await self.rest.merge_patch(
+                POLICY, raw["metadata"]["name"], patch, subresource="status"
+            )
+        except ApiException as err:
+            if err.status == 404:
+                return  # deleted meanwhile; its DELETED event brings the next pass
+            raise
         self.policies.observe(patched)
 
     async def _record_state_change(self, raw: Obj, status: ClusterPolicyStatus) -> None:
@@ -484,6 +514,25 @@ class Operator:
         newest = self.upgrades.newest_driver_revision()
         for name in self.upgrades.select(self.nodes.values(), policy, newest):
             self.queue.add(NODE_PREFIX + name)
+
+
+def _owner_reference(policy: Obj) -> Obj:
+    """Operands belong to the policy: deleting it garbage-collects them, even with
+    no operator running (an uninstall in the wrong order leaves nothing behind)."""
+    meta = policy["metadata"]
+    return {
+        "apiVersion": POLICY.api_version,
+        "kind": POLICY.kind,
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": False,
+    }
+
+
+def _owned_by(obj: Obj, owner: Obj) -> Obj:
+    meta = {**obj["metadata"], "ownerReferences": [owner]}
+    return {**obj, "metadata": meta}
 
 
 def _gpu_facts(node: Obj | None) -> Any:

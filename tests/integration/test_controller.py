@@ -70,6 +70,8 @@ async def test_policy_rolls_out_in_order_and_converges_with_zero_writes(
         by_name = {d["metadata"]["name"]: d for d in daemonsets}
         driver = by_name["nvidia-driver-daemonset"]
         assert driver["spec"]["updateStrategy"]["type"] == "OnDelete"
+        owners = driver["metadata"]["ownerReferences"]
+        assert [(o["kind"], o["name"]) for o in owners] == [("ClusterPolicy", "cluster-policy")]
         assert driver["status"]["numberReady"] == TEST_GPU_NODES
 
         # Converged: a full pass over every key writes nothing.
