@@ -32,6 +32,7 @@ from . import _pki, _procs
 from ._build import KWOK_STAGES, ensure_binaries
 from ._errors import ClusterError
 from ._nodes import SIMULATED_LABEL, node_manifests
+from ._stages import WORKLOAD_COMPLETE_STAGE
 from ._versions import BinaryPaths, Versions
 
 _STATE = "state.json"
@@ -332,7 +333,7 @@ class LocalCluster:
             f"  nodePlayStageParallelism: {par}\n"
             f"  nodeLeaseParallelism: {par}\n"
             f"  podsOnNodeSyncParallelism: {par}\n"
-            f"---\n{stages}"
+            f"---\n{stages}\n---\n{WORKLOAD_COMPLETE_STAGE}"
         )
         self._spawn(
             "kwok",
