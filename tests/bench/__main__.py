@@ -1,0 +1,469 @@
+"""``python -m tests.bench``: the benchmark suite on the local control plane.
+
+Prints a table and writes a JSON file; see docs/benchmarks.md for the method.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from gpuop import log
+from gpuop.cluster import ClientTuning, Versions
+
+from . import baseline, latency, rollout, upgrade
+from ._harness import REPO_ROOT, BenchCluster, OperatorProcess, Settings, dump_json
+from ._stats import Row, Summary, render_table
+
+FIGURES = ("rollout", "baseline", "latency", "upgrade")
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m tests.bench", description=__doc__)
+    p.add_argument("--quick", action="store_true", help="smoke run: small sizes, 1 repetition")
+    p.add_argument("--sizes", type=_ints, default=None, help="GPU node counts (100,1000,3000)")
+    p.add_argument("--reps", type=int, default=None, help="repetitions per size (3)")
+    p.add_argument("--reps-large", type=int, default=None, help="repetitions at --large-from (1)")
+    p.add_argument("--large-from", type=int, default=3000, help="sizes from here use --reps-large")
+    p.add_argument("--idle-seconds", type=float, default=None, help="idle window (600; quick 30)")
+    p.add_argument("--idle-size", type=int, default=None, help="size with the idle window (1000)")
+    p.add_argument("--latency-size", type=int, default=None, help="size for event latency (1000)")
+    p.add_argument("--latency-samples", type=int, default=None, help="samples (200; quick 20)")
+    p.add_argument("--upgrade-size", type=int, default=None, help="size for fleet upgrade (1000)")
+    p.add_argument("--upgrade-timeout", type=float, default=1800.0, help="seconds (1800)")
+    p.add_argument(
+        "--figures",
+        default=",".join(FIGURES),
+        help=f"comma list of {', '.join(FIGURES)} (default all)",
+    )
+    p.add_argument("--cpu-nodes", type=int, default=2, help="CPU-only nodes per cluster (2)")
+    p.add_argument("--qps", type=int, default=300, help="kcm and scheduler client QPS (300)")
+    p.add_argument("--burst", type=int, default=600, help="kcm and scheduler client burst (600)")
+    p.add_argument("--kwok-parallelism", type=int, default=32, help="kwok stage workers (32)")
+    p.add_argument("--workers", type=int, default=8, help="operator reconcile workers (8)")
+    p.add_argument("--settle", type=float, default=10.0, help="quiet seconds after ready (10)")
+    p.add_argument("--ready-timeout", type=float, default=1800.0, help="per rollout (1800)")
+    p.add_argument("--cluster-dir", type=Path, default=Path("/tmp/gpuop-bench-cluster"))
+    p.add_argument(
+        "--operator-src",
+        type=Path,
+        default=REPO_ROOT,
+        help="source tree the operator process runs from (default: this checkout)",
+    )
+    p.add_argument("--output", type=Path, default=Path("bench-results.json"))
+    args = p.parse_args(argv)
+    quick = args.quick
+    args.sizes = args.sizes or ([20] if quick else [100, 1000, 3000])
+    args.reps = args.reps or (1 if quick else 3)
+    args.reps_large = args.reps_large or 1
+    mid = args.sizes[0] if quick else 1000
+    if args.idle_seconds is None:
+        args.idle_seconds = 30.0 if quick else 600.0
+    args.idle_size = args.idle_size or mid
+    args.latency_size = args.latency_size or mid
+    args.latency_samples = args.latency_samples or (20 if quick else 200)
+    args.upgrade_size = args.upgrade_size or mid
+    if quick:
+        args.upgrade_timeout = min(args.upgrade_timeout, 300.0)
+    args.figures = {f.strip() for f in args.figures.split(",") if f.strip()}
+    unknown = args.figures - set(FIGURES)
+    if unknown:
+        p.error(f"unknown figures: {', '.join(sorted(unknown))}")
+    return args
+
+
+def machine() -> dict[str, Any]:
+    model = "unknown"
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            model = line.split(":", 1)[1].strip()
+            break
+    mem_kib = 0
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            mem_kib = int(line.split()[1])
+    versions = Versions.from_env()
+    return {
+        "cpu_model": model,
+        "cpus": os.cpu_count(),
+        "memory_gib": round(mem_kib / 2**20, 1),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "kubernetes": versions.kubernetes,
+        "etcd": versions.etcd,
+        "kwok": versions.kwok,
+    }
+
+
+def _git(src: Path) -> str:
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(src), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(src), "status", "--porcelain", "--", "gpuop", "components", "crd"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+uncommitted" if dirty else "")
+
+
+class Suite:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.settings = Settings(
+            cluster_dir=args.cluster_dir,
+            tuning=ClientTuning(args.qps, args.burst, args.kwok_parallelism),
+            cpu_nodes=args.cpu_nodes,
+            operator_src=args.operator_src.resolve(),
+            workers=args.workers,
+        )
+        self.results: dict[str, Any] = {
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "command": " ".join(["python -m tests.bench", *sys.argv[1:]]),
+            "quick": args.quick,
+            "machine": machine(),
+            "operator_commit": _git(self.settings.operator_src),
+            "settings": {
+                **self.settings.describe(),
+                "sizes": args.sizes,
+                "reps": args.reps,
+                "reps_large": args.reps_large,
+                "large_from": args.large_from,
+                "idle_seconds": args.idle_seconds,
+                "idle_size": args.idle_size,
+                "settle_seconds": args.settle,
+            },
+            "runs": {"rollout": [], "baseline": []},
+            "errors": [],
+        }
+
+    def save(self) -> None:
+        dump_json(self.args.output, self.results)
+
+    def reps(self, size: int) -> int:
+        reps: int = self.args.reps_large if size >= self.args.large_from else self.args.reps
+        return reps
+
+    async def run(self) -> None:
+        a = self.args
+        for size in a.sizes:
+            if "rollout" in a.figures:
+                for rep in range(self.reps(size)):
+                    await self._rollout(size, rep)
+            if "baseline" in a.figures:
+                for rep in range(self.reps(size)):
+                    await self._baseline(size, rep)
+        self.results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        self.save()
+
+    async def _rollout(self, size: int, rep: int) -> None:
+        a = self.args
+        idle = a.idle_seconds if rep == 0 and size == a.idle_size else 0.0
+        want_latency = rep == 0 and size == a.latency_size and "latency" in a.figures
+        want_upgrade = rep == 0 and size == a.upgrade_size and "upgrade" in a.figures
+
+        async def extra(bench: BenchCluster, rest: Any, op: OperatorProcess) -> dict[str, Any]:
+            out: dict[str, Any] = {}
+            if want_latency:
+                out["latency"] = await latency.measure(bench, rest, op, a.latency_samples)
+            if want_upgrade:
+                out["upgrade"] = await upgrade.measure(bench, rest, op, a.upgrade_timeout)
+            return out
+
+        print(f"\n== rollout: {size} GPU nodes, repetition {rep + 1}", file=sys.stderr)
+        try:
+            run = await rollout.run_once(
+                self.settings,
+                size,
+                idle_seconds=idle,
+                settle_seconds=a.settle,
+                ready_timeout=a.ready_timeout,
+                extra=extra if (want_latency or want_upgrade) else None,
+            )
+            self.results["runs"]["rollout"].append({"rep": rep, **dataclasses.asdict(run)})
+        except Exception as err:
+            self._error("rollout", size, rep, err)
+        self.save()
+
+    async def _baseline(self, size: int, rep: int) -> None:
+        print(f"\n== baseline: {size} GPU nodes, repetition {rep + 1}", file=sys.stderr)
+        try:
+            got = await baseline.run_once(self.settings, size, self.args.ready_timeout)
+            self.results["runs"]["baseline"].append({"gpu_nodes": size, "rep": rep, **got})
+        except Exception as err:
+            self._error("baseline", size, rep, err)
+        self.save()
+
+    def _error(self, what: str, size: int, rep: int, err: BaseException) -> None:
+        text = f"{type(err).__name__}: {err}"
+        print(f"!! {what} at {size} GPU nodes (rep {rep + 1}) failed: {text}", file=sys.stderr)
+        traceback.print_exc()
+        self.results["errors"].append(
+            {"figure": what, "gpu_nodes": size, "rep": rep, "error": text}
+        )
+
+
+# -------------------------------------------------------------------- report
+def _by_size(runs: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+    out: dict[int, list[dict[str, Any]]] = {}
+    for run in runs:
+        out.setdefault(int(run["gpu_nodes"]), []).append(run)
+    return dict(sorted(out.items()))
+
+
+def _sum_verbs(table: dict[str, int] | None) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for key, n in (table or {}).items():
+        verb = key.split(" ", 1)[0]
+        out[verb] = out.get(verb, 0) + n
+    return out
+
+
+def build_rows(results: dict[str, Any]) -> list[Row]:
+    rows: list[Row] = []
+    rollouts = _by_size(results["runs"]["rollout"])
+    baselines = _by_size(results["runs"]["baseline"])
+
+    # 1. time to ready
+    for size in sorted(set(rollouts) | set(baselines)):
+        op = Summary.of([r["time_to_ready_s"] for r in rollouts.get(size, [])])
+        ds = Summary.of([r["time_to_ready_s"] for r in baselines.get(size, [])])
+        rows.append(Row("1", str(size), "time to ready: operator (policy -> ready)", "s", op))
+        rows.append(Row("1", str(size), "time to ready: DaemonSets alone", "s", ds))
+        if op and ds:
+            rows.append(
+                Row(
+                    "1",
+                    str(size),
+                    "operator / DaemonSets alone",
+                    "x",
+                    Summary.of([op.median / ds.median]),
+                )
+            )
+
+    # 2. requests during rollout and idle
+    for size, runs in rollouts.items():
+        verbs = sorted({v for r in runs for v in _sum_verbs(r["rollout_requests"])})
+        for verb in verbs:
+            values = [float(_sum_verbs(r["rollout_requests"]).get(verb, 0)) for r in runs]
+            rows.append(Row("2", str(size), f"rollout requests: {verb}", "req", Summary.of(values)))
+        for r in runs:
+            if r.get("idle_requests") is None:
+                continue
+            idle = _sum_verbs(r["idle_requests"])
+            secs = f"{r['idle_seconds']:.0f}s"
+            writes = sum(n for v, n in idle.items() if v not in ("get", "list", "watch"))
+            rows.append(
+                Row(
+                    "2",
+                    str(size),
+                    f"idle {secs}: list",
+                    "req",
+                    Summary.of([idle.get("list", 0)]),
+                    target="0",
+                )
+            )
+            rows.append(
+                Row("2", str(size), f"idle {secs}: writes", "req", Summary.of([writes]), target="0")
+            )
+            rows.append(
+                Row(
+                    "2",
+                    str(size),
+                    f"idle {secs}: watch (re)connects",
+                    "req",
+                    Summary.of([idle.get("watch", 0)]),
+                )
+            )
+            rows.append(
+                Row("2", str(size), f"idle {secs}: get", "req", Summary.of([idle.get("get", 0)]))
+            )
+
+    # 3. no-op restart writes
+    for size, runs in rollouts.items():
+        rows.append(
+            Row(
+                "3",
+                str(size),
+                "writes on no-op restart",
+                "req",
+                Summary.of([r["restart_writes"] for r in runs]),
+                target="0",
+            )
+        )
+
+    # 4. memory
+    points: list[tuple[int, float]] = []
+    for size, runs in rollouts.items():
+        peak = Summary.of([r["peak_rss_mib"] for r in runs])
+        rows.append(
+            Row(
+                "4",
+                str(size),
+                "operator peak RSS (VmHWM), rollout",
+                "MiB",
+                peak,
+                target="<100 at 3000",
+            )
+        )
+        rows.append(
+            Row(
+                "4",
+                str(size),
+                "operator peak RSS (VmHWM), restart",
+                "MiB",
+                Summary.of([r["restart_peak_rss_mib"] for r in runs]),
+            )
+        )
+        if peak:
+            points.append((size, peak.median))
+    if len(points) >= 2:
+        xs, ys = [p[0] for p in points], [p[1] for p in points]
+        slope = statistics.linear_regression(xs, ys).slope * 1000
+        rows.append(
+            Row(
+                "4",
+                ",".join(map(str, xs)),
+                "peak RSS growth per 1000 GPU nodes",
+                "MiB",
+                Summary.of([slope]),
+            )
+        )
+
+    # 5, 6 from extras
+    for size, runs in rollouts.items():
+        for r in runs:
+            lat = (r.get("extra") or {}).get("latency")
+            if lat:
+                if "p50_ms" in lat:
+                    rows.append(
+                        Row("5", str(size), "event latency p50", "ms", Summary.of([lat["p50_ms"]]))
+                    )
+                    rows.append(
+                        Row(
+                            "5",
+                            str(size),
+                            "event latency p99",
+                            "ms",
+                            Summary.of([lat["p99_ms"]]),
+                            target="<200",
+                        )
+                    )
+                rows.append(
+                    Row(
+                        "5",
+                        str(size),
+                        "event latency samples (missed)",
+                        "",
+                        text=f"{lat['samples']} ({lat['missed']})",
+                    )
+                )
+            up = (r.get("extra") or {}).get("upgrade")
+            if up:
+                if not up.get("available"):
+                    rows.append(
+                        Row(
+                            "6",
+                            str(size),
+                            "fleet upgrade",
+                            "",
+                            text=f"not available: {up.get('reason')}",
+                        )
+                    )
+                if "wall_s" in up:
+                    rows.append(
+                        Row(
+                            "6",
+                            str(size),
+                            "fleet upgrade wall time",
+                            "s",
+                            Summary.of([up["wall_s"]]),
+                        )
+                    )
+                    rows.append(
+                        Row(
+                            "6",
+                            str(size),
+                            "peak unschedulable nodes",
+                            "nodes",
+                            Summary.of([up["peak_unschedulable"]]),
+                            target=f"<={up['budget_unavailable_nodes']}",
+                        )
+                    )
+                    rows.append(
+                        Row(
+                            "6",
+                            str(size),
+                            "writes per GPU node",
+                            "req",
+                            Summary.of([up["writes_per_node"]]),
+                        )
+                    )
+
+    # 7. startup
+    for size, runs in rollouts.items():
+        synced = [r["restart_synced_s"] for r in runs if r.get("restart_synced_s") is not None]
+        first = [
+            r["restart_first_reconcile_s"]
+            for r in runs
+            if r.get("restart_first_reconcile_s") is not None
+        ]
+        rows.append(
+            Row("7", str(size), "startup: process start -> caches synced", "s", Summary.of(synced))
+        )
+        rows.append(
+            Row("7", str(size), "startup: process start -> first reconcile", "s", Summary.of(first))
+        )
+
+    for err in results.get("errors", []):
+        rows.append(
+            Row("!", str(err["gpu_nodes"]), f"{err['figure']} failed", "", text=err["error"][:120])
+        )
+    return rows
+
+
+def report(results: dict[str, Any]) -> str:
+    rows = build_rows(results)
+    results["table"] = [r.as_dict() for r in rows]
+    return render_table(rows)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    log.configure("warning", "console")
+    suite = Suite(args)
+    try:
+        asyncio.run(suite.run())
+    except KeyboardInterrupt:
+        print("interrupted; partial results follow", file=sys.stderr)
+    table = report(suite.results)
+    suite.save()
+    print(table)
+    print(f"\nresults: {args.output}")
+    return 1 if suite.results["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""Figure 1's baseline: the DaemonSet controller alone.
+
+On a fresh cluster the GPU nodes first get exactly the labels the operator would
+set (``node_label_changes`` of the sample policy; not timed), then every object
+the operator would render is applied at once by hand, and the clock runs until
+every DaemonSet reports all its pods updated and Ready. No ordering, no status:
+the lower bound the operator's ordered rollout is compared with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import crd
+from components import RenderContext, any_mig_capable, desired_objects, node_label_changes
+from crd import parse_policy
+from gpuop.cluster import SIMULATED_LABEL
+from gpuop.controller import OperatorConfig
+from gpuop.progress import Progress
+from gpuop.rest import Rest
+
+from ._harness import DS, NAMESPACE, NODE, BenchCluster, Settings
+
+
+def _ds_ready(ds: dict[str, Any]) -> bool:
+    status = ds.get("status") or {}
+    want = status.get("desiredNumberScheduled", -1)
+    return bool(
+        status.get("observedGeneration") == ds["metadata"].get("generation")
+        and want > 0
+        and status.get("numberReady") == want
+        and status.get("updatedNumberScheduled") == want
+        and status.get("numberAvailable") == want
+    )
+
+
+async def run_once(settings: Settings, gpu_nodes: int, timeout: float) -> dict[str, float]:
+    model, problems = parse_policy(crd.sample_policy())
+    assert model is not None, problems
+    assert not problems, problems
+    spec = model.spec
+    async with BenchCluster(settings, gpu_nodes, audit=False) as bench, bench.admin() as rest:
+        await bench.prepare(rest)
+        nodes = await rest.list(NODE, label_selector=f"{SIMULATED_LABEL}=true")
+        label_started = time.monotonic()
+        await _label(rest, nodes, spec)
+        label_s = time.monotonic() - label_started
+        ctx = RenderContext(
+            namespace=NAMESPACE,
+            operator_image=OperatorConfig().operator_image,
+            mig_capable=any_mig_capable(n["metadata"].get("labels", {}) for n in nodes),
+            service_monitor_crd=False,
+        )
+        objects = [o for objs in desired_objects(spec, ctx).values() for o in objs]
+        n_ds = sum(1 for o in objects if o["kind"] == "DaemonSet")
+        progress = Progress(f"baseline {gpu_nodes} GPU nodes", total=n_ds)
+        started = time.monotonic()
+        for obj in objects:
+            await rest.apply(obj)
+        while True:
+            daemonsets = await rest.list(DS, NAMESPACE)
+            ready = sum(1 for d in daemonsets if _ds_ready(d))
+            progress.done = ready
+            progress.status("DaemonSets ready")
+            if ready == n_ds:
+                break
+            if time.monotonic() - started > timeout:
+                raise TimeoutError(f"baseline: {ready}/{n_ds} DaemonSets ready in {timeout}s")
+            await asyncio.sleep(0.5)
+        elapsed = time.monotonic() - started
+        progress.finish(f"all {n_ds} DaemonSets ready in {elapsed:.1f}s")
+    return {"time_to_ready_s": elapsed, "label_nodes_s": label_s}
+
+
+async def _label(rest: Rest, nodes: list[dict[str, Any]], spec: Any) -> None:
+    sem = asyncio.Semaphore(16)
+
+    async def one(node: dict[str, Any]) -> None:
+        changes = node_label_changes(node["metadata"].get("labels", {}), spec)
+        if changes:
+            async with sem:
+                await rest.merge_patch(
+                    NODE, node["metadata"]["name"], {"metadata": {"labels": dict(changes)}}
+                )
+
+    await asyncio.gather(*(one(n) for n in nodes))

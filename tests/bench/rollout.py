@@ -1,0 +1,162 @@
+"""Figures 1 (operator side), 2, 3, 4 and 7 from one run per size and repetition:
+
+fresh cluster -> operator process up -> ClusterPolicy applied -> ``ready``
+(time to ready, requests, peak RSS) -> settle -> optional idle window (requests)
+-> operator restarted on the converged cluster (startup timings, writes).
+The restarted operator is handed to ``extra`` (event latency, upgrade) before
+the cluster is torn down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import crd
+from gpuop.progress import Progress
+from gpuop.rest import Rest
+
+from ._audit import as_table, by_verb, writes
+from ._harness import BenchCluster, OperatorProcess, Settings, policy_state
+
+Extra = Callable[[BenchCluster, Rest, OperatorProcess], Awaitable[dict[str, Any]]]
+
+
+@dataclass
+class RolloutRun:
+    gpu_nodes: int
+    time_to_ready_s: float = 0.0
+    rollout_requests: dict[str, int] = field(default_factory=dict)
+    rollout_by_verb: dict[str, int] = field(default_factory=dict)
+    settle_requests: dict[str, int] = field(default_factory=dict)
+    idle_seconds: float = 0.0
+    idle_requests: dict[str, int] | None = None
+    idle_by_verb: dict[str, int] | None = None
+    peak_rss_mib: float = 0.0
+    rss_after_mib: float = 0.0
+    restart_synced_s: float | None = None
+    restart_first_reconcile_s: float | None = None
+    restart_peak_rss_mib: float = 0.0
+    restart_window_s: float = 0.0
+    restart_requests: dict[str, int] = field(default_factory=dict)
+    restart_writes: int = 0
+    operator_warnings: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+async def _wait_policy_ready(rest: Rest, timeout: float, progress: Progress) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        state = await policy_state(rest)
+        progress.status(f"state={state}")
+        if state == "ready":
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"ClusterPolicy not ready within {timeout:.0f}s (state={state})")
+        await asyncio.sleep(0.2)
+
+
+async def _quiet(op: OperatorProcess, quiet: float, timeout: float) -> float:
+    """Wait until the operator's reconcile counter stays still for ``quiet`` seconds."""
+    started = time.monotonic()
+    last = op.metric("gpu_operator_reconciliation_total")
+    still_since = time.monotonic()
+    while time.monotonic() - started < timeout:
+        await asyncio.sleep(0.5)
+        now = op.metric("gpu_operator_reconciliation_total")
+        if now != last:
+            last, still_since = now, time.monotonic()
+        elif time.monotonic() - still_since >= quiet:
+            break
+    return time.monotonic() - started
+
+
+async def run_once(
+    settings: Settings,
+    gpu_nodes: int,
+    idle_seconds: float,
+    settle_seconds: float,
+    ready_timeout: float,
+    extra: Extra | None = None,
+) -> RolloutRun:
+    result = RolloutRun(gpu_nodes)
+    logs = settings.cluster_dir.parent / f"{settings.cluster_dir.name}-logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    async with BenchCluster(settings, gpu_nodes) as bench, bench.admin() as rest:
+        await bench.prepare(rest)
+        first = OperatorProcess(
+            bench.operator_kubeconfig,
+            logs / f"operator-{gpu_nodes}-{int(time.time())}.log",
+            settings.operator_src,
+            settings.workers,
+        )
+        first.start()
+        try:
+            await asyncio.to_thread(first.wait_ready)
+            bench.audit.mark()
+            progress = Progress(f"rollout {gpu_nodes} GPU nodes")
+            started = time.monotonic()
+            await rest.apply(crd.sample_policy())
+            await _wait_policy_ready(rest, ready_timeout, progress)
+            result.time_to_ready_s = time.monotonic() - started
+            progress.finish(f"ready in {result.time_to_ready_s:.1f}s")
+            rollout = bench.audit.take()
+            result.rollout_requests = as_table(rollout)
+            result.rollout_by_verb = by_verb(rollout)
+            await asyncio.sleep(settle_seconds)
+            result.settle_requests = as_table(bench.audit.take())
+            if idle_seconds > 0:
+                idle = await _idle(first, bench, idle_seconds)
+                result.idle_seconds = idle_seconds
+                result.idle_requests = as_table(idle)
+                result.idle_by_verb = by_verb(idle)
+            result.peak_rss_mib = first.peak_rss_mib()
+            result.rss_after_mib = first.rss_mib()
+            result.operator_warnings += first.errors()
+        finally:
+            first.stop()
+
+        # Figure 3 and 7: a no-op restart of a converged operator.
+        bench.audit.mark()
+        again = OperatorProcess(
+            bench.operator_kubeconfig,
+            logs / f"operator-{gpu_nodes}-restart-{int(time.time())}.log",
+            settings.operator_src,
+            settings.workers,
+        )
+        again.start()
+        try:
+            startup = await asyncio.to_thread(again.measure_startup)
+            result.restart_synced_s = startup.synced_s
+            result.restart_first_reconcile_s = startup.first_reconcile_s
+            result.restart_window_s = await _quiet(again, quiet=settle_seconds, timeout=600)
+            restart = bench.audit.take()
+            result.restart_requests = as_table(restart)
+            result.restart_writes = writes(restart)
+            result.restart_peak_rss_mib = again.peak_rss_mib()
+            if extra is not None:
+                result.extra = await extra(bench, rest, again)
+            result.operator_warnings += again.errors()
+        finally:
+            again.stop()
+    return result
+
+
+async def _idle(
+    op: OperatorProcess, bench: BenchCluster, seconds: float
+) -> Counter[tuple[str, str]]:
+    progress = Progress("idle window", total=int(seconds))
+    bench.audit.mark()
+    started = time.monotonic()
+    while (elapsed := time.monotonic() - started) < seconds:
+        await asyncio.sleep(min(5.0, seconds - elapsed))
+        op.ready()  # fails fast if the operator died
+        progress.done = int(time.monotonic() - started)
+        progress.status("")
+    counts = bench.audit.take()
+    progress.finish(f"{sum(counts.values())} requests in {seconds:.0f}s")
+    return counts
