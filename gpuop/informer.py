@@ -60,6 +60,8 @@ class ResourceSpec:
     label_selector: str | None = None
     field_selector: str | None = None
     transform: Callable[[Obj], Obj] = strip_managed_fields
+    #: Secondary index (e.g. pods by node): a key per object, or None for none.
+    index: Callable[[Obj], Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -73,6 +75,7 @@ class Informer:
         self.handler = handler
         self.silence = silence
         self.store: dict[str, Obj] = {}
+        self._index: dict[Any, dict[str, Obj]] = {}
         self.synced = asyncio.Event()
         self.resource_version = ""
         self.relists = 0
@@ -85,6 +88,29 @@ class Informer:
     def values(self) -> list[Obj]:
         return list(self.store.values())
 
+    def indexed(self, value: Any) -> list[Obj]:
+        """Objects whose index key is ``value`` (O(1), not a scan of the store)."""
+        return list(self._index.get(value, {}).values())
+
+    def _put(self, key: str, obj: Obj) -> None:
+        self._drop(key)
+        self.store[key] = obj
+        if self.spec.index is not None:
+            ikey = self.spec.index(obj)
+            if ikey is not None:
+                self._index.setdefault(ikey, {})[key] = obj
+
+    def _drop(self, key: str) -> Obj | None:
+        old = self.store.pop(key, None)
+        if old is not None and self.spec.index is not None:
+            ikey = self.spec.index(old)
+            bucket = self._index.get(ikey)
+            if bucket is not None:
+                bucket.pop(key, None)
+                if not bucket:
+                    del self._index[ikey]
+        return old
+
     def observe(self, raw: Obj) -> None:
         """Store what a write of ours returned, so the next pass does not act on the
         stale copy and write the same thing again. Older versions never overwrite newer
@@ -93,7 +119,7 @@ class Informer:
         key = key_of(obj)
         current = self.store.get(key)
         if current is None or _rv_int(obj) >= _rv_int(current):
-            self.store[key] = obj
+            self._put(key, obj)
 
     async def run(self) -> None:
         """List and watch forever; transient failures back off and retry."""
@@ -147,7 +173,10 @@ class Informer:
                 break
         self.relists += 1
         old = self.store
-        self.store = items
+        self.store = {}
+        self._index = {}
+        for key, obj in items.items():
+            self._put(key, obj)
         for key, obj in items.items():
             before = old.get(key)
             if before is None:
@@ -209,11 +238,11 @@ class Informer:
         if rv:
             self.resource_version = str(rv)
         if kind == "DELETED":
-            before = self.store.pop(key, None)
+            before = self._drop(key)
             self.handler("DELETED", before, None)
             return
         before = self.store.get(key)
-        self.store[key] = obj
+        self._put(key, obj)
         self.handler("ADDED" if before is None else "MODIFIED", before, obj)
 
 

@@ -22,13 +22,16 @@ import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
+if TYPE_CHECKING:
+    from ._pki import Pki
+
 from gpuop.progress import Progress
 
-from . import _pki, _procs
+from . import _procs
 from ._build import KWOK_STAGES, ensure_binaries
 from ._errors import ClusterError
 from ._nodes import SIMULATED_LABEL, node_manifests
@@ -191,6 +194,8 @@ class LocalCluster:
         _procs.save(self._state_file, self._records, self._state_extra)
 
     def _start(self, bins: BinaryPaths, api_port: int, tie: bool) -> ClusterInfo:
+        from . import _pki  # cryptography is only needed to start a cluster
+
         progress = Progress("control plane", total=6)
         pki = _pki.generate(self.directory / "pki")
         ports = {
@@ -369,12 +374,12 @@ class LocalCluster:
         return ClusterInfo(self.directory, server, self.kubeconfig, ports)
 
     # -------------------------------------------------------------- helpers
-    def _ssl_context(self, pki: _pki.Pki) -> ssl.SSLContext:
+    def _ssl_context(self, pki: Pki) -> ssl.SSLContext:
         ctx = ssl.create_default_context(cafile=str(pki.ca_cert))
         ctx.load_cert_chain(str(pki.admin_cert), str(pki.admin_key))
         return ctx
 
-    def _write_kubeconfig(self, server: str, pki: _pki.Pki) -> None:
+    def _write_kubeconfig(self, server: str, pki: Pki) -> None:
         config = {
             "apiVersion": "v1",
             "kind": "Config",

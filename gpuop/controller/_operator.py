@@ -30,6 +30,7 @@ from crd import (
 )
 from gpuop.controller._config import OperatorConfig
 from gpuop.controller._nodes import labels, node_fingerprint, trim_node
+from gpuop.controller._pods import pod_index, trim_pod, trim_revision
 from gpuop.controller._status import status_dict, status_patch
 from gpuop.controller._upgrade import Upgrades, policy_view, requeue_after
 from gpuop.informer import Informer, Obj, ResourceSpec, key_of
@@ -50,6 +51,8 @@ log = get_logger(__name__)
 
 CLUSTER_KEY = "cluster"
 UPGRADES_KEY = "upgrades"
+#: Status writes that change only progress messages are spaced by at least this.
+STATUS_COALESCE_SECONDS = 2.0
 NODE_PREFIX = "node/"
 MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
 
@@ -115,7 +118,11 @@ class Operator:
             )
         self.pods = Informer(
             ResourceSpec(
-                "pods", rest.lister(by_kind("v1", "Pod"), ns), label_selector=MANAGED_SELECTOR
+                "pods",
+                rest.lister(by_kind("v1", "Pod"), ns),
+                label_selector=MANAGED_SELECTOR,
+                transform=trim_pod,
+                index=pod_index,
             ),
             self._on_pod,
         )
@@ -124,6 +131,7 @@ class Operator:
                 "controllerrevisions",
                 rest.lister(by_kind("apps/v1", "ControllerRevision"), ns),
                 label_selector=MANAGED_SELECTOR,
+                transform=trim_revision,
             ),
             self._on_revision,
         )
@@ -141,6 +149,7 @@ class Operator:
         self._applied: dict[tuple[str, str], str] = {}
         self._policy_cache: tuple[str, ClusterPolicy | None, list[str]] | None = None
         self._service_monitor_probe: tuple[str, bool] | None = None
+        self._status_written: dict[str, float] = {}
         self.synced = False
         self._started = time.monotonic()
 
@@ -441,8 +450,16 @@ class Operator:
             await self._write_status(raw, status)
 
     async def _write_status(self, raw: Obj, status: ClusterPolicyStatus) -> None:
-        patch = status_patch(raw.get("status"), status_dict(status))
+        desired = status_dict(status)
+        patch = status_patch(raw.get("status"), desired)
         if patch is None:
+            return
+        name = raw["metadata"]["name"]
+        since = time.monotonic() - self._status_written.get(name, float("-inf"))
+        if _only_messages_differ(raw.get("status"), desired) and since < STATUS_COALESCE_SECONDS:
+            # Progress counts ("981/1000 pods available") change with every pod during
+            # a rollout; write them at most every couple of seconds, not per pod.
+            self.queue.add_after(CLUSTER_KEY, STATUS_COALESCE_SECONDS - since)
             return
         if status.state != (raw.get("status") or {}).get("state"):
             await self._record_state_change(raw, status)
@@ -455,6 +472,7 @@ class Operator:
                 return  # deleted meanwhile; its DELETED event brings the next pass
             raise
         self.policies.observe(patched)
+        self._status_written[name] = time.monotonic()
 
     async def _record_state_change(self, raw: Obj, status: ClusterPolicyStatus) -> None:
         """An Event on the policy when its state changes (ready, notReady, ignored)."""
@@ -514,6 +532,18 @@ class Operator:
         newest = self.upgrades.newest_driver_revision()
         for name in self.upgrades.select(self.nodes.values(), policy, newest):
             self.queue.add(NODE_PREFIX + name)
+
+
+def _without_messages(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_messages(v) for k, v in value.items() if k != "message"}
+    if isinstance(value, list):
+        return [_without_messages(v) for v in value]
+    return value
+
+
+def _only_messages_differ(observed: Obj | None, desired: Obj) -> bool:
+    return bool(_without_messages(observed or {}) == _without_messages(desired))
 
 
 def _owner_reference(policy: Obj) -> Obj:

@@ -86,10 +86,6 @@ def policy_view(spec: ClusterPolicySpec) -> UpgradePolicyView:
     )
 
 
-def _app(pod: Obj) -> str | None:
-    return (pod["metadata"].get("labels") or {}).get("app")
-
-
 def _pod_ready(pod: Obj) -> bool:
     status = pod.get("status") or {}
     return status.get("phase") == "Running" and any(
@@ -182,11 +178,8 @@ class Upgrades:
         return newest[1] if newest else None
 
     def _pods_on(self, node: str, app: str) -> list[Obj]:
-        return [
-            p
-            for p in self._pods.values()
-            if (p.get("spec") or {}).get("nodeName") == node and _app(p) == app
-        ]
+        pods: list[Obj] = self._pods.indexed((node, app))
+        return pods
 
     def driver_pod(self, node: str) -> DriverPodView | None:
         pods = [
