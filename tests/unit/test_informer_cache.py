@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from gpuop.controller._pods import pod_index, trim_pod, trim_revision
