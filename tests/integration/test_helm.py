@@ -125,15 +125,9 @@ def test_default_values_render_the_operator_and_a_default_policy(
     assert "Service" not in kinds
     policy = _policy(default_docs)
     assert policy.name == crd.DEFAULT_POLICY_NAME
-    # The chart's defaults are the models' defaults, but for the runtime upstream's
-    # chart assumes (containerd).
-    expected = crd.default_policy().spec.model_copy(
-        update={
-            "operator": crd.default_policy().spec.operator.model_copy(
-                update={"default_runtime": "containerd"}
-            )
-        }
-    )
+    # The chart's defaults are the models' defaults (docker as the fallback runtime,
+    # as in upstream's chart and CRD).
+    expected = crd.default_policy().spec
     assert policy.spec.model_dump(exclude_none=True) == expected.model_dump(exclude_none=True)
     for doc in default_docs:
         if doc["kind"] not in _CLUSTER_SCOPED:
@@ -412,3 +406,13 @@ def test_plain_manifests_equal_helm_template() -> None:
     assert MANIFESTS.read_text() == render_manifests(), (
         f"{MANIFESTS} is out of date: regenerate with `python -m tests.integration.helm_chart`"
     )
+
+
+def test_chart_default_policy_equals_the_sample_in_deploy(
+    default_docs: list[dict[str, Any]],
+) -> None:
+    """deploy/clusterpolicy.yaml is what `helm install` with default values creates."""
+    sample = yaml.safe_load((CHART.parents[2] / crd.SAMPLE_POLICY_FILE).read_text())
+    rendered = one(default_docs, "ClusterPolicy")
+    assert rendered["metadata"]["name"] == sample["metadata"]["name"]
+    assert rendered["spec"] == sample["spec"]
