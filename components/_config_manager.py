@@ -11,7 +11,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from components._k8s import config_map_volume, env, field_env, mount
+from components._k8s import (
+    READ_NODES,
+    cluster_role_and_binding,
+    config_map_volume,
+    daemonset,
+    env,
+    field_env,
+    mount,
+    service_account,
+)
+from components.context import Manifest, RenderContext
 from components.keys import DEVICE_PLUGIN_CONFIG_LABEL
 from crd import ClusterPolicySpec, component_image
 
@@ -73,3 +83,43 @@ def volumes(spec: ClusterPolicySpec) -> list[dict[str, Any]]:
 
 def operand_mount() -> dict[str, Any]:
     return mount("config", CONFIG_DIR)
+
+
+def operand_objects(
+    spec: ClusterPolicySpec,
+    ctx: RenderContext,
+    *,
+    component: str,
+    daemonset_name: str,
+    service_account_name: str,
+    process: str,
+    pod: dict[str, Any],
+    init: list[dict[str, Any]],
+    main: dict[str, Any],
+    operand_volumes: list[dict[str, Any]],
+    node_selector: dict[str, str],
+) -> list[Manifest]:
+    """ServiceAccount, (node-reading RBAC) and DaemonSet of an operand that can run
+    under the config manager: with a config, the init container, the sidecar and
+    their volumes join the pod, and the pod shares its process namespace so the
+    sidecar can signal the operand."""
+    with_config = configured(spec)
+    init = list(init)
+    containers = [main]
+    all_volumes = list(operand_volumes)
+    pod = {"serviceAccountName": service_account_name, **pod}
+    if with_config:
+        init.append(init_container(spec, process))
+        containers.append(sidecar(spec, process))
+        all_volumes += volumes(spec)
+        pod["shareProcessNamespace"] = True
+    pod.update({"initContainers": init, "containers": containers, "volumes": all_volumes})
+    objects = [service_account(service_account_name, component, spec, ctx)]
+    if with_config:
+        objects += cluster_role_and_binding(
+            service_account_name, component, spec, ctx, [READ_NODES]
+        )
+    objects.append(
+        daemonset(daemonset_name, component, spec, ctx, pod, node_selector=node_selector)
+    )
+    return objects

@@ -6,22 +6,16 @@ the config-manager pair so per-node configs (time-slicing, MPS) follow the node 
 
 from __future__ import annotations
 
-from typing import Any
-
 from components import _config_manager
 from components._k8s import (
-    READ_NODES,
     VALIDATIONS_DIR,
-    cluster_role_and_binding,
     container,
-    daemonset,
     driver_root,
     env,
     field_env,
     host_path,
     mount,
     pull_secrets,
-    service_account,
     validations_volume,
     wait_for_file,
 )
@@ -81,7 +75,6 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         privileged=True,
     )
     init = [wait_for_file(ctx, "toolkit-validation", f"{VALIDATIONS_DIR}/toolkit-ready")]
-    containers = [main]
     volumes = [
         host_path("device-plugins", KUBELET_PLUGINS_DIR),
         host_path("driver-root", driver_root(spec), "DirectoryOrCreate"),
@@ -89,34 +82,24 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         host_path("cdi-root", "/var/run/cdi", "DirectoryOrCreate"),
         validations_volume(),
     ]
-    pod: dict[str, Any] = {
-        "serviceAccountName": SERVICE_ACCOUNT,
-        "runtimeClassName": spec.operator.runtime_class,
-    }
-    if with_config:
-        init.append(_config_manager.init_container(spec, PROCESS))
-        containers.append(_config_manager.sidecar(spec, PROCESS))
-        volumes += _config_manager.volumes(spec)
-        pod["shareProcessNamespace"] = True
-    pod.update(
-        {
-            "initContainers": init,
-            "containers": containers,
+    return _config_manager.operand_objects(
+        spec,
+        ctx,
+        component=NAME,
+        daemonset_name=DAEMONSET_NAME,
+        service_account_name=SERVICE_ACCOUNT,
+        process=PROCESS,
+        pod={
+            "runtimeClassName": spec.operator.runtime_class,
             "imagePullSecrets": pull_secrets(
                 plugin.image_pull_secrets, ctx.operator_image_pull_secrets
             ),
-            "volumes": volumes,
-        }
+        },
+        init=init,
+        main=main,
+        operand_volumes=volumes,
+        node_selector={DEPLOY_DEVICE_PLUGIN_LABEL: TRUE},
     )
-    objects = [service_account(SERVICE_ACCOUNT, NAME, spec, ctx)]
-    if with_config:
-        objects += cluster_role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, [READ_NODES])
-    objects.append(
-        daemonset(
-            DAEMONSET_NAME, NAME, spec, ctx, pod, node_selector={DEPLOY_DEVICE_PLUGIN_LABEL: TRUE}
-        )
-    )
-    return objects
 
 
 COMPONENT = Component(

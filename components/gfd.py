@@ -3,21 +3,15 @@ through NFD's feature files. Shares the device plugin's config (and config-manag
 
 from __future__ import annotations
 
-from typing import Any
-
 from components import _config_manager
 from components._k8s import (
-    READ_NODES,
     VALIDATIONS_DIR,
-    cluster_role_and_binding,
     container,
-    daemonset,
     env,
     field_env,
     host_path,
     mount,
     pull_secrets,
-    service_account,
     validations_volume,
     wait_for_file,
 )
@@ -70,33 +64,24 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         mounts=mounts,
         privileged=True,
     )
-    containers = [main]
-    pod: dict[str, Any] = {
-        "serviceAccountName": SERVICE_ACCOUNT,
-        "runtimeClassName": spec.operator.runtime_class,
-    }
-    if with_config:
-        init.append(_config_manager.init_container(spec, PROCESS))
-        containers.append(_config_manager.sidecar(spec, PROCESS))
-        volumes += _config_manager.volumes(spec)
-        pod["shareProcessNamespace"] = True
-    pod.update(
-        {
-            "initContainers": init,
-            "containers": containers,
+    return _config_manager.operand_objects(
+        spec,
+        ctx,
+        component=NAME,
+        daemonset_name=DAEMONSET_NAME,
+        service_account_name=SERVICE_ACCOUNT,
+        process=PROCESS,
+        pod={
+            "runtimeClassName": spec.operator.runtime_class,
             "imagePullSecrets": pull_secrets(
                 gfd.image_pull_secrets, ctx.operator_image_pull_secrets
             ),
-            "volumes": volumes,
-        }
+        },
+        init=init,
+        main=main,
+        operand_volumes=volumes,
+        node_selector={DEPLOY_GFD_LABEL: TRUE},
     )
-    objects = [service_account(SERVICE_ACCOUNT, NAME, spec, ctx)]
-    if with_config:
-        objects += cluster_role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, [READ_NODES])
-    objects.append(
-        daemonset(DAEMONSET_NAME, NAME, spec, ctx, pod, node_selector={DEPLOY_GFD_LABEL: TRUE})
-    )
-    return objects
 
 
 COMPONENT = Component(name=NAME, deploy_label=DEPLOY_GFD_LABEL, is_enabled=enabled, render=render)

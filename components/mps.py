@@ -10,22 +10,16 @@ is and `devicePlugin.config.name` names a ConfigMap (no ConfigMap, no MPS config
 
 from __future__ import annotations
 
-from typing import Any
-
 from components import _config_manager
 from components._k8s import (
-    READ_NODES,
     VALIDATIONS_DIR,
-    cluster_role_and_binding,
     container,
-    daemonset,
     driver_root,
     env,
     field_env,
     host_path,
     mount,
     pull_secrets,
-    service_account,
     validations_volume,
     wait_for_file,
 )
@@ -66,39 +60,30 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         ],
         privileged=True,
     )
-    pod: dict[str, Any] = {
-        "serviceAccountName": SERVICE_ACCOUNT,
-        "runtimeClassName": spec.operator.runtime_class,
-        "hostPID": True,
-        "shareProcessNamespace": True,
-        "initContainers": [
-            wait_for_file(ctx, "toolkit-validation", f"{VALIDATIONS_DIR}/toolkit-ready"),
-            _config_manager.init_container(spec, PROCESS),
-        ],
-        "containers": [main, _config_manager.sidecar(spec, PROCESS)],
-        "imagePullSecrets": pull_secrets(
-            plugin.image_pull_secrets, ctx.operator_image_pull_secrets
-        ),
-        "volumes": [
+    return _config_manager.operand_objects(
+        spec,
+        ctx,
+        component=NAME,
+        daemonset_name=DAEMONSET_NAME,
+        service_account_name=SERVICE_ACCOUNT,
+        process=PROCESS,
+        pod={
+            "runtimeClassName": spec.operator.runtime_class,
+            "hostPID": True,
+            "imagePullSecrets": pull_secrets(
+                plugin.image_pull_secrets, ctx.operator_image_pull_secrets
+            ),
+        },
+        init=[wait_for_file(ctx, "toolkit-validation", f"{VALIDATIONS_DIR}/toolkit-ready")],
+        main=main,
+        operand_volumes=[
             host_path("mps-root", mps_root(spec), "DirectoryOrCreate"),
             host_path("mps-shm", f"{mps_root(spec)}/shm", "DirectoryOrCreate"),
             host_path("driver-root", driver_root(spec), "DirectoryOrCreate"),
             validations_volume(),
-            *_config_manager.volumes(spec),
         ],
-    }
-    return [
-        service_account(SERVICE_ACCOUNT, NAME, spec, ctx),
-        *cluster_role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, [READ_NODES]),
-        daemonset(
-            DAEMONSET_NAME,
-            NAME,
-            spec,
-            ctx,
-            pod,
-            node_selector={DEPLOY_DEVICE_PLUGIN_LABEL: TRUE, MPS_CAPABLE_LABEL: TRUE},
-        ),
-    ]
+        node_selector={DEPLOY_DEVICE_PLUGIN_LABEL: TRUE, MPS_CAPABLE_LABEL: TRUE},
+    )
 
 
 COMPONENT = Component(name=NAME, deploy_label=None, is_enabled=enabled, render=render)
