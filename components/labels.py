@@ -56,12 +56,16 @@ def _not_ours(value: str | None) -> bool:
 def node_label_changes(labels: Mapping[str, str], spec: ClusterPolicySpec | None) -> LabelChanges:
     """The label patch for one node; empty when the node is already as it should be.
 
-    `spec` is None when no ClusterPolicy is active: then no operand is wanted anywhere,
-    but `nvidia.com/gpu.present` still tracks the hardware.
+    `spec` is None when no ClusterPolicy is active (deleted, or the operator being
+    uninstalled): then nothing of ours stays on the node, `gpu.present` included, so
+    an uninstall leaves nodes as they were found.
     """
     changes: LabelChanges = {}
     present = labels.get(GPU_PRESENT_LABEL)
-    if is_gpu_node(labels):
+    if spec is None:
+        if present == TRUE:
+            changes[GPU_PRESENT_LABEL] = None
+    elif is_gpu_node(labels):
         if present != TRUE and not _not_ours(present):
             changes[GPU_PRESENT_LABEL] = TRUE
     elif present == TRUE:

@@ -24,9 +24,23 @@ def _cluster_dir() -> Path:
     return Path(explicit) if explicit else cache_dir() / "test-cluster"
 
 
+#: The API server records every request made with a ServiceAccount token (the
+#: operator running as the chart's account in test_helm_install), so the chart's
+#: RBAC can be checked against what a recorded run really used.
+AUDIT_SERVICE_ACCOUNTS = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [
+        {"level": "Metadata", "userGroups": ["system:serviceaccounts"]},
+        {"level": "None"},
+    ],
+}
+
+
 @pytest.fixture(scope="session")
 def local_cluster() -> Iterator[ClusterInfo]:
-    cluster = LocalCluster(_cluster_dir())
+    cluster = LocalCluster(_cluster_dir(), audit_policy=AUDIT_SERVICE_ACCOUNTS)
     cluster.down()  # stale processes of a crashed earlier run, if any
     info = cluster.up(nodes=TEST_NODES, gpu_nodes=TEST_GPU_NODES, tie_to_parent=True)
     try:

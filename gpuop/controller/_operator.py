@@ -43,7 +43,7 @@ from gpuop.metrics import (
     OperatorMetrics,
 )
 from gpuop.rest import Kind, Rest, by_kind, kind_of
-from statemachine import Action
+from statemachine import Action, UpgradePolicyView
 from statemachine.rollout import ComponentStatus, plan_rollout
 from statemachine.upgrade_keys import STATE_LABEL
 
@@ -64,7 +64,6 @@ _OWNED_NAMESPACED = (
     by_kind("apps/v1", "DaemonSet"),
     by_kind("v1", "Service"),
     by_kind("v1", "ServiceAccount"),
-    by_kind("v1", "ConfigMap"),
     by_kind("rbac.authorization.k8s.io/v1", "Role"),
     by_kind("rbac.authorization.k8s.io/v1", "RoleBinding"),
 )
@@ -496,7 +495,10 @@ class Operator:
         if node is None:
             self.queue.forget(NODE_PREFIX + name)
             return
-        spec = self.active_spec()
+        raw, model, problems = self.active_policy()
+        if raw is not None and (model is None or problems):
+            return  # an invalid policy changes nothing on nodes; its status says why
+        spec = model.spec if model is not None else None
         changes = node_label_changes(labels(node), spec)
         if changes:
             patched = await self.rest.merge_patch(
@@ -506,11 +508,13 @@ class Operator:
             log.info("node labels", node=name, changes=dict(changes))
             self.queue.add(NODE_PREFIX + name)  # again, on the fresh labels
             return
-        if spec is None or not is_gpu_node(labels(node)):
-            return
-        policy = policy_view(spec)
-        if not policy.auto_upgrade and STATE_LABEL not in labels(node):
-            return
+        policy = policy_view(spec) if spec is not None else UpgradePolicyView()
+        if not (policy.auto_upgrade and is_gpu_node(labels(node))):
+            if STATE_LABEL not in labels(node):
+                return
+            # Upgrades off, no policy (uninstall) or no longer a GPU node: the rulebook
+            # uncordons what we cordoned and removes our label and annotations.
+            policy = UpgradePolicyView(auto_upgrade=False)
         decision = await self.upgrades.step(node, policy, self.upgrades.newest_driver_revision())
         delay = requeue_after(decision)
         if delay is not None:

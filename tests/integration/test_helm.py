@@ -367,7 +367,7 @@ def test_operator_holds_what_it_does_and_what_it_grants_nothing_more() -> None:
         need(True, _group(kind), kind.plural, ["list", "watch", "create"])
     for kind_name, name in cluster_named:
         kind = next(k for k in _OWNED_CLUSTER if k.kind == kind_name)
-        need(True, _group(kind), kind.plural, ["get", "patch", "delete"], name)
+        need(True, _group(kind), kind.plural, ["patch", "delete"], name)
     for obj in objects:
         if obj["kind"] in ("ClusterRole", "Role"):
             for rule in obj["rules"]:

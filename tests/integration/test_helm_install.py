@@ -8,15 +8,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 import structlog
+import yaml
 from kubernetes_asyncio import client
 
+import crd
+from components import COMPONENTS, RenderContext
 from components.keys import DEPLOY_LABELS, GPU_PRESENT_LABEL
 from gpuop.cluster import NFD_GPU_LABEL, ClusterInfo
 from gpuop.controller import Operator, OperatorConfig
@@ -195,7 +200,25 @@ async def test_install_run_as_the_chart_service_account_upgrade_and_uninstall(
                 assert after["metadata"]["generation"] == driver["metadata"]["generation"]
 
                 # A driver change through the chart upgrades every GPU node, with
-                # cordon, pod deletion and uncordon done under the chart's RBAC.
+                # cordon, pod deletion, a drain (one workload pod to evict) and
+                # uncordon done under the chart's RBAC.
+                workloads = f"{namespace}-apps"
+                await admin.apply(
+                    {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": workloads}}
+                )
+                await admin.create(
+                    by_kind("v1", "Pod"),
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Pod",
+                        "metadata": {"name": "app", "namespace": workloads},
+                        "spec": {
+                            "nodeName": "gpu-node-0000",
+                            "containers": [{"name": "c", "image": "app"}],
+                        },
+                    },
+                    workloads,
+                )
                 helm(
                     "upgrade",
                     RELEASE,
@@ -209,13 +232,36 @@ async def test_install_run_as_the_chart_service_account_upgrade_and_uninstall(
                     "driver.upgradePolicy.maxParallelUpgrades=0",
                     "--set",
                     "driver.upgradePolicy.maxUnavailable=100%",
+                    "--set",
+                    "driver.upgradePolicy.drain.enable=true",
                     kubeconfig=local_cluster.kubeconfig,
                 )
                 await eventually(lambda: _upgraded(admin), timeout=90)
+                await eventually(
+                    lambda: _gone(admin, by_kind("v1", "Pod"), "app", workloads), timeout=30
+                )
                 assert await eventually(lambda: _ready(admin), timeout=60)
                 assert operator.queue.stats.failed == 0, [
                     e.get("error") for e in logs if e.get("event") == "reconcile failed"
                 ]
+
+                # Switching operands off deletes their RBAC (Roles, ClusterRoles and
+                # their bindings) through the operator, under the chart's account.
+                helm(
+                    "upgrade",
+                    RELEASE,
+                    str(CHART),
+                    "-n",
+                    namespace,
+                    "--reuse-values",
+                    "--set",
+                    "validator.enabled=false",
+                    "--set",
+                    "migManager.enabled=false",
+                    kubeconfig=local_cluster.kubeconfig,
+                )
+                await eventually(lambda: _gone(admin, ROLE, "nvidia-operator-validator", namespace))
+                await eventually(lambda: _gone(admin, CLUSTER_ROLE, "nvidia-mig-manager"))
 
                 # Removing the policy first lets the operator take its operands away
                 # while it still holds its permissions (the documented uninstall order).
@@ -236,6 +282,7 @@ async def test_install_run_as_the_chart_service_account_upgrade_and_uninstall(
             assert failures == []
     denied = [e for e in logs if "403" in str(e) or "Forbidden" in str(e)]
     assert denied == []
+    await _granted_is_what_the_recorded_run_used(admin, namespace, local_cluster)
 
     helm("uninstall", RELEASE, "-n", namespace, kubeconfig=local_cluster.kubeconfig)
     for kind, name, ns in (
@@ -251,8 +298,83 @@ async def test_install_run_as_the_chart_service_account_upgrade_and_uninstall(
         (CRD, "nodefeatures.nfd.k8s-sigs.io", None),
     ):
         await eventually(lambda k=kind, n=name, s=ns: _gone(admin, k, n, s), timeout=30)
+    # Nodes are left as they were found: no cordon, no labels or annotations of ours.
+    for node in await admin.list(NODE):
+        meta = node["metadata"]
+        assert not node["spec"].get("unschedulable"), meta["name"]
+        ours = [
+            k
+            for k in {**(meta.get("labels") or {}), **(meta.get("annotations") or {})}
+            if k.startswith(("nvidia.com/gpu-driver-upgrade", "gpuop.io/", "nvidia.com/gpu.deploy"))
+            or k == GPU_PRESENT_LABEL
+        ]
+        assert ours == [], (meta["name"], ours)
     # Helm's CRD rule: crds/ are installed once and never deleted by Helm.
     assert await admin.get(CRD, "clusterpolicies.nvidia.com") is not None
+
+
+def _recorded_use(audit_log: Path, user: str) -> set[tuple[str, str, str]]:
+    """(apiGroup, resource[/subresource], verb) of every request ``user`` made."""
+    used: set[tuple[str, str, str]] = set()
+    for line in audit_log.read_text().splitlines():
+        event = json.loads(line)
+        if event.get("user", {}).get("username") != user or "objectRef" not in event:
+            continue
+        ref = event["objectRef"]
+        resource = ref.get("resource", "")
+        if ref.get("subresource"):
+            resource = f"{resource}/{ref['subresource']}"
+        used.add((ref.get("apiGroup", ""), resource, event["verb"]))
+        if event["verb"] == "patch":
+            # A server-side apply that creates the object is also authorized as a
+            # create; the audit log records it as the patch it was sent as.
+            used.add((ref.get("apiGroup", ""), resource, "create"))
+    return used
+
+
+async def _granted_is_what_the_recorded_run_used(
+    admin: Rest, namespace: str, cluster: ClusterInfo
+) -> None:
+    """Least privilege against a recorded run: every (group, resource, verb) the chart
+    grants the operator was used by it in this scenario, or is held only because an
+    operand Role/ClusterRole the operator creates grants it (Kubernetes refuses to let
+    anyone grant what they do not hold)."""
+    user = f"system:serviceaccount:{namespace}:gpu-operator"
+    used = _recorded_use(cluster.directory / "logs" / "audit.log", user)
+    assert used, "the audit log recorded nothing for the chart's ServiceAccount"
+    rendered = helm("template", RELEASE, str(CHART), "-n", namespace, kubeconfig=cluster.kubeconfig)
+    granted: set[tuple[str, str, str]] = set()
+    for doc in yaml.safe_load_all(rendered):
+        if doc and doc["kind"] in ("ClusterRole", "Role") and doc["metadata"]["name"] == RELEASE:
+            for rule in doc["rules"]:
+                granted |= {
+                    (g, r, v)
+                    for g in rule["apiGroups"]
+                    for r in rule["resources"]
+                    for v in rule["verbs"]
+                }
+    # What the operator hands on to operands (same roles for any enabled policy).
+    spec = crd.default_policy().spec
+    ctx = RenderContext(namespace=namespace, operator_image="x", mig_capable=True)
+    delegated = {
+        (g, r, v)
+        for c in COMPONENTS
+        for o in c.objects(spec, ctx)
+        if o["kind"] in ("ClusterRole", "Role")
+        for rule in o["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
+    # ServiceMonitors: only with the Prometheus operator's CRD, absent in this cluster.
+    # The RuntimeClass (pre-requisites, never switched off) is deleted only when the
+    # policy goes, and then the garbage collector (owner references) usually wins.
+    not_exercised_here = {
+        ("monitoring.coreos.com", "servicemonitors", v)
+        for v in ("get", "list", "watch", "create", "patch", "delete")
+    } | {("node.k8s.io", "runtimeclasses", "delete")}
+    unused = granted - used - delegated - not_exercised_here
+    assert not unused, f"granted but never used in the recorded run: {sorted(unused)}"
 
 
 async def _upgraded(admin: Rest) -> bool:

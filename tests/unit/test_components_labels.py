@@ -126,11 +126,13 @@ def test_node_that_loses_its_gpu_is_cleaned() -> None:
     }
 
 
-def test_no_policy_removes_deploy_labels_but_keeps_gpu_present() -> None:
+def test_no_policy_removes_every_label_of_ours() -> None:
     labels = converge({NFD: "true"}, spec())
     changes = c.node_label_changes(labels, None)
-    assert changes == dict.fromkeys(ALL_DEFAULT, None)
-    assert c.node_label_changes({NFD: "true"}, None) == {c.GPU_PRESENT_LABEL: "true"}
+    assert changes == dict.fromkeys([*ALL_DEFAULT, c.GPU_PRESENT_LABEL], None)
+    assert c.node_label_changes({NFD: "true"}, None) == {}
+    # A user's false stays.
+    assert c.node_label_changes({NFD: "true", c.GPU_PRESENT_LABEL: "false"}, None) == {}
 
 
 def test_user_false_on_gpu_present_is_kept() -> None:
