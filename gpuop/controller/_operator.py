@@ -11,6 +11,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from components import COMPONENTS, RenderContext
 from components._k8s import COMPONENT_LABEL, MANAGED_BY, MANAGED_BY_LABEL
+from components.driver import DAEMONSET_NAME as DRIVER_DS
 from components.hashing import applied_hash, needs_apply, with_hash
 from components.labels import any_mig_capable, is_gpu_node, node_label_changes
 from components.readiness import component_ready
@@ -29,7 +30,7 @@ from crd import (
     ready_status,
 )
 from gpuop.controller._config import OperatorConfig
-from gpuop.controller._nodes import labels, node_fingerprint, trim_node
+from gpuop.controller._nodes import is_ready, labels, node_fingerprint, trim_node
 from gpuop.controller._pods import pod_index, trim_pod, trim_revision
 from gpuop.controller._status import status_dict, status_patch
 from gpuop.controller._upgrade import Upgrades, policy_view, requeue_after
@@ -183,7 +184,8 @@ class Operator:
         if node_fingerprint(old) == node_fingerprint(new):
             return
         self.queue.add(NODE_PREFIX + name)
-        self.queue.add(UPGRADES_KEY)
+        if event != "MODIFIED" or _budget_facts(old) != _budget_facts(new):
+            self.queue.add(UPGRADES_KEY)  # only what the fleet budget reads
         if event != "MODIFIED" or _gpu_facts(old) != _gpu_facts(new):
             self.queue.add(CLUSTER_KEY)
 
@@ -216,7 +218,10 @@ class Operator:
         node = (pod.get("spec") or {}).get("nodeName")
         if node:
             self.queue.add(NODE_PREFIX + node)
-            self.queue.add(UPGRADES_KEY)
+            # The fleet budget only asks whether a node has a driver pod at all.
+            is_driver = (pod["metadata"].get("labels") or {}).get("app") == DRIVER_DS
+            if is_driver and event != "MODIFIED":
+                self.queue.add(UPGRADES_KEY)
 
     def _on_revision(self, event: str, old: Obj | None, new: Obj | None) -> None:
         # A new driver revision may start upgrades on every GPU node.
@@ -388,7 +393,7 @@ class Operator:
         """Whether the Prometheus operator's ServiceMonitor API is served (discovery,
         which every authenticated client may read). Asked once per policy version,
         never on a timer."""
-        rv = str(raw["metadata"].get("resourceVersion"))
+        rv = str(raw["metadata"].get("generation"))  # not resourceVersion: status writes bump it
         if self._service_monitor_probe is None or self._service_monitor_probe[0] != rv:
             found = await self.rest.api_group_exists("monitoring.coreos.com/v1")
             self._service_monitor_probe = (rv, found)
@@ -567,6 +572,20 @@ def _owner_reference(policy: Obj) -> Obj:
 def _owned_by(obj: Obj, owner: Obj) -> Obj:
     meta = {**obj["metadata"], "ownerReferences": [owner]}
     return {**obj, "metadata": meta}
+
+
+def _budget_facts(node: Obj | None) -> Any:
+    """What ``Upgrades.select`` reads of a node."""
+    if node is None:
+        return None
+    node_labels = labels(node)
+    return (
+        node_labels.get(STATE_LABEL),
+        node_labels.get("nvidia.com/gpu-driver-upgrade.skip"),
+        is_gpu_node(node_labels),
+        node["spec"].get("unschedulable", False),
+        is_ready(node),
+    )
 
 
 def _gpu_facts(node: Obj | None) -> Any:

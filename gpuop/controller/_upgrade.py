@@ -86,6 +86,16 @@ def policy_view(spec: ClusterPolicySpec) -> UpgradePolicyView:
     )
 
 
+#: Label values the rulebook knows; anything else reads as ``UNKNOWN``. Built once:
+#: the fleet pass looks at every GPU node's state on every pod and node event.
+_STATE_VALUES = frozenset(s.value for s in UpgradeState)
+
+
+def _state_of(node_labels: Mapping[str, str]) -> UpgradeState:
+    raw = node_labels.get(STATE_LABEL, "")
+    return UpgradeState(raw) if raw in _STATE_VALUES else UpgradeState.UNKNOWN
+
+
 def _pod_ready(pod: Obj) -> bool:
     status = pod.get("status") or {}
     return status.get("phase") == "Running" and any(
@@ -196,6 +206,13 @@ class Upgrades:
             restart_count=_restarts(pod),
         )
 
+    def has_driver_pod(self, node: str) -> bool:
+        """``driver_pod(node) is not None`` without building the view (the fleet pass
+        asks this for every GPU node)."""
+        return any(
+            not p["metadata"].get("deletionTimestamp") for p in self._pods_on(node, DRIVER_DS)
+        )
+
     def validators_ready(self, node: str) -> bool:
         pods = self._pods_on(node, VALIDATOR_DS)
         return bool(pods) and all(_pod_ready(p) for p in pods)
@@ -212,11 +229,7 @@ class Upgrades:
         name = node["metadata"]["name"]
         node_labels = labels(node)
         wait = gpu = drain = 0
-        state = (
-            UpgradeState(node_labels[STATE_LABEL])
-            if node_labels.get(STATE_LABEL) in {s.value for s in UpgradeState}
-            else UpgradeState.UNKNOWN
-        )
+        state = _state_of(node_labels)
         # The rulebook may pass several states in one go, so count the node's pods
         # whenever emptying could be next: also right before and after cordoning.
         granted = name in self.granted and state is UpgradeState.UPGRADE_REQUIRED
@@ -261,12 +274,7 @@ class Upgrades:
             node_labels = labels(node)
             if not is_gpu_node(node_labels):
                 continue
-            raw_state = node_labels.get(STATE_LABEL, "")
-            state = (
-                UpgradeState(raw_state)
-                if raw_state in {s.value for s in UpgradeState}
-                else UpgradeState.UNKNOWN
-            )
+            state = _state_of(node_labels)
             if name in self.granted and state is UpgradeState.UPGRADE_REQUIRED:
                 state = UpgradeState.CORDON_REQUIRED  # holds its slot until it moves
             elif name in self.granted:
@@ -278,7 +286,7 @@ class Upgrades:
                     ready=is_ready(node),
                     unschedulable=bool(node["spec"].get("unschedulable")),
                     skip=node_labels.get("nvidia.com/gpu-driver-upgrade.skip") == "true",
-                    driver_pod_present=self.driver_pod(name) is not None,
+                    driver_pod_present=self.has_driver_pod(name),
                 )
             )
             if fleet[-1].in_progress:
