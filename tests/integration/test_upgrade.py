@@ -60,7 +60,8 @@ async def _driver_hashes(rest: Rest) -> dict[str, str]:
     return {
         p["spec"]["nodeName"]: p["metadata"]["labels"]["controller-revision-hash"]
         for p in pods
-        if not p["metadata"].get("deletionTimestamp")
+        # A replacement pod not yet bound to its node has no nodeName.
+        if not p["metadata"].get("deletionTimestamp") and p["spec"].get("nodeName")
     }
 
 
