@@ -9,9 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from gpuop.leader import LeaderElector
 from gpuop.metrics import OperatorMetrics
 from gpuop.rest import Rest, by_kind
 from statemachine.upgrade_keys import STATE_LABEL, UpgradeState
+from tests.integration.harness import eventually
 from tests.integration.helm_chart import CHART, helm
 
 pytestmark = pytest.mark.integration
@@ -47,19 +47,6 @@ ROLE_BINDING = by_kind("rbac.authorization.k8s.io/v1", "RoleBinding")
 RUNTIME_CLASS = by_kind("node.k8s.io/v1", "RuntimeClass")
 CRD = by_kind("apiextensions.k8s.io/v1", "CustomResourceDefinition")
 MANAGED = "app.kubernetes.io/managed-by=gpuop"
-
-
-async def eventually(
-    check: Callable[[], Awaitable[Any]], timeout: float = 60.0, interval: float = 0.25
-) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = await check()
-        if last:
-            return last
-        await asyncio.sleep(interval)
-    raise AssertionError(f"not met within {timeout}s; last={last!r}")
 
 
 @pytest.fixture(scope="module")
