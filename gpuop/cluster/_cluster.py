@@ -61,6 +61,11 @@ class ClientTuning:
     burst: int = 200
     #: Workers per kwok stage loop (pod and node stages, leases, pods-on-node sync).
     kwok_parallelism: int = 16
+    #: kube-controller-manager's --node-monitor-grace-period (None: its default).
+    #: With thousands of simulated nodes on 2 cores kwok's lease renewals fall
+    #: behind; a node marked NotReady for a moment leaves its pods not Ready for
+    #: good (no kubelet to set them Ready again), so big runs raise this.
+    node_monitor_grace_period: str | None = None
 
 
 def _free_port() -> int:
@@ -292,6 +297,11 @@ class LocalCluster:
                 f"--kube-api-qps={self.tuning.qps}",
                 f"--kube-api-burst={self.tuning.burst}",
                 "--concurrent-daemonset-syncs=4",
+                *(
+                    [f"--node-monitor-grace-period={self.tuning.node_monitor_grace_period}"]
+                    if self.tuning.node_monitor_grace_period
+                    else []
+                ),
                 "--controllers=*,-nodeipam,-cloud-node-lifecycle,-service-lb-controller",
                 "--v=1",
             ],

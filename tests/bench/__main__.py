@@ -55,6 +55,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--qps", type=int, default=300, help="kcm and scheduler client QPS (300)")
     p.add_argument("--burst", type=int, default=600, help="kcm and scheduler client burst (600)")
     p.add_argument("--kwok-parallelism", type=int, default=32, help="kwok stage workers (32)")
+    p.add_argument(
+        "--node-monitor-grace-period",
+        default="300s",
+        help="kube-controller-manager's node grace period (300s: at 3,000 simulated nodes "
+        "kwok's lease renewals fall behind the 40s default; '' keeps the default)",
+    )
     p.add_argument("--workers", type=int, default=8, help="operator reconcile workers (8)")
     p.add_argument("--settle", type=float, default=10.0, help="quiet seconds after ready (10)")
     p.add_argument("--ready-timeout", type=float, default=1800.0, help="per rollout (1800)")
@@ -134,7 +140,12 @@ class Suite:
         self.args = args
         self.settings = Settings(
             cluster_dir=args.cluster_dir,
-            tuning=ClientTuning(args.qps, args.burst, args.kwok_parallelism),
+            tuning=ClientTuning(
+                args.qps,
+                args.burst,
+                args.kwok_parallelism,
+                node_monitor_grace_period=args.node_monitor_grace_period or None,
+            ),
             cpu_nodes=args.cpu_nodes,
             operator_src=args.operator_src.resolve(),
             workers=args.workers,

@@ -56,6 +56,7 @@ class Settings:
             "kcm_and_scheduler_qps": self.tuning.qps,
             "kcm_and_scheduler_burst": self.tuning.burst,
             "kwok_parallelism": self.tuning.kwok_parallelism,
+            "node_monitor_grace_period": self.tuning.node_monitor_grace_period,
             "kwok_client_rate": "unlimited (kwok's own client has no rate limiter)",
             "kcm_concurrent_daemonset_syncs": 4,
             "cpu_nodes_per_cluster": self.cpu_nodes,
