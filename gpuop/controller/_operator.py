@@ -73,6 +73,7 @@ _OWNED_CLUSTER = (
     by_kind("rbac.authorization.k8s.io/v1", "ClusterRole"),
     by_kind("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"),
 )
+_OWNED_KINDS: dict[str, Kind] = {k.kind: k for k in (*_OWNED_NAMESPACED, *_OWNED_CLUSTER)}
 _NFD_LABELS = (
     "feature.node.kubernetes.io/pci-10de.present",
     "feature.node.kubernetes.io/pci-0302_10de.present",
@@ -107,7 +108,7 @@ class Operator:
             ResourceSpec("clusterpolicies", rest.lister(POLICY)), self._on_policy
         )
         self.owned: dict[str, Informer] = {}
-        for kind in (*_OWNED_NAMESPACED, *_OWNED_CLUSTER):
+        for kind in _OWNED_KINDS.values():
             self.owned[kind.kind] = Informer(
                 ResourceSpec(
                     kind.plural,
@@ -431,7 +432,7 @@ class Operator:
                 obj.setdefault("kind", kind_name)
                 if _cache_key(obj) in wanted:
                     continue
-                kind = _kind_of_cached(kind_name)
+                kind = _OWNED_KINDS[kind_name]
                 meta = obj["metadata"]
                 if meta.get("deletionTimestamp"):
                     continue
@@ -597,13 +598,6 @@ def _gpu_facts(node: Obj | None) -> Any:
 
 def _cache_key(obj: Obj) -> tuple[str, str]:
     return (str(obj.get("kind")), key_of(obj))
-
-
-def _kind_of_cached(kind_name: str) -> Kind:
-    for kind in (*_OWNED_NAMESPACED, *_OWNED_CLUSTER):
-        if kind.kind == kind_name:
-            return kind
-    raise KeyError(kind_name)
 
 
 def _parse_status(raw: Obj) -> ClusterPolicyStatus | None:

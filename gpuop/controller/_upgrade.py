@@ -191,10 +191,13 @@ class Upgrades:
         pods: list[Obj] = self._pods.indexed((node, app))
         return pods
 
-    def driver_pod(self, node: str) -> DriverPodView | None:
-        pods = [
+    def _live_driver_pods(self, node: str) -> list[Obj]:
+        return [
             p for p in self._pods_on(node, DRIVER_DS) if not p["metadata"].get("deletionTimestamp")
         ]
+
+    def driver_pod(self, node: str) -> DriverPodView | None:
+        pods = self._live_driver_pods(node)
         if not pods:
             return None
         pod = max(pods, key=lambda p: p["metadata"].get("creationTimestamp", ""))
@@ -209,9 +212,11 @@ class Upgrades:
     def has_driver_pod(self, node: str) -> bool:
         """``driver_pod(node) is not None`` without building the view (the fleet pass
         asks this for every GPU node)."""
-        return any(
-            not p["metadata"].get("deletionTimestamp") for p in self._pods_on(node, DRIVER_DS)
-        )
+        return bool(self._live_driver_pods(node))
+
+    def _gpu_workloads(self, pods: list[Obj]) -> list[Obj]:
+        """Pods using GPUs that the pod-deletion step removes (never our operands)."""
+        return [p for p in pods if uses_gpu(p) and p["metadata"].get("namespace") != self.namespace]
 
     def validators_ready(self, node: str) -> bool:
         pods = self._pods_on(node, VALIDATOR_DS)
@@ -235,9 +240,7 @@ class Upgrades:
         granted = name in self.granted and state is UpgradeState.UPGRADE_REQUIRED
         if state in _EMPTYING or state is UpgradeState.CORDON_REQUIRED or granted:
             pods = [p for p in await self._node_pods(name) if not _terminal(p)]
-            gpu = sum(
-                1 for p in pods if uses_gpu(p) and p["metadata"].get("namespace") != self.namespace
-            )
+            gpu = len(self._gpu_workloads(pods))
             drain_pods = pods
             if policy.drain.pod_selector:
                 drain_pods = await self._node_pods(name, str(policy.drain.pod_selector))
@@ -365,14 +368,8 @@ class Upgrades:
     ) -> None:
         action = decision.action
         if action is Action.DELETE_GPU_PODS:
-            pods = [
-                p
-                for p in await self._node_pods(view.name)
-                if uses_gpu(p)
-                and not _terminal(p)
-                and p["metadata"].get("namespace") != self.namespace
-            ]
-            for pod in pods:
+            pods = [p for p in await self._node_pods(view.name) if not _terminal(p)]
+            for pod in self._gpu_workloads(pods):
                 await self._delete_pod(pod, grace=0 if decision.force else None)
         elif action is Action.DRAIN:
             await self._drain(view.name, policy, decision.force)
