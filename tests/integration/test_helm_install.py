@@ -160,18 +160,11 @@ async def test_install_run_as_the_chart_service_account_upgrade_and_uninstall(
                 assert await admin.list(CLUSTER_ROLE, label_selector=MANAGED)  # granted by us
 
                 # An upgrade that changes the operator and an unrelated operand only.
-                helm(
-                    "upgrade",
-                    RELEASE,
-                    str(CHART),
-                    "-n",
+                _upgrade_release(
+                    local_cluster,
                     namespace,
-                    "--reuse-values",
-                    "--set",
                     "dcgmExporter.enabled=false",
-                    "--set",
                     "operator.logging.level=debug",
-                    kubeconfig=local_cluster.kubeconfig,
                 )
                 deployment = await admin.get(DEPLOYMENT, "gpu-operator", namespace)
                 assert deployment is not None
@@ -206,22 +199,13 @@ async def test_install_run_as_the_chart_service_account_upgrade_and_uninstall(
                     },
                     workloads,
                 )
-                helm(
-                    "upgrade",
-                    RELEASE,
-                    str(CHART),
-                    "-n",
+                _upgrade_release(
+                    local_cluster,
                     namespace,
-                    "--reuse-values",
-                    "--set",
                     "driver.version=600.10.01",
-                    "--set",
                     "driver.upgradePolicy.maxParallelUpgrades=0",
-                    "--set",
                     "driver.upgradePolicy.maxUnavailable=100%",
-                    "--set",
                     "driver.upgradePolicy.drain.enable=true",
-                    kubeconfig=local_cluster.kubeconfig,
                 )
                 await eventually(lambda: _upgraded(admin), timeout=90)
                 await eventually(
@@ -234,18 +218,11 @@ async def test_install_run_as_the_chart_service_account_upgrade_and_uninstall(
 
                 # Switching operands off deletes their RBAC (Roles, ClusterRoles and
                 # their bindings) through the operator, under the chart's account.
-                helm(
-                    "upgrade",
-                    RELEASE,
-                    str(CHART),
-                    "-n",
+                _upgrade_release(
+                    local_cluster,
                     namespace,
-                    "--reuse-values",
-                    "--set",
                     "validator.enabled=false",
-                    "--set",
                     "migManager.enabled=false",
-                    kubeconfig=local_cluster.kubeconfig,
                 )
                 await eventually(lambda: _gone(admin, ROLE, "nvidia-operator-validator", namespace))
                 await eventually(lambda: _gone(admin, CLUSTER_ROLE, "nvidia-mig-manager"))
@@ -298,6 +275,21 @@ async def test_install_run_as_the_chart_service_account_upgrade_and_uninstall(
         assert ours == [], (meta["name"], ours)
     # Helm's CRD rule: crds/ are installed once and never deleted by Helm.
     assert await admin.get(CRD, "clusterpolicies.nvidia.com") is not None
+
+
+def _upgrade_release(cluster: ClusterInfo, namespace: str, *values: str) -> None:
+    """`helm upgrade --reuse-values --set k=v ...`."""
+    sets = [arg for value in values for arg in ("--set", value)]
+    helm(
+        "upgrade",
+        RELEASE,
+        str(CHART),
+        "-n",
+        namespace,
+        "--reuse-values",
+        *sets,
+        kubeconfig=cluster.kubeconfig,
+    )
 
 
 def _recorded_use(audit_log: Path, user: str) -> set[tuple[str, str, str]]:
