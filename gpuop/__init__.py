@@ -7,6 +7,11 @@ logging and the local simulated cluster. The pure core lives in ``statemachine``
 
 from importlib.metadata import PackageNotFoundError, version
 
+from gpuop import _lazy_client
+
+# Before anything imports kubernetes_asyncio: its generated classes load on demand.
+_lazy_client.install()
+
 try:
     __version__ = version("gpuop")
 except PackageNotFoundError:  # pragma: no cover - running from a source tree

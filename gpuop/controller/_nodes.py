@@ -2,12 +2,16 @@
 
 Nodes are most of the operator's memory at fleet scale; keeping only the fields
 it reads (labels, annotations, schedulability, taints, Ready, allocatable) keeps
-a node to a few hundred bytes instead of several kilobytes.
+a node to a few hundred bytes instead of several kilobytes. Labels and annotations
+are read-only dicts of interned strings; schedulability and status are shared
+between nodes alike (:mod:`gpuop.compact`).
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from gpuop.compact import frozen, shared
 
 Obj = dict[str, Any]
 
@@ -19,17 +23,19 @@ def trim_node(node: Obj) -> Obj:
     ready = [c for c in status.get("conditions") or [] if c.get("type") == "Ready"]
     return {
         "metadata": {
-            "name": meta.get("name"),
+            "name": shared(meta.get("name")),  # also every pod's nodeName
             "uid": meta.get("uid"),
             "resourceVersion": meta.get("resourceVersion"),
-            "labels": meta.get("labels") or {},
-            "annotations": meta.get("annotations") or {},
+            "labels": frozen(meta.get("labels") or {}),
+            "annotations": frozen(meta.get("annotations") or {}),
         },
-        "spec": {k: spec[k] for k in ("unschedulable", "taints") if k in spec},
-        "status": {
-            "conditions": [{"type": "Ready", "status": c.get("status")} for c in ready],
-            "allocatable": status.get("allocatable") or {},
-        },
+        "spec": shared({k: spec[k] for k in ("unschedulable", "taints") if k in spec}),
+        "status": shared(
+            {
+                "conditions": [{"type": "Ready", "status": c.get("status")} for c in ready],
+                "allocatable": status.get("allocatable") or {},
+            }
+        ),
     }
 
 

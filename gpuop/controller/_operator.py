@@ -102,7 +102,8 @@ class Operator:
         self.queue = WorkQueue(self._reconcile, workers=config.workers)
         ns = config.namespace
         self.nodes = Informer(
-            ResourceSpec("nodes", rest.lister(NODE), transform=trim_node), self._on_node
+            ResourceSpec("nodes", rest.lister(NODE), transform=trim_node, page_size=250),
+            self._on_node,
         )
         self.policies = Informer(
             ResourceSpec("clusterpolicies", rest.lister(POLICY)), self._on_policy
@@ -124,6 +125,7 @@ class Operator:
                 label_selector=MANAGED_SELECTOR,
                 transform=trim_pod,
                 index=pod_index,
+                page_size=100,
             ),
             self._on_pod,
         )

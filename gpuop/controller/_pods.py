@@ -2,12 +2,16 @@
 
 At fleet scale operand pods outnumber everything else (six or seven per GPU node)
 and a whole Pod is tens of kilobytes; the controller reads a handful of fields,
-so that is all the cache keeps (about 1 KiB a pod).
+so that is all the cache keeps. What pods of one DaemonSet revision have in
+common (labels, owner, node, status) is shared between them (:mod:`gpuop.compact`),
+leaving a few hundred bytes unique to each pod.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from gpuop.compact import shared
 
 Obj = dict[str, Any]
 
@@ -19,27 +23,37 @@ def trim_pod(pod: Obj) -> Obj:
     status = pod.get("status") or {}
     return {
         "metadata": {
-            **{k: meta[k] for k in _META if k in meta},
-            "labels": meta.get("labels") or {},
-            "ownerReferences": [
-                {"kind": o.get("kind"), "name": o.get("name"), "uid": o.get("uid")}
-                for o in meta.get("ownerReferences") or []
-            ],
+            **{k: _str(meta[k]) for k in _META if k in meta},
+            "labels": shared(meta.get("labels") or {}),
+            "ownerReferences": shared(
+                [
+                    {"kind": o.get("kind"), "name": o.get("name"), "uid": o.get("uid")}
+                    for o in meta.get("ownerReferences") or []
+                ]
+            ),
         },
-        "spec": {"nodeName": (pod.get("spec") or {}).get("nodeName")},
-        "status": {
-            "phase": status.get("phase"),
-            "conditions": [
-                {"type": "Ready", "status": c.get("status")}
-                for c in status.get("conditions") or []
-                if c.get("type") == "Ready"
-            ],
-            "containerStatuses": [
-                {"name": c.get("name"), "restartCount": c.get("restartCount", 0)}
-                for c in status.get("containerStatuses") or []
-            ],
-        },
+        "spec": shared({"nodeName": (pod.get("spec") or {}).get("nodeName")}),
+        "status": shared(
+            {
+                "phase": status.get("phase"),
+                "conditions": [
+                    {"type": "Ready", "status": c.get("status")}
+                    for c in status.get("conditions") or []
+                    if c.get("type") == "Ready"
+                ],
+                "containerStatuses": [
+                    {"name": c.get("name"), "restartCount": c.get("restartCount", 0)}
+                    for c in status.get("containerStatuses") or []
+                ],
+            }
+        ),
     }
+
+
+def _str(value: Any) -> Any:
+    """Names, uids and versions are unique: kept as they are. Namespaces and
+    timestamps repeat across thousands of pods: interned."""
+    return value if not isinstance(value, str) or len(value) > 32 else shared(value)
 
 
 def pod_index(pod: Obj) -> tuple[str, str] | None:
@@ -54,9 +68,9 @@ def trim_revision(rev: Obj) -> Obj:
     meta = rev.get("metadata") or {}
     return {
         "metadata": {
-            **{k: meta[k] for k in _META if k in meta},
-            "labels": meta.get("labels") or {},
-            "ownerReferences": meta.get("ownerReferences") or [],
+            **{k: _str(meta[k]) for k in _META if k in meta},
+            "labels": shared(meta.get("labels") or {}),
+            "ownerReferences": shared(meta.get("ownerReferences") or []),
         },
         "revision": rev.get("revision", 0),
     }
