@@ -77,7 +77,7 @@ class Informer:
         self.handler = handler
         self.silence = silence
         self.store: dict[str, Obj] = {}
-        self._index: dict[Any, dict[str, Obj]] = {}
+        self._index: dict[Any, list[Obj]] = {}
         self.synced = asyncio.Event()
         self.resource_version = ""
         self.relists = 0
@@ -92,7 +92,7 @@ class Informer:
 
     def indexed(self, value: Any) -> list[Obj]:
         """Objects whose index key is ``value`` (O(1), not a scan of the store)."""
-        return list(self._index.get(value, {}).values())
+        return list(self._index.get(value, ()))
 
     def _put(self, key: str, obj: Obj) -> None:
         self._drop(key)
@@ -100,7 +100,7 @@ class Informer:
         if self.spec.index is not None:
             ikey = self.spec.index(obj)
             if ikey is not None:
-                self._index.setdefault(ikey, {})[key] = obj
+                self._index.setdefault(ikey, []).append(obj)
 
     def _drop(self, key: str) -> Obj | None:
         old = self.store.pop(key, None)
@@ -108,7 +108,9 @@ class Informer:
             ikey = self.spec.index(old)
             bucket = self._index.get(ikey)
             if bucket is not None:
-                bucket.pop(key, None)
+                # Buckets hold one or two objects (a pod per node and app), so a
+                # list (64 bytes) rather than a dict (184); removal is by identity.
+                bucket[:] = [o for o in bucket if o is not old]
                 if not bucket:
                     del self._index[ikey]
         return old

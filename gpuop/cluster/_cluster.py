@@ -491,8 +491,13 @@ async def create_nodes(api: Any, nodes: int, gpu_nodes: int, concurrency: int = 
     progress.finish(f"{len(manifests)} nodes ({gpu_nodes} with GPUs)")
 
 
+_NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+
+
 async def wait_nodes_ready(api: Any, expected: int, timeout: float = 300.0) -> None:
-    """Wait until ``expected`` simulated nodes report Ready (kwok heartbeats them)."""
+    """Wait until ``expected`` simulated nodes report Ready (kwok heartbeats them) and
+    the node lifecycle controller has lifted their ``not-ready`` taint, so pods can
+    be scheduled on them the moment this returns."""
     from kubernetes_asyncio import client
 
     core = client.CoreV1Api(api)
@@ -504,6 +509,7 @@ async def wait_nodes_ready(api: Any, expected: int, timeout: float = 300.0) -> N
             1
             for n in listed.items
             if any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])
+            and not any(t.key == _NOT_READY_TAINT for t in n.spec.taints or [])
         )
         progress.done = ready
         progress.status("")

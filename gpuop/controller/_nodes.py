@@ -1,7 +1,7 @@
 """What the controller keeps of a Node, and which changes deserve a reconcile.
 
 Nodes are most of the operator's memory at fleet scale; keeping only the fields
-it reads (labels, annotations, schedulability, taints, Ready, allocatable) keeps
+it reads (its labels and annotations, schedulability, taints, Ready, allocatable) keeps
 a node to a few hundred bytes instead of several kilobytes. Labels and annotations
 are read-only dicts of interned strings; schedulability and status are shared
 between nodes alike (:mod:`gpuop.compact`).
@@ -15,6 +15,14 @@ from gpuop.compact import frozen, shared
 
 Obj = dict[str, Any]
 
+#: The node labels the operator reads: its own and GFD's (``nvidia.com/``) and NFD's
+#: PCI device labels (how a GPU node is recognised). Real nodes carry dozens of other
+#: NFD and cloud labels; keeping them would cost memory on every node and wake a
+#: reconcile whenever one changed, for nothing.
+READ_LABEL_PREFIXES = ("nvidia.com/", "feature.node.kubernetes.io/pci-")
+#: The node annotations the operator reads: the upgrade state it records.
+READ_ANNOTATION_PREFIXES = ("nvidia.com/", "gpuop.io/")
+
 
 def trim_node(node: Obj) -> Obj:
     meta = node.get("metadata") or {}
@@ -26,8 +34,8 @@ def trim_node(node: Obj) -> Obj:
             "name": shared(meta.get("name")),  # also every pod's nodeName
             "uid": meta.get("uid"),
             "resourceVersion": meta.get("resourceVersion"),
-            "labels": frozen(meta.get("labels") or {}),
-            "annotations": frozen(meta.get("annotations") or {}),
+            "labels": _only(meta.get("labels"), READ_LABEL_PREFIXES),
+            "annotations": _only(meta.get("annotations"), READ_ANNOTATION_PREFIXES),
         },
         "spec": shared({k: spec[k] for k in ("unschedulable", "taints") if k in spec}),
         "status": shared(
@@ -37,6 +45,10 @@ def trim_node(node: Obj) -> Obj:
             }
         ),
     }
+
+
+def _only(values: dict[str, str] | None, prefixes: tuple[str, ...]) -> Obj:
+    return frozen({k: v for k, v in (values or {}).items() if k.startswith(prefixes)})
 
 
 def node_fingerprint(node: Obj | None) -> Any:

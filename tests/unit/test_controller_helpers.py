@@ -59,8 +59,38 @@ def test_heartbeats_do_not_change_the_fingerprint() -> None:
     b_raw["metadata"]["resourceVersion"] = "6"
     assert node_fingerprint(a) == node_fingerprint(trim_node(b_raw))
     c_raw = _node()
-    c_raw["metadata"]["labels"]["a"] = "c"
+    c_raw["metadata"]["labels"]["nvidia.com/gpu.deploy.driver"] = "false"
     assert node_fingerprint(a) != node_fingerprint(trim_node(c_raw))
+
+
+def test_labels_and_annotations_the_operator_never_reads_are_not_kept() -> None:
+    raw = _node()
+    raw["metadata"]["labels"].update(
+        {
+            "feature.node.kubernetes.io/cpu-cpuid.AVX512F": "true",
+            "feature.node.kubernetes.io/pci-10de.present": "true",
+            "nvidia.com/gpu.product": "A100",
+            "topology.kubernetes.io/zone": "z1",
+        }
+    )
+    raw["metadata"]["annotations"] = {
+        "nvidia.com/gpu-driver-upgrade-requested": "true",
+        "gpuop.io/driver-upgrade-reason": "r",
+        "node.alpha.kubernetes.io/ttl": "0",
+    }
+    trimmed = trim_node(raw)
+    assert set(trimmed["metadata"]["labels"]) == {
+        "feature.node.kubernetes.io/pci-10de.present",
+        "nvidia.com/gpu.product",
+    }
+    assert set(trimmed["metadata"]["annotations"]) == {
+        "nvidia.com/gpu-driver-upgrade-requested",
+        "gpuop.io/driver-upgrade-reason",
+    }
+    # A change to a label nobody reads wakes no reconcile.
+    other = _node()
+    other["metadata"]["labels"]["topology.kubernetes.io/zone"] = "z2"
+    assert node_fingerprint(trim_node(_node())) == node_fingerprint(trim_node(other))
 
 
 def _pod(**extra: Any) -> dict[str, Any]:
