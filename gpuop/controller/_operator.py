@@ -31,7 +31,7 @@ from crd import (
 )
 from gpuop.controller._config import OperatorConfig
 from gpuop.controller._nodes import is_ready, labels, node_fingerprint, trim_node
-from gpuop.controller._pods import pod_index, trim_pod, trim_revision
+from gpuop.controller._pods import pod_index, pod_selector, trim_pod, trim_revision
 from gpuop.controller._status import status_dict, status_patch
 from gpuop.controller._upgrade import Upgrades, policy_view, requeue_after
 from gpuop.informer import Informer, Obj, ResourceSpec, key_of
@@ -122,7 +122,7 @@ class Operator:
             ResourceSpec(
                 "pods",
                 rest.lister(by_kind("v1", "Pod"), ns),
-                label_selector=MANAGED_SELECTOR,
+                label_selector=pod_selector(MANAGED_SELECTOR),
                 transform=trim_pod,
                 index=pod_index,
                 page_size=100,

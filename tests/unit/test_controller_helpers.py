@@ -144,3 +144,12 @@ def test_rest_paths() -> None:
     assert by_kind("nvidia.com/v1", "ClusterPolicy").collection() == (
         "/apis/nvidia.com/v1/clusterpolicies"
     )
+
+
+def test_only_driver_and_validator_pods_are_watched() -> None:
+    from gpuop.controller._pods import pod_selector
+
+    assert pod_selector("app.kubernetes.io/managed-by=gpuop") == (
+        "app.kubernetes.io/managed-by=gpuop,"
+        "app in (nvidia-driver-daemonset,nvidia-operator-validator)"
+    )
