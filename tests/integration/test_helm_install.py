@@ -249,7 +249,7 @@ async def test_install_run_as_the_chart_service_account_upgrade_and_uninstall(
     await _granted_is_what_the_recorded_run_used(admin, namespace, local_cluster)
 
     helm("uninstall", RELEASE, "-n", namespace, kubeconfig=local_cluster.kubeconfig)
-    for kind, name, ns in (
+    release_objects = (
         (DEPLOYMENT, "gpu-operator", namespace),
         (DEPLOYMENT, "nfd-master", namespace),
         (DS, "nfd-worker", namespace),
@@ -260,8 +260,12 @@ async def test_install_run_as_the_chart_service_account_upgrade_and_uninstall(
         (CLUSTER_ROLE_BINDING, "gpu-operator", None),
         (CLUSTER_ROLE, f"{RELEASE}-nfd-master", None),
         (CRD, "nodefeatures.nfd.k8s-sigs.io", None),
-    ):
-        await eventually(lambda k=kind, n=name, s=ns: _gone(admin, k, n, s), timeout=30)
+    )
+    try:
+        await eventually(lambda: _all_gone(admin, release_objects), timeout=60)
+    except AssertionError:
+        left = await _still_there(admin, release_objects)
+        raise AssertionError(f"left after helm uninstall: {left}") from None
     # Nodes are left as they were found: no cordon, no labels or annotations of ours.
     for node in await admin.list(NODE):
         meta = node["metadata"]
@@ -372,6 +376,24 @@ async def _ready(admin: Rest) -> bool:
 
 async def _gone(admin: Rest, kind: Any, name: str, namespace: str | None = None) -> bool:
     return await admin.get(kind, name, namespace) is None
+
+
+async def _still_there(admin: Rest, objects: Any) -> list[str]:
+    """Each object still present, with what holds it (deletion started, finalizers)."""
+    left = []
+    for kind, name, ns in objects:
+        obj = await admin.get(kind, name, ns)
+        if obj is not None:
+            meta = obj["metadata"]
+            left.append(
+                f"{kind.kind} {name}: deletionTimestamp={meta.get('deletionTimestamp')} "
+                f"finalizers={meta.get('finalizers')}"
+            )
+    return left
+
+
+async def _all_gone(admin: Rest, objects: Any) -> bool:
+    return not await _still_there(admin, objects)
 
 
 async def _none_left(admin: Rest, namespace: str) -> bool:
