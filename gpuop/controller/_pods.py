@@ -3,8 +3,8 @@
 At fleet scale operand pods outnumber everything else (six or seven per GPU node)
 and a whole Pod is tens of kilobytes. The controller reads two of them per node
 (driver and validator) and a handful of their fields, so that is all it watches
-and keeps. What pods of one DaemonSet revision have in
-common (labels, owner, node, status) is shared between them (:mod:`gpuop.compact`),
+and keeps. What pods have in common (the labels and owner of a DaemonSet
+revision, the node, the status) is shared between them (:mod:`gpuop.compact`),
 leaving a few hundred bytes unique to each pod.
 """
 
@@ -38,7 +38,7 @@ def trim_pod(pod: Obj) -> Obj:
     status = pod.get("status") or {}
     return {
         "metadata": {
-            **{k: _str(meta[k]) for k in _META if k in meta},
+            **_identity(meta),
             "labels": shared(meta.get("labels") or {}),
             "ownerReferences": shared(
                 [
@@ -65,10 +65,13 @@ def trim_pod(pod: Obj) -> Obj:
     }
 
 
-def _str(value: Any) -> Any:
-    """Names, uids and versions are unique: kept as they are. Namespaces and
-    timestamps repeat across thousands of pods: interned."""
-    return value if not isinstance(value, str) or len(value) > 32 else shared(value)
+#: Metadata that repeats across thousands of objects, so it is interned; names,
+#: uids and resourceVersions are unique and kept as they are.
+_REPEATED = frozenset(("namespace", "creationTimestamp", "deletionTimestamp"))
+
+
+def _identity(meta: Obj) -> Obj:
+    return {k: shared(meta[k]) if k in _REPEATED else meta[k] for k in _META if k in meta}
 
 
 def pod_index(pod: Obj) -> tuple[str, str] | None:
@@ -83,7 +86,7 @@ def trim_revision(rev: Obj) -> Obj:
     meta = rev.get("metadata") or {}
     return {
         "metadata": {
-            **{k: _str(meta[k]) for k in _META if k in meta},
+            **_identity(meta),
             "labels": shared(meta.get("labels") or {}),
             "ownerReferences": shared(meta.get("ownerReferences") or []),
         },
