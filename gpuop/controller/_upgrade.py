@@ -323,9 +323,13 @@ class Upgrades:
         view = await self.view(node, policy, newest)
         name = view.name
         decision = next_step(view, policy, may_start=name in self.granted)
+        await self._persist(node, decision)
+        # Only now, with the new state in the cache, may the slot be released: a
+        # fleet pass running while the patch is in flight still sees the old
+        # state, and without the grant it would count this node as waiting and
+        # hand its slot to another (three in progress under a limit of two).
         if decision.target is not UpgradeState.UPGRADE_REQUIRED:
             self.granted.discard(name)
-        await self._persist(node, decision)
         await self._act(view, decision, policy)
         if decision.entered_failed:
             log.warning("driver upgrade failed", node=name, reason=decision.failure)
