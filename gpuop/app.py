@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from gpuop.controller import Operator, OperatorConfig
+from gpuop.health import Liveness
 from gpuop.install import ensure_namespace, install_crd, install_sample_policy
 from gpuop.kube import api_client
 from gpuop.leader import LeaderElector
@@ -46,8 +47,12 @@ async def run_operator(
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop)
 
+        # Liveness reads only memory: the informers' and queue's own reports and
+        # whether a root task has ended. It never asks the API server.
+        liveness = Liveness(informers=lambda: operator.informers, queue=lambda: operator.queue)
+
         def healthy() -> tuple[bool, str]:
-            return True, "ok"
+            return liveness.check()
 
         elector = (
             LeaderElector(rest, config.namespace, config.lease_name, _identity())
@@ -80,8 +85,8 @@ async def run_operator(
                 await elector.acquire()
             async with asyncio.TaskGroup() as group:
                 if elector is not None:
-                    group.create_task(elector.hold(), name="leader-lease")
-                group.create_task(operator.run(), name="operator")
+                    liveness.tasks.append(group.create_task(elector.hold(), name="leader-lease"))
+                liveness.tasks.append(group.create_task(operator.run(), name="operator"))
                 if status_line:
                     group.create_task(_status_line(operator), name="status-line")
         except asyncio.CancelledError:

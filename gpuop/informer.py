@@ -5,6 +5,21 @@ resourceVersion fresh, a 410 Gone (history compacted) triggers a relist, and a
 stream silent for longer than the bookmark interval is reconnected. Objects are
 kept as plain dicts, trimmed by a per-resource transform (``managedFields`` and
 whatever the operator never reads), so memory stays flat as the fleet grows.
+
+The cache is monotonic per object. Two sources write it: the watch, and
+``observe()`` with what our own writes returned; without ordering, a watch event
+older than our patch put a node back to ``upgrade-required`` after its slot was
+released, and a write answered after the watch deleted the object re-inserted a
+ghost. ResourceVersions are opaque by API contract, but every etcd3-backed server
+(all we target) hands out the etcd revision, an integer: when both versions parse
+as integers they are compared, otherwise the newest arrival wins (the old,
+unordered behaviour, never worse). Deletions leave a tombstone (uid and the
+deletion's resourceVersion) for ``TOMBSTONE_SECONDS``, longer than any request
+may take (``gpuop.rest.REQUEST_TIMEOUT``), so a write answered before the delete
+cannot bring the object back.
+
+Failed list and watch attempts back off (``gpuop.backoff``); ``unavailable_for()``
+says how long the informer has been unable to list or watch, for ``/healthz``.
 """
 
 from __future__ import annotations
@@ -13,6 +28,8 @@ import asyncio
 import contextlib
 import json
 import random
+import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +37,7 @@ from typing import Any
 import aiohttp
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from gpuop.backoff import Backoff, Retry
 from gpuop.log import get_logger
 
 log = get_logger(__name__)
@@ -32,7 +50,10 @@ ListCall = Callable[..., Awaitable[Any]]
 #: The API server sends a bookmark about once a minute; silence well past that
 #: means a dead connection the TCP stack has not noticed.
 SILENCE_SECONDS = 90.0
-_MAX_BACKOFF = 30.0
+#: Failed lists and watch connections: 0.5 s doubling to 30 s (client-go: 0.8 s to 30 s).
+RETRY = Backoff(0.5, 30.0)
+#: How long a deletion is remembered against late answers to our own writes.
+TOMBSTONE_SECONDS = 300.0
 
 
 def key_of(obj: Obj) -> str:
@@ -71,13 +92,22 @@ class Informer:
     """One resource's cache, kept current by a watch; calls ``handler`` on changes."""
 
     def __init__(
-        self, spec: ResourceSpec, handler: Handler, silence: float = SILENCE_SECONDS
+        self,
+        spec: ResourceSpec,
+        handler: Handler,
+        silence: float = SILENCE_SECONDS,
+        retry: Backoff = RETRY,
     ) -> None:
         self.spec = spec
         self.handler = handler
         self.silence = silence
         self.store: dict[str, Obj] = {}
         self._index: dict[Any, list[Obj]] = {}
+        #: key -> (uid, deletion resourceVersion, monotonic time), oldest first.
+        self._tombstones: OrderedDict[str, tuple[str, str, float]] = OrderedDict()
+        self._retry = Retry(retry)
+        #: Monotonic time of the first failure since the last good list or watch.
+        self._failing_since: float | None = None
         self.synced = asyncio.Event()
         self.resource_version = ""
         self.relists = 0
@@ -94,6 +124,47 @@ class Informer:
         """Objects whose index key is ``value`` (O(1), not a scan of the store)."""
         return list(self._index.get(value, ()))
 
+    def unavailable_for(self, now: float | None = None) -> float:
+        """Seconds this informer has been unable to list or watch (0 while it can)."""
+        if self._failing_since is None:
+            return 0.0
+        return (time.monotonic() if now is None else now) - self._failing_since
+
+    def observe(self, raw: Obj) -> None:
+        """Store what a write of ours returned, so the next pass does not act on the
+        stale copy and write the same thing again. Never replaces a newer version and
+        never brings back an object the watch has deleted; the watch event that
+        follows finds nothing changed."""
+        obj = self.spec.transform(raw)
+        key = key_of(obj)
+        if self._is_dead(key, obj):
+            return
+        current = self.store.get(key)
+        if current is None or not _older(obj, current):
+            self._put(key, obj)
+
+    async def run(self) -> None:
+        """List and watch forever; transient failures back off and retry."""
+        while True:
+            try:
+                await self._list()
+                await self._watch()
+            except asyncio.CancelledError:
+                raise
+            except GoneError:
+                log.info("watch expired, relisting", resource=self.spec.name)
+                continue
+            except Exception as err:  # any failure: log, back off, relist
+                delay = self._failed()
+                log.warning(
+                    "watch failed, relisting",
+                    resource=self.spec.name,
+                    error=f"{type(err).__name__}: {err}",
+                    retry_in=round(delay, 2),
+                )
+                await asyncio.sleep(delay)
+
+    # ------------------------------------------------------------ internals
     def _put(self, key: str, obj: Obj) -> None:
         self._drop(key)
         self.store[key] = obj
@@ -115,40 +186,42 @@ class Informer:
                     del self._index[ikey]
         return old
 
-    def observe(self, raw: Obj) -> None:
-        """Store what a write of ours returned, so the next pass does not act on the
-        stale copy and write the same thing again. Older versions never overwrite newer
-        ones; the watch event that follows finds nothing changed."""
-        obj = self.spec.transform(raw)
-        key = key_of(obj)
-        current = self.store.get(key)
-        if current is None or _rv_int(obj) >= _rv_int(current):
-            self._put(key, obj)
+    def _bury(self, key: str, uid: str, rv: str) -> None:
+        """Remember that ``key`` was gone at ``rv``; forget tombstones older than
+        ``TOMBSTONE_SECONDS``."""
+        now = time.monotonic()
+        self._tombstones.pop(key, None)
+        self._tombstones[key] = (uid, rv, now)
+        while self._tombstones:
+            oldest = next(iter(self._tombstones.values()))
+            if now - oldest[2] <= TOMBSTONE_SECONDS:
+                break
+            self._tombstones.popitem(last=False)
 
-    async def run(self) -> None:
-        """List and watch forever; transient failures back off and retry."""
-        backoff = 0.5
-        while True:
-            try:
-                await self._list()
-                backoff = 0.5
-                await self._watch()
-            except asyncio.CancelledError:
-                raise
-            except GoneError:
-                log.info("watch expired, relisting", resource=self.spec.name)
-                continue
-            except Exception as err:  # any failure: log, back off, relist
-                log.warning(
-                    "watch failed, relisting",
-                    resource=self.spec.name,
-                    error=f"{type(err).__name__}: {err}",
-                    retry_in=backoff,
-                )
-                await asyncio.sleep(backoff)
-                backoff = min(_MAX_BACKOFF, backoff * 2)
+    def _is_dead(self, key: str, obj: Obj) -> bool:
+        """Is ``obj`` a version from before the deletion the watch reported?
 
-    # ------------------------------------------------------------ internals
+        By version when they order; else by uid (a deleted uid never comes back;
+        a watch with a label selector also reports DELETED when an object merely
+        stops matching, and the watch's later ADDED is never checked here)."""
+        tomb = self._tombstones.get(key)
+        if tomb is None:
+            return False
+        uid, rv, _ = tomb
+        order = _rv_cmp(_rv(obj), rv)
+        if order is not None:
+            return order <= 0
+        return bool(uid) and _uid(obj) == uid
+
+    def _ok(self) -> None:
+        self._retry.succeeded()
+        self._failing_since = None
+
+    def _failed(self) -> float:
+        if self._failing_since is None:
+            self._failing_since = time.monotonic()
+        return self._retry.failed()
+
     def _selectors(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = dict(self.spec.extra)
         if self.spec.label_selector:
@@ -175,8 +248,19 @@ class Informer:
             if not cont:
                 self.resource_version = str(meta.get("resourceVersion", ""))
                 break
+        self._ok()
         self.relists += 1
         old = self.store
+        # What our writes returned while the list was read may be newer than the
+        # snapshot (and objects we created may be missing from it): keep those. The
+        # watch from the list's version delivers them, or their deletion, in order.
+        for key, held in old.items():
+            listed = items.get(key)
+            if listed is None:
+                if (_rv_cmp(_rv(held), self.resource_version) or 0) > 0:
+                    items[key] = held
+            elif _older(listed, held):
+                items[key] = held
         self.store = {}
         self._index = {}
         for key, obj in items.items():
@@ -189,11 +273,18 @@ class Informer:
                 self.handler("MODIFIED", before, obj)
         for key, before in old.items():
             if key not in items:
+                # Gone at the list's version; when exactly is unknown.
+                self._bury(key, _uid(before), self.resource_version)
                 self.handler("DELETED", before, None)
         self.synced.set()
 
     async def _watch(self) -> None:
-        """Watch until the server's history no longer has our version (GoneError)."""
+        """Watch until the server's history no longer has our version (GoneError).
+
+        A stream the server ends, or one silent past ``silence``, is reopened at once;
+        a connection that fails before the server answers backs off, so an
+        unreachable API server costs a few attempts a minute, not thousands a second.
+        """
         while True:
             kwargs = self._selectors()
             kwargs.update(
@@ -207,12 +298,15 @@ class Informer:
                     connect=10, sock_connect=10, sock_read=self.silence
                 ),
             )
+            answered = False
             try:
                 resp = await self.spec.list_call(_preload_content=False, **kwargs)
                 if resp.status == 410:
                     raise GoneError()
                 if resp.status != 200:
                     await _read_json(resp)  # raises with the server's message
+                answered = True
+                self._ok()
                 async with resp:
                     while True:
                         line = await resp.content.readline()
@@ -221,7 +315,17 @@ class Informer:
                         self._on_line(line)
             except (TimeoutError, aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as err:
                 self.reconnects += 1
-                log.debug("watch reconnect", resource=self.spec.name, reason=type(err).__name__)
+                if answered:
+                    log.debug("watch reconnect", resource=self.spec.name, reason=type(err).__name__)
+                    continue
+                delay = self._failed()
+                log.warning(
+                    "watch connection failed",
+                    resource=self.spec.name,
+                    error=f"{type(err).__name__}: {err}",
+                    retry_in=round(delay, 2),
+                )
+                await asyncio.sleep(delay)
 
     def _on_line(self, line: bytes) -> None:
         event = json.loads(line)
@@ -241,24 +345,41 @@ class Informer:
         key = key_of(obj)
         if rv:
             self.resource_version = str(rv)
-        if kind == "DELETED":
-            before = self._drop(key)
-            self.handler("DELETED", before, None)
-            return
         before = self.store.get(key)
+        if kind == "DELETED":
+            self._bury(key, _uid(obj), _rv(obj))
+            if before is not None and _uid(before) != _uid(obj) and _older(obj, before):
+                return  # we already hold a newer object of that name (created since)
+            if self._drop(key) is not None:
+                self.handler("DELETED", before, None)
+            return
+        # The watch is ordered: after a DELETED, an ADDED is a newer object.
+        if before is not None and (_rv(before) == _rv(obj) or _older(obj, before)):
+            return  # our own write already put this version, or a newer one, here
         self._put(key, obj)
         self.handler("ADDED" if before is None else "MODIFIED", before, obj)
 
 
-def _rv_int(obj: Obj) -> int:
+def _rv_cmp(a: str, b: str) -> int | None:
+    """Order two resourceVersions when both are integers (etcd revisions), else None."""
     try:
-        return int(_rv(obj))
+        x, y = int(a), int(b)
     except ValueError:
-        return 0
+        return None
+    return (x > y) - (x < y)
+
+
+def _older(obj: Obj, than: Obj) -> bool:
+    """Is ``obj`` a strictly older version than ``than``? False when they cannot be ordered."""
+    return (_rv_cmp(_rv(obj), _rv(than)) or 0) < 0
 
 
 def _rv(obj: Obj) -> str:
-    return str(obj.get("metadata", {}).get("resourceVersion", ""))
+    return str(obj.get("metadata", {}).get("resourceVersion") or "")
+
+
+def _uid(obj: Obj) -> str:
+    return str(obj.get("metadata", {}).get("uid") or "")
 
 
 async def _read_json(resp: Any) -> Obj:

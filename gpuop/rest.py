@@ -4,18 +4,23 @@ Every request the operator makes goes through here, so it is counted by verb
 and resource: tests assert that a no-op reconcile writes nothing, benchmarks
 report API load. Objects are plain dicts (what the caches hold); paths come
 from a small table of the kinds we manage rather than per-kind generated APIs.
+Every request except a watch (which sets its own read timeout) is bounded by
+``REQUEST_TIMEOUT``: the SDK's default is no timeout at all, so a request on a
+connection that died silently hung a worker, a LIST or a lease renewal forever.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import random
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
+import aiohttp
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -84,6 +89,12 @@ def by_kind(api_version: str, kind: str) -> Kind:
 
 _READ_VERBS = {"GET", "LIST", "WATCH"}
 _MAX_429_RETRIES = 5
+#: Whole-request bound (connect, send, read the body) for everything but watches.
+REQUEST_TIMEOUT = 30.0
+CONNECT_TIMEOUT = 10.0
+_DEFAULT_TIMEOUT = aiohttp.ClientTimeout(
+    total=REQUEST_TIMEOUT, connect=CONNECT_TIMEOUT, sock_connect=CONNECT_TIMEOUT
+)
 
 
 def _retry_after(err: ApiException) -> float:
@@ -135,7 +146,9 @@ class Rest:
             except ApiException as err:
                 if not retry_429 or err.status != 429 or attempt == _MAX_429_RETRIES:
                     raise
-                await asyncio.sleep(_retry_after(err))
+                # The server's advice, spread a little so throttled callers do not
+                # all come back in the same instant.
+                await asyncio.sleep(_retry_after(err) * (1.0 + 0.25 * random.random()))
         raise AssertionError("unreachable")
 
     async def _once(
@@ -163,7 +176,7 @@ class Rest:
             auth_settings=["BearerToken"],
             _preload_content=False,
             _return_http_data_only=True,
-            _request_timeout=timeout,
+            _request_timeout=_DEFAULT_TIMEOUT if timeout is None else timeout,
         )
         if not preload:
             return resp

@@ -2,9 +2,11 @@
 
 A key (``cluster``, ``node/<name>``) is never processed by two workers at once;
 adding a key while it is being processed marks it dirty so it runs once more
-afterwards, and adding it while queued is a no-op. Failures are retried with a
-capped exponential backoff per key. This is what keeps event storms from
-becoming reconcile storms: a thousand events for one node cost one pass.
+afterwards, and adding it while queued is a no-op. Failures are retried with the
+shared capped, jittered backoff per key (``gpuop.backoff``). This is what keeps
+event storms from becoming reconcile storms: a thousand events for one node cost
+one pass. The queue also says how long its oldest running key has run, so
+``/healthz`` can tell a stuck worker from a busy one without asking the API server.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from gpuop.backoff import Backoff
 from gpuop.log import get_logger
 
 log = get_logger(__name__)
@@ -41,11 +44,12 @@ class WorkQueue:
     ) -> None:
         self._reconcile = reconcile
         self._workers = workers
-        self._base = base_delay
-        self._max = max_delay
+        self.retry = Backoff(base_delay, max_delay)
         self._queue: asyncio.Queue[str] = asyncio.Queue()
         self._queued: set[str] = set()
         self._active: set[str] = set()
+        #: When each running key started (monotonic), for the liveness check.
+        self._started: dict[str, float] = {}
         self._dirty: set[str] = set()
         self._failures: dict[str, int] = {}
         self._timers: dict[str, asyncio.TimerHandle] = {}
@@ -90,12 +94,19 @@ class WorkQueue:
             self._idle.set()
 
     def backoff(self, failures: int) -> float:
-        """Delay before retry number ``failures``: doubling from the base, capped."""
-        return float(min(self._max, self._base * (2 ** (failures - 1))))
+        """Delay before retry number ``failures``: doubling from the base, capped, jittered."""
+        return self.retry.delay(failures)
 
     # ------------------------------------------------------------- observing
     def __len__(self) -> int:
         return len(self._queued) + len(self._active)
+
+    def longest_running(self, now: float | None = None) -> tuple[str, float] | None:
+        """The key that has been reconciling longest and for how many seconds."""
+        if not self._started:
+            return None
+        key, started = min(self._started.items(), key=lambda item: item[1])
+        return key, (time.monotonic() if now is None else now) - started
 
     def is_idle(self) -> bool:
         return not self._queued and not self._active and not self._timers
@@ -118,6 +129,7 @@ class WorkQueue:
             self._queued.discard(key)
             self._active.add(key)
             started = time.monotonic()
+            self._started[key] = started
             try:
                 await self._reconcile(key)
             except asyncio.CancelledError:
@@ -143,6 +155,7 @@ class WorkQueue:
                 self.stats.processed += 1
                 self.stats.last_durations[key.split("/", 1)[0]] = time.monotonic() - started
                 self._active.discard(key)
+                self._started.pop(key, None)
                 self._queue.task_done()
                 if key in self._dirty:
                     self._dirty.discard(key)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from gpuop.controller._pods import pod_index, trim_pod, trim_revision
@@ -82,3 +83,111 @@ def test_index_follows_adds_moves_and_deletes() -> None:
     )
     assert [p["metadata"]["name"] for p in informer.indexed(("n2", "driver"))] == ["a"]
     assert set(informer.store) == {"ns/a", "ns/b"}
+
+
+# ---------------------------------------------------------------- ordering
+def _node(name: str, rv: str, state: str, uid: str = "") -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "uid": uid or f"u-{name}",
+            "resourceVersion": rv,
+            "labels": {"nvidia.com/gpu-driver-upgrade-state": state},
+        }
+    }
+
+
+def _event(kind: str, obj: dict[str, Any]) -> bytes:
+    return json.dumps({"type": kind, "object": obj}).encode()
+
+
+def _recording() -> tuple[Informer, list[tuple[str, str | None, str | None]]]:
+    seen: list[tuple[str, str | None, str | None]] = []
+
+    def handler(kind: str, old: Any, new: Any) -> None:
+        rv = lambda o: None if o is None else o["metadata"]["resourceVersion"]  # noqa: E731
+        seen.append((kind, rv(old), rv(new)))
+
+    return Informer(ResourceSpec("nodes", _never), handler), seen
+
+
+def _state(informer: Informer, key: str) -> str | None:
+    obj = informer.get(key)
+    return None if obj is None else obj["metadata"]["labels"]["nvidia.com/gpu-driver-upgrade-state"]
+
+
+def test_a_watch_event_older_than_our_write_does_not_overwrite_it() -> None:
+    """The slot race: our patch (rv 105) says upgrade-done; the watch then delivers
+    rv 100 (upgrade-required), written before our patch. The cache keeps 105."""
+    informer, seen = _recording()
+    informer._on_line(_event("ADDED", _node("n1", "90", "upgrade-required")))
+    informer.observe(_node("n1", "105", "upgrade-done"))
+    informer._on_line(_event("MODIFIED", _node("n1", "100", "upgrade-required")))
+    assert _state(informer, "n1") == "upgrade-done"
+    informer._on_line(_event("MODIFIED", _node("n1", "105", "upgrade-done")))  # our own
+    informer._on_line(_event("MODIFIED", _node("n1", "110", "cordon-required")))
+    assert _state(informer, "n1") == "cordon-required"
+    assert seen == [("ADDED", None, "90"), ("MODIFIED", "105", "110")]
+
+
+def test_a_write_answered_after_the_delete_does_not_bring_the_object_back() -> None:
+    """A node deleted while our patch was in flight must not come back as a ghost
+    (it would keep an upgrade slot forever)."""
+    informer, seen = _recording()
+    informer._on_line(_event("ADDED", _node("n1", "10", "upgrade-required")))
+    informer._on_line(_event("DELETED", _node("n1", "12", "upgrade-required")))
+    informer.observe(_node("n1", "11", "cordon-required"))
+    assert informer.get("n1") is None
+    assert seen == [("ADDED", None, "10"), ("DELETED", "10", None)]
+
+
+def test_a_deleted_uid_stays_dead_even_when_versions_cannot_be_ordered() -> None:
+    informer, _ = _recording()
+    informer._on_line(_event("ADDED", _node("n1", "a", "upgrade-required")))
+    informer._on_line(_event("DELETED", _node("n1", "c", "upgrade-required")))
+    informer.observe(_node("n1", "b", "cordon-required"))
+    assert informer.get("n1") is None
+    # Opaque versions otherwise keep the old rule: the newest arrival wins.
+    informer.observe(_node("n1", "d", "upgrade-done", uid="other"))
+    informer.observe(_node("n1", "e", "cordon-required", uid="other"))
+    assert _state(informer, "n1") == "cordon-required"
+
+
+def test_replace_force_old_writes_do_not_shadow_the_new_object() -> None:
+    """``kubectl replace --force``: the old object is deleted and a new one with the
+    same name created. A late answer to a write on the old one is dropped, and the
+    new one arrives as ADDED, not as a modification of a ghost."""
+    informer, seen = _recording()
+    informer._on_line(_event("ADDED", _node("p", "10", "a", uid="old")))
+    informer._on_line(_event("DELETED", _node("p", "12", "a", uid="old")))
+    informer.observe(_node("p", "11", "b", uid="old"))
+    assert informer.get("p") is None
+    informer._on_line(_event("ADDED", _node("p", "13", "c", uid="new")))
+    informer.observe(_node("p", "11", "b", uid="old"))
+    assert informer.get("p") == _node("p", "13", "c", uid="new")
+    assert seen == [("ADDED", None, "10"), ("DELETED", "10", None), ("ADDED", None, "13")]
+
+
+def test_a_delete_of_the_old_object_keeps_a_newer_one_we_created() -> None:
+    informer, seen = _recording()
+    informer._on_line(_event("ADDED", _node("p", "10", "a", uid="old")))
+    informer.observe(_node("p", "20", "b", uid="new"))  # our create, answered first
+    informer._on_line(_event("DELETED", _node("p", "15", "a", uid="old")))
+    assert _state(informer, "p") == "b"
+    informer._on_line(_event("ADDED", _node("p", "20", "b", uid="new")))
+    assert seen == [("ADDED", None, "10")]
+
+
+def test_an_object_that_leaves_and_rejoins_the_selection_comes_back() -> None:
+    """With a label selector, DELETED means "no longer matches": the same uid may
+    return, newer, through the watch or our own write."""
+    informer, _ = _recording()
+    informer._on_line(_event("ADDED", _node("d", "10", "a")))
+    informer._on_line(_event("DELETED", _node("d", "12", "a")))
+    informer.observe(_node("d", "11", "stale"))
+    assert informer.get("d") is None
+    informer.observe(_node("d", "14", "b"))
+    assert _state(informer, "d") == "b"
+    informer._on_line(_event("DELETED", _node("d", "16", "b")))
+    informer._on_line(_event("ADDED", _node("d", "18", "c")))
+    assert _state(informer, "d") == "c"

@@ -80,11 +80,12 @@ async def test_failures_retry_with_growing_delay_then_reset() -> None:
     await _stop(task)
     gaps = [b - a for a, b in itertools.pairwise(times)]
     assert len(times) == 4
-    # Each retry waited at least its backoff (upper bounds would only measure load).
-    assert [round(queue.backoff(n), 3) for n in (1, 2, 3, 4)] == [0.02, 0.04, 0.05, 0.05]
-    assert gaps[0] >= 0.019
-    assert gaps[1] >= 0.039
-    assert gaps[2] >= 0.049
+    # Each retry waited at least its jittered backoff (upper bounds would only
+    # measure load): a ceiling doubling to the cap, shortened by at most a quarter.
+    ceilings = [round(queue.retry.ceiling(n), 3) for n in (1, 2, 3, 4)]
+    assert ceilings == [0.02, 0.04, 0.05, 0.05]
+    for gap, ceiling in zip(gaps, ceilings, strict=False):
+        assert gap >= ceiling * (1 - queue.retry.jitter) - 0.001
     assert queue.stats.failed == 3
     assert queue.stats.processed == 4
 
@@ -104,3 +105,55 @@ async def test_add_after_keeps_the_earliest_timer_and_forget_cancels() -> None:
     await asyncio.sleep(0.2)
     await _stop(task)
     assert seen == ["later"]
+
+
+async def test_a_key_failing_for_days_keeps_its_capped_delay_and_the_worker_lives() -> None:
+    """Failure 1,025 of one key used to raise OverflowError (0.2 * 2**1024) inside
+    the worker, killing the queue and the process."""
+    assert 0 < WorkQueue(_noop).backoff(1025) <= 60.0
+    assert WorkQueue(_noop).backoff(10**9) <= 60.0
+    seen: list[str] = []
+
+    async def reconcile(key: str) -> None:
+        seen.append(key)
+        if key == "bad":
+            raise RuntimeError("webhook denied the patch")
+
+    queue = WorkQueue(reconcile, workers=1, max_delay=0.01)
+    queue._failures["bad"] = 1024
+    task = await _run(queue)
+    queue.add("bad")
+    await asyncio.sleep(0.05)
+    queue.add("good")
+    await asyncio.sleep(0.05)
+    assert not task.done()
+    assert "good" in seen
+    assert queue._failures["bad"] > 1025
+    await _stop(task)
+
+
+async def test_longest_running_names_the_oldest_active_key() -> None:
+    gate = asyncio.Event()
+
+    async def reconcile(key: str) -> None:
+        await gate.wait()
+
+    queue = WorkQueue(reconcile, workers=2)
+    assert queue.longest_running() is None
+    task = await _run(queue)
+    queue.add("node/a")
+    await asyncio.sleep(0.01)
+    queue.add("node/b")
+    await asyncio.sleep(0.01)
+    running = queue.longest_running(now=10**9)
+    assert running is not None
+    assert running[0] == "node/a"
+    assert running[1] > 10**8
+    gate.set()
+    await asyncio.wait_for(queue.wait_idle(), 2)
+    assert queue.longest_running() is None
+    await _stop(task)
+
+
+async def _noop(key: str) -> None:
+    return None
