@@ -1,10 +1,23 @@
 """Leader election on a coordination.k8s.io Lease, so two replicas never both act.
 
-Only the holder runs the controller. It renews every ``retry_period``; if it cannot
-renew within ``renew_deadline`` it raises ``LostLeadership`` and the process exits
-(Kubernetes restarts it as a follower), because acting on without the lease could
-double-drain a node. Renewals are the only periodic writes an idle operator makes,
-and only when leader election is on (multi-replica installs).
+Only the holder runs the controller. It renews every ``retry_period`` (jittered).
+Every renewal is bounded by what is left of ``renew_deadline``, counted from the
+moment the last successful renewal was *sent*; when that runs out the holder stops
+leading at once and raises ``LostLeadership`` (the process exits and Kubernetes
+restarts it as a follower), because acting on without the lease could double-drain
+a node. A renewal hung on a dead connection used to keep the old leader acting
+after another replica had taken over.
+
+Expiry is judged as client-go does, by local observation: a follower takes over only
+when the record (holder, renewTime, ...) has not changed for ``leaseDurationSeconds``
+of *its own* monotonic clock since it last saw it change. The holder's renewTime is
+written for people, never compared with the local wall clock (a skewed clock made
+a follower take over early). The follower saw the last renewal no earlier than it
+was sent, so with ``renew_deadline < lease_seconds`` the old leader has stopped
+before the new one can start.
+
+Renewals are the only periodic writes an idle operator makes, and only when leader
+election is on (multi-replica installs).
 """
 
 from __future__ import annotations
@@ -12,11 +25,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from datetime import UTC, datetime, timedelta
+from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from gpuop.backoff import Backoff
 from gpuop.log import get_logger
 from gpuop.rest import Rest, by_kind
 
@@ -32,12 +47,6 @@ def _micro(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _parse(value: str | None) -> datetime | None:
-    if not value:
-        return None
-    return datetime.fromisoformat(value.replace("Z", "+00:00"))
-
-
 class LeaderElector:
     def __init__(
         self,
@@ -45,10 +54,13 @@ class LeaderElector:
         namespace: str,
         name: str,
         identity: str,
-        lease_seconds: int = 15,
+        lease_seconds: float = 15,
         renew_deadline: float = 10.0,
         retry_period: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        if not 0 < retry_period < renew_deadline < lease_seconds:
+            raise ValueError("need 0 < retry_period < renew_deadline < lease_seconds")
         self.rest = rest
         self.namespace = namespace
         self.name = name
@@ -56,7 +68,15 @@ class LeaderElector:
         self.lease_seconds = lease_seconds
         self.renew_deadline = renew_deadline
         self.retry_period = retry_period
+        self.clock = clock
+        #: Polls and renewals: every retry_period, shortened by up to a quarter.
+        self.pacing = Backoff(retry_period, retry_period)
         self.leading = False
+        #: The lease spec as last seen, and when (local monotonic clock) it changed.
+        self._seen: dict[str, Any] | None = None
+        self._seen_at = 0.0
+        #: Until when (monotonic) our last successful renewal lets us act.
+        self._valid_until = 0.0
 
     def _spec(self, lease: dict[str, Any] | None, now: datetime) -> dict[str, Any]:
         spec = dict((lease or {}).get("spec") or {})
@@ -65,75 +85,103 @@ class LeaderElector:
             spec["leaseTransitions"] = int(spec.get("leaseTransitions", 0)) + (1 if lease else 0)
         spec.update(
             holderIdentity=self.identity,
-            leaseDurationSeconds=self.lease_seconds,
+            leaseDurationSeconds=max(1, round(self.lease_seconds)),
             renewTime=_micro(now),
         )
         return spec
 
+    def _observe(self, spec: dict[str, Any]) -> None:
+        if spec != self._seen:
+            self._seen = spec
+            self._seen_at = self.clock()
+
     async def try_acquire_or_renew(self) -> bool:
-        now = datetime.now(UTC)
+        """One attempt; True when we hold the lease afterwards. Unbounded: callers
+        bound it (``hold`` by the renew deadline)."""
         lease = await self.rest.get(LEASE, self.name, self.namespace)
+        now = datetime.now(UTC)
         if lease is None:
+            spec = self._spec(None, now)
             body = {
                 "apiVersion": "coordination.k8s.io/v1",
                 "kind": "Lease",
                 "metadata": {"name": self.name, "namespace": self.namespace},
-                "spec": self._spec(None, now),
+                "spec": spec,
             }
             try:
-                await self.rest.create(LEASE, body, self.namespace)
+                created = await self.rest.create(LEASE, body, self.namespace)
             except ApiException as err:
                 if err.status == 409:
                     return False
                 raise
+            self._observe(created.get("spec") or spec)
             return True
         spec = lease.get("spec") or {}
+        self._observe(spec)
         holder = spec.get("holderIdentity")
-        renewed = _parse(spec.get("renewTime"))
-        duration = int(spec.get("leaseDurationSeconds") or self.lease_seconds)
-        live = renewed is not None and renewed + timedelta(seconds=duration) > now
-        if holder and holder != self.identity and live:
-            return False  # someone else holds a live lease
-        body = {**lease, "spec": self._spec(lease, now)}
+        duration = float(spec.get("leaseDurationSeconds") or self.lease_seconds)
+        if holder and holder != self.identity and self.clock() < self._seen_at + duration:
+            return False  # someone else holds a lease we saw renewed recently enough
         try:
-            await self.rest.replace(LEASE, body, self.namespace)
+            replaced = await self.rest.replace(
+                LEASE, {**lease, "spec": self._spec(lease, now)}, self.namespace
+            )
         except ApiException as err:
             if err.status == 409:
                 return False
             raise
+        self._observe(replaced.get("spec") or {})
         return True
+
+    async def _attempt(self, limit: float) -> bool:
+        """One attempt within ``limit`` seconds; failures are answers, not errors."""
+        try:
+            async with asyncio.timeout(max(0.0, limit)):
+                return await self.try_acquire_or_renew()
+        except TimeoutError:
+            log.warning("lease request timed out", lease=f"{self.namespace}/{self.name}")
+        except Exception as err:  # network trouble: the caller retries
+            log.warning("lease request failed", error=f"{type(err).__name__}: {err}")
+        return False
 
     async def acquire(self) -> None:
         """Block until this process holds the lease."""
         log.info("waiting for leadership", lease=f"{self.namespace}/{self.name}")
-        while not await self.try_acquire_or_renew():  # noqa: ASYNC110 - polling the Lease is the protocol
-            await asyncio.sleep(self.retry_period)
+        while True:
+            started = self.clock()
+            if await self._attempt(self.renew_deadline):
+                self._valid_until = started + self.renew_deadline
+                break
+            await asyncio.sleep(self.pacing.delay(1))
         self.leading = True
         log.info("became leader", identity=self.identity)
 
     async def hold(self) -> None:
-        """Renew until cancelled; raise LostLeadership when renewal keeps failing."""
-        last = time.monotonic()
+        """Renew until cancelled; stop leading and raise LostLeadership as soon as the
+        last successful renewal is ``renew_deadline`` old."""
+        if self._valid_until == 0.0:
+            self._valid_until = self.clock() + self.renew_deadline
         while True:
-            await asyncio.sleep(self.retry_period)
-            try:
-                ok = await self.try_acquire_or_renew()
-            except Exception as err:  # network trouble: keep trying until the deadline
-                log.warning("lease renewal failed", error=str(err))
-                ok = False
-            if ok:
-                last = time.monotonic()
-            elif time.monotonic() - last > self.renew_deadline:
+            await asyncio.sleep(
+                max(0.0, min(self.pacing.delay(1), self._valid_until - self.clock()))
+            )
+            started = self.clock()
+            if started < self._valid_until and await self._attempt(self._valid_until - started):
+                self._valid_until = started + self.renew_deadline
+                continue
+            if self.clock() >= self._valid_until:
                 self.leading = False
+                log.warning("leadership lost", lease=f"{self.namespace}/{self.name}")
                 raise LostLeadership(f"could not renew lease {self.namespace}/{self.name}")
 
     async def release(self) -> None:
         """Give the lease up on a clean shutdown so a follower takes over at once."""
         if not self.leading:
             return
-        with contextlib.suppress(Exception):
-            lease = await self.rest.get(LEASE, self.name, self.namespace)
-            if lease and (lease.get("spec") or {}).get("holderIdentity") == self.identity:
-                spec = {**lease["spec"], "holderIdentity": "", "leaseDurationSeconds": 1}
-                await self.rest.replace(LEASE, {**lease, "spec": spec}, self.namespace)
         self.leading = False
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(self.renew_deadline):
+                lease = await self.rest.get(LEASE, self.name, self.namespace)
+                if lease and (lease.get("spec") or {}).get("holderIdentity") == self.identity:
+                    spec = {**lease["spec"], "holderIdentity": "", "leaseDurationSeconds": 1}
+                    await self.rest.replace(LEASE, {**lease, "spec": spec}, self.namespace)

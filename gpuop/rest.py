@@ -92,9 +92,6 @@ _MAX_429_RETRIES = 5
 #: Whole-request bound (connect, send, read the body) for everything but watches.
 REQUEST_TIMEOUT = 30.0
 CONNECT_TIMEOUT = 10.0
-_DEFAULT_TIMEOUT = aiohttp.ClientTimeout(
-    total=REQUEST_TIMEOUT, connect=CONNECT_TIMEOUT, sock_connect=CONNECT_TIMEOUT
-)
 
 
 def _retry_after(err: ApiException) -> float:
@@ -109,9 +106,12 @@ def _retry_after(err: ApiException) -> float:
 class Rest:
     """Counted requests: ``counts[(verb, resource)]``; ``writes`` sums the mutating ones."""
 
-    def __init__(self, api: client.ApiClient) -> None:
+    def __init__(self, api: client.ApiClient, timeout: float = REQUEST_TIMEOUT) -> None:
         self.api = api
         self.counts: Counter[tuple[str, str]] = Counter()
+        connect = min(timeout, CONNECT_TIMEOUT)
+        #: Applied to every request that does not bring its own (only watches do).
+        self.timeout = aiohttp.ClientTimeout(total=timeout, connect=connect, sock_connect=connect)
 
     @property
     def writes(self) -> int:
@@ -176,7 +176,7 @@ class Rest:
             auth_settings=["BearerToken"],
             _preload_content=False,
             _return_http_data_only=True,
-            _request_timeout=_DEFAULT_TIMEOUT if timeout is None else timeout,
+            _request_timeout=self.timeout if timeout is None else timeout,
         )
         if not preload:
             return resp

@@ -1,5 +1,6 @@
 """Watch caches against the real API server: list+watch, relist after 410 Gone,
-reconnect after silence, and no requests at all while nothing changes."""
+reconnect after silence, no requests at all while nothing changes, and backoff
+(and a failing /healthz) while the API server cannot be reached."""
 
 from __future__ import annotations
 
@@ -7,12 +8,17 @@ import asyncio
 import contextlib
 from typing import Any
 
+import aiohttp
 import pytest
+from prometheus_client import CollectorRegistry
 
 from gpuop.cluster import ClusterInfo
+from gpuop.health import Liveness
 from gpuop.informer import Informer, ResourceSpec
 from gpuop.rest import Rest, by_kind
+from gpuop.server import make_app, start
 from tests.integration.harness import NAMESPACE, eventually
+from tests.integration.proxy import proxied_client
 from tests.integration.test_control_plane import _compact_etcd
 
 pytestmark = pytest.mark.integration
@@ -104,3 +110,54 @@ async def test_an_idle_informer_makes_no_requests(rest: Rest) -> None:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+async def test_watch_reconnects_back_off_while_the_api_server_is_unreachable(
+    local_cluster: ClusterInfo,
+) -> None:
+    """The informer syncs through a proxy, then the proxy's port closes (every
+    connection refused). Reconnects must back off: a few in a few seconds, where an
+    unthrottled loop makes thousands. Liveness then fails, from memory alone."""
+    async with proxied_client(local_cluster.kubeconfig) as (api, proxy):
+        counted = Rest(api)
+        informer = Informer(
+            ResourceSpec("nodes", counted.lister(by_kind("v1", "Node"))), lambda *_: None
+        )
+        task = asyncio.create_task(informer.run())
+        runner = None
+        try:
+            await asyncio.wait_for(informer.synced.wait(), 10)
+
+            async def watching() -> bool:
+                return counted.counts[("WATCH", "nodes")] == 1
+
+            await eventually(watching, timeout=10)
+            await proxy.close()
+            before = sum(counted.counts.values())
+            await asyncio.sleep(3)
+            attempts = sum(counted.counts.values()) - before
+            assert 1 <= attempts <= 10, counted.counts
+
+            liveness = Liveness(informers=lambda: [informer], unavailable_after=0.5)
+            runner = await start(
+                make_app(CollectorRegistry(), liveness.check, lambda: (True, "ok")),
+                "127.0.0.1",
+                0,
+            )
+
+            async def unhealthy() -> bool:
+                return not liveness.check()[0]
+
+            await eventually(unhealthy, timeout=30)
+            async with (
+                aiohttp.ClientSession() as http,
+                http.get(f"http://127.0.0.1:{runner.addresses[0][1]}/healthz") as resp,
+            ):
+                assert resp.status == 500
+                assert "watch nodes failing" in await resp.text()
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            if runner is not None:
+                await runner.cleanup()
