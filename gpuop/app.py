@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from gpuop.controller import Operator, OperatorConfig
-from gpuop.health import Liveness
+from gpuop.health import UNAVAILABLE_AFTER, Liveness
 from gpuop.install import ensure_namespace, install_crd, install_sample_policy
 from gpuop.kube import api_client
 from gpuop.leader import LeaderElector
@@ -28,6 +28,7 @@ async def run_operator(
     kubeconfig: Path | None = None,
     install: bool = False,
     status_line: bool = False,
+    unavailable_after: float = UNAVAILABLE_AFTER,
 ) -> int:
     """Run until SIGTERM/SIGINT (exit 0) or until a root task dies (exit 1)."""
     async with api_client(kubeconfig) as api:
@@ -49,7 +50,11 @@ async def run_operator(
 
         # Liveness reads only memory: the informers' and queue's own reports and
         # whether a root task has ended. It never asks the API server.
-        liveness = Liveness(informers=lambda: operator.informers, queue=lambda: operator.queue)
+        liveness = Liveness(
+            informers=lambda: operator.informers,
+            queue=lambda: operator.queue,
+            unavailable_after=unavailable_after,
+        )
 
         def healthy() -> tuple[bool, str]:
             return liveness.check()
@@ -102,6 +107,8 @@ async def run_operator(
                 await elector.release()
             for runner in runners:
                 await runner.cleanup()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
     return 1
 
 
