@@ -14,9 +14,12 @@ ghost. ResourceVersions are opaque by API contract, but every etcd3-backed serve
 (all we target) hands out the etcd revision, an integer: when both versions parse
 as integers they are compared, otherwise the newest arrival wins (the old,
 unordered behaviour, never worse). Deletions leave a tombstone (uid and the
-deletion's resourceVersion) for ``TOMBSTONE_SECONDS``, longer than any request
-may take (``gpuop.rest.REQUEST_TIMEOUT``), so a write answered before the delete
-cannot bring the object back.
+deletion's resourceVersion, or the list's for one found by a relist) for
+``TOMBSTONE_SECONDS``, longer than any request may take
+(``gpuop.rest.REQUEST_TIMEOUT``), so a write answered before the delete cannot
+bring the object back. Tombstones only filter ``observe()``: the watch itself is
+ordered, and with a label selector it reports DELETED for an object that merely
+stopped matching, which may come back.
 
 Failed list and watch attempts back off (``gpuop.backoff``); ``unavailable_for()``
 says how long the informer has been unable to list or watch, for ``/healthz``.

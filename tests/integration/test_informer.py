@@ -161,3 +161,38 @@ async def test_watch_reconnects_back_off_while_the_api_server_is_unreachable(
                 await task
             if runner is not None:
                 await runner.cleanup()
+
+
+async def test_a_relist_keeps_what_our_writes_returned_after_its_snapshot(rest: Rest) -> None:
+    """Writes answered while a LIST is read are newer than its snapshot: the relist
+    must neither roll them back nor drop an object created after the snapshot."""
+    await rest.create(TEMPLATE, _template("snap-0", "snap"), NAMESPACE)
+    real = rest.lister(TEMPLATE, NAMESPACE)
+    write_during_list = False
+
+    async def list_then_write(**kwargs: Any) -> Any:
+        resp = await real(**kwargs)
+        if write_during_list and not kwargs.get("watch"):
+            patched = await rest.merge_patch(
+                TEMPLATE, "snap-0", {"metadata": {"labels": {"v": "2"}}}, NAMESPACE
+            )
+            informer.observe(patched)
+            informer.observe(await rest.create(TEMPLATE, _template("snap-1", "snap"), NAMESPACE))
+        return resp
+
+    informer = Informer(
+        ResourceSpec("podtemplates", list_then_write, label_selector="app=snap"),
+        lambda *_: None,
+    )
+    try:
+        await informer._list()
+        assert set(informer.store) == {f"{NAMESPACE}/snap-0"}
+        write_during_list = True
+        await informer._list()
+        snap0 = informer.get(f"{NAMESPACE}/snap-0")
+        assert snap0 is not None
+        assert snap0["metadata"]["labels"].get("v") == "2"
+        assert f"{NAMESPACE}/snap-1" in informer.store
+    finally:
+        for name in ["snap-0", "snap-1"]:
+            await rest.delete(TEMPLATE, name, NAMESPACE)
