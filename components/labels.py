@@ -18,11 +18,11 @@ from components.keys import (
     FALSE,
     GPU_PRESENT_LABEL,
     MIG_CAPABLE_LABEL,
+    MIG_CONFIG_LABEL,
     NFD_GPU_LABELS,
     PAUSED_PREFIX,
     TRUE,
 )
-from components.registry import COMPONENTS
 from crd import ClusterPolicySpec
 
 LabelChanges = dict[str, str | None]
@@ -43,10 +43,20 @@ def wanted_deploy_labels(labels: Mapping[str, str], spec: ClusterPolicySpec | No
     """Deploy labels that should be `true` on this node (before respecting user values)."""
     if spec is None or not is_gpu_node(labels) or labels.get(DEPLOY_OPERANDS_LABEL) == FALSE:
         return set()
-    wanted = {c.deploy_label for c in COMPONENTS if c.deploy_label and c.enabled(spec)}
+    wanted = set(DEPLOY_LABELS)
     if not is_mig_capable(labels):
         wanted.discard(DEPLOY_MIG_MANAGER_LABEL)
     return wanted
+
+
+def _default_mig_config(labels: Mapping[str, str], spec: ClusterPolicySpec | None) -> str | None:
+    """The layout a MIG-capable GPU node starts with when it has none."""
+    if spec is None or not spec.mig_manager.enabled or not is_gpu_node(labels):
+        return None
+    if not is_mig_capable(labels) or labels.get(DEPLOY_OPERANDS_LABEL) == FALSE:
+        return None
+    config = spec.mig_manager.config
+    return (config.default if config else "all-disabled") or None
 
 
 def _not_ours(value: str | None) -> bool:
@@ -70,6 +80,9 @@ def node_label_changes(labels: Mapping[str, str], spec: ClusterPolicySpec | None
             changes[GPU_PRESENT_LABEL] = TRUE
     elif present == TRUE:
         changes[GPU_PRESENT_LABEL] = None
+    default_layout = _default_mig_config(labels, spec)
+    if default_layout and MIG_CONFIG_LABEL not in labels:
+        changes[MIG_CONFIG_LABEL] = default_layout
     wanted = wanted_deploy_labels(labels, spec)
     for key in DEPLOY_LABELS:
         value = labels.get(key)

@@ -9,7 +9,7 @@ from typing import Any
 
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from components import COMPONENTS, RenderContext
+from components import COMPONENTS, RenderContext, node_facts
 from components._k8s import COMPONENT_LABEL, MANAGED_BY, MANAGED_BY_LABEL
 from components.driver import DAEMONSET_NAME as DRIVER_DS
 from components.hashing import applied_hash, needs_apply, with_hash
@@ -313,6 +313,9 @@ class Operator:
             operator_image=self.config.operator_image,
             mig_capable=any_mig_capable(labels(n) for n in gpu_nodes),
             service_monitor_crd=await self._has_service_monitors(raw),
+            gpu_nodes=tuple(
+                node_facts(n) for n in sorted(gpu_nodes, key=lambda n: n["metadata"]["name"])
+            ),
         )
         owner = _owner_reference(raw)
         desired = {
