@@ -65,6 +65,7 @@ _OWNED_NAMESPACED = (
     by_kind("apps/v1", "DaemonSet"),
     by_kind("v1", "Service"),
     by_kind("v1", "ServiceAccount"),
+    by_kind("v1", "ConfigMap"),
     by_kind("rbac.authorization.k8s.io/v1", "Role"),
     by_kind("rbac.authorization.k8s.io/v1", "RoleBinding"),
 )
