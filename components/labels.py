@@ -5,6 +5,11 @@ Ownership is read from values, so nothing needs remembering between passes: `tru
 `paused-for-*` belongs to another component that stopped an operand for a while (left
 alone). Only our own values are ever removed, and the result is a fixed point: applying
 it and asking again yields no change.
+
+As upstream, every GPU node gets every operand's deploy label whether or not the policy
+enables that operand (the DaemonSet decides what runs), and a MIG-capable node without
+`nvidia.com/mig.config` gets the policy's default layout. That label is a request, not
+a mark of ours: once set, it is never changed or removed (uninstall included).
 """
 
 from __future__ import annotations
@@ -40,7 +45,8 @@ def is_mig_capable(labels: Mapping[str, str]) -> bool:
 
 
 def wanted_deploy_labels(labels: Mapping[str, str], spec: ClusterPolicySpec | None) -> set[str]:
-    """Deploy labels that should be `true` on this node (before respecting user values)."""
+    """Deploy labels that should be `true` on this node (before respecting user values):
+    all on a GPU node (the MIG manager's only where MIG is possible), none elsewhere."""
     if spec is None or not is_gpu_node(labels) or labels.get(DEPLOY_OPERANDS_LABEL) == FALSE:
         return set()
     wanted = set(DEPLOY_LABELS)
