@@ -565,7 +565,7 @@ def test_dcgm_exporter_uses_standalone_dcgm_when_enabled() -> None:
     (svc,) = [o for o in objects if o["kind"] == "Service"]
     assert svc["metadata"]["name"] == "nvidia-dcgm"
     assert svc["spec"]["internalTrafficPolicy"] == "Local"
-    main = main_container(only_daemonset("dcgm-exporter", spec()))
+    main = main_container(only_daemonset("dcgm-exporter", spec(dcgm={"enabled": False})))
     assert "DCGM_REMOTE_HOSTENGINE_INFO" not in env_of(main)
     assert dcgm_exporter.METRICS_PORT == 9400
 
