@@ -174,8 +174,17 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         service_account(SERVICE_ACCOUNT, NAME, spec, ctx),
         *role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, _ROLE_RULES),
         *cluster_role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, _CLUSTER_RULES),
-        _config_map(DEFAULT_CONFIG_MAP, "config.yaml", _LAYOUTS, spec, ctx),
-        _config_map(DEFAULT_CLIENTS_CONFIG_MAP, "clients.yaml", _CLIENTS, spec, ctx),
+        # The defaults only where the policy names no ConfigMap of its own.
+        *(
+            []
+            if config_name
+            else [_config_map(DEFAULT_CONFIG_MAP, "config.yaml", _LAYOUTS, spec, ctx)]
+        ),
+        *(
+            []
+            if clients_name
+            else [_config_map(DEFAULT_CLIENTS_CONFIG_MAP, "clients.yaml", _CLIENTS, spec, ctx)]
+        ),
         entrypoint_config_map(ENTRYPOINT, NAME, _SCRIPT, spec, ctx),
         daemonset(
             DAEMONSET_NAME, NAME, spec, ctx, pod, node_selector={DEPLOY_MIG_MANAGER_LABEL: TRUE}

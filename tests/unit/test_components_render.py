@@ -621,3 +621,28 @@ def test_operands_wait_for_the_toolkit() -> None:
         assert "/run/nvidia/validations/toolkit-ready" in init["args"][-1]
         # Root and privileged: a non-root user may not read root's host directories.
         assert init["securityContext"] == {"privileged": True, "runAsUser": 0}
+
+
+def test_mig_manager_default_layouts_unless_the_policy_names_its_own() -> None:
+    def config_maps(policy: crd.ClusterPolicySpec) -> dict[str, c.Manifest]:
+        objects = c.component_by_name("mig-manager").objects(policy, ctx(mig_capable=True))
+        return {o["metadata"]["name"]: o for o in objects if o["kind"] == "ConfigMap"}
+
+    defaults = config_maps(spec())
+    layouts = yaml.safe_load(defaults["default-mig-parted-config"]["data"]["config.yaml"])
+    assert layouts["mig-configs"]["all-disabled"] == [{"devices": "all", "mig-enabled": False}]
+    assert layouts["mig-configs"]["all-1g.10gb"][1]["mig-devices"] == {"1g.10gb": 4}
+    clients = yaml.safe_load(defaults["default-gpu-clients"]["data"]["clients.yaml"])
+    assert "nvidia-dcgm.service" in clients["systemd-services"]
+    ds = only_daemonset("mig-manager", spec())
+    assert env_of(main_container(ds))["DEFAULT_CONFIG_FILE"] == (
+        "/mig-parted-config/config-default.yaml"
+    )
+
+    own = spec(migManager={"config": {"name": "my-layouts"}, "gpuClientsConfig": {"name": "mine"}})
+    assert set(config_maps(own)) == {"nvidia-mig-manager-entrypoint"}
+    ds = only_daemonset("mig-manager", own)
+    volumes = {v["name"]: v for v in pod(ds)["volumes"]}
+    assert volumes["mig-parted-config"]["configMap"] == {"name": "my-layouts"}
+    assert volumes["gpu-clients"]["configMap"] == {"name": "mine"}
+    assert env_of(main_container(ds))["CONFIG_FILE"] == "/mig-parted-config/config.yaml"
