@@ -135,13 +135,14 @@ def ours(spec: crd.ClusterPolicySpec) -> tuple[list[dict[str, Any]], dict[str, d
 
 
 def _gpu_node_labels(nodes: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, str]]:
-    return {
-        n["metadata"]["name"]: {
-            k: v for k, v in n["metadata"]["labels"].items() if k.startswith("nvidia.com/")
-        }
-        for n in nodes
-        if c.is_gpu_node(n["metadata"]["labels"])
-    }
+    """`nvidia.com/*` labels of every node that has any (upstream's data lists the GPU
+    nodes; a CPU node we labelled shows up as a node upstream does not have)."""
+    result = {}
+    for n in nodes:
+        ours = {k: v for k, v in n["metadata"]["labels"].items() if k.startswith("nvidia.com/")}
+        if ours or c.is_gpu_node(n["metadata"]["labels"]):
+            result[n["metadata"]["name"]] = ours
+    return result
 
 
 def upstream(folder: Path) -> tuple[list[dict[str, Any]], dict[str, dict[str, str]]]:
