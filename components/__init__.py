@@ -15,7 +15,7 @@ from components._k8s import (
     PART_OF_LABEL,
 )
 from components.component import Component
-from components.context import Manifest, RenderContext
+from components.context import Manifest, NodeFacts, RenderContext, node_facts
 from components.hashing import (
     HASH_ANNOTATION,
     applied_hash,
@@ -90,6 +90,7 @@ __all__ = [
     "Component",
     "LabelChanges",
     "Manifest",
+    "NodeFacts",
     "RenderContext",
     "any_mig_capable",
     "applied_hash",
@@ -103,6 +104,7 @@ __all__ = [
     "is_mig_capable",
     "manifest_hash",
     "needs_apply",
+    "node_facts",
     "node_label_changes",
     "wanted_deploy_labels",
     "with_hash",

@@ -19,6 +19,7 @@ from components._k8s import (
     env,
     field_env,
     mount,
+    role_and_binding,
     service_account,
 )
 from components.context import Manifest, RenderContext
@@ -41,28 +42,31 @@ def _container(
 ) -> dict[str, Any]:
     config = spec.device_plugin.config
     default = (config.default if config else None) or ""
-    return {
+    result: dict[str, Any] = {
         "name": name,
         "image": component_image(spec, "devicePlugin"),
         "imagePullPolicy": spec.device_plugin.image_pull_policy,
         "command": ["config-manager"],
         "env": [
             env("ONESHOT", str(oneshot).lower()),
+            env("KUBECONFIG", ""),
             field_env("NODE_NAME", "spec.nodeName"),
             env("NODE_LABEL", DEVICE_PLUGIN_CONFIG_LABEL),
             env("CONFIG_FILE_SRCDIR", AVAILABLE_DIR),
             env("CONFIG_FILE_DST", CONFIG_FILE),
             env("DEFAULT_CONFIG", default),
-            env("FALLBACK_STRATEGIES", "named,single"),
             env("SEND_SIGNAL", str(not oneshot).lower()),
-            env("SIGNAL", "1"),
-            env("PROCESS_TO_SIGNAL", process),
+            # Only the sidecar signals the operand (SIGHUP) after swapping its config.
+            env("SIGNAL", "" if oneshot else "1"),
+            env("PROCESS_TO_SIGNAL", "" if oneshot else process),
+            # No label and no default: an empty config, i.e. the operand's defaults.
+            env("FALLBACK_STRATEGIES", "empty"),
         ],
-        "volumeMounts": [
-            mount("available-configs", AVAILABLE_DIR),
-            mount("config", CONFIG_DIR),
-        ],
+        "volumeMounts": [mount("config", CONFIG_DIR), mount("available-configs", AVAILABLE_DIR)],
     }
+    if not oneshot:
+        result["securityContext"] = {"privileged": True}
+    return result
 
 
 def init_container(spec: ClusterPolicySpec, process: str) -> dict[str, Any]:
@@ -81,11 +85,12 @@ def volumes(spec: ClusterPolicySpec) -> list[dict[str, Any]]:
     return [config_map_volume("available-configs", name), {"name": "config", "emptyDir": {}}]
 
 
-def operand_mount() -> dict[str, Any]:
-    return mount("config", CONFIG_DIR)
+def operand_mounts() -> list[dict[str, Any]]:
+    """The operand sees the selected config and every available one."""
+    return [mount("config", CONFIG_DIR), mount("available-configs", AVAILABLE_DIR)]
 
 
-def operand_objects(
+def operand_daemonset(
     spec: ClusterPolicySpec,
     ctx: RenderContext,
     *,
@@ -98,11 +103,10 @@ def operand_objects(
     main: dict[str, Any],
     operand_volumes: list[dict[str, Any]],
     node_selector: dict[str, str],
-) -> list[Manifest]:
-    """ServiceAccount, (node-reading RBAC) and DaemonSet of an operand that can run
-    under the config manager: with a config, the init container, the sidecar and
-    their volumes join the pod, and the pod shares its process namespace so the
-    sidecar can signal the operand."""
+) -> Manifest:
+    """The DaemonSet of an operand that can run under the config manager: with a config,
+    the init container, the sidecar and their volumes join the pod, and the pod shares
+    its process namespace so the sidecar can signal the operand."""
     with_config = configured(spec)
     init = list(init)
     containers = [main]
@@ -114,12 +118,21 @@ def operand_objects(
         all_volumes += volumes(spec)
         pod["shareProcessNamespace"] = True
     pod.update({"initContainers": init, "containers": containers, "volumes": all_volumes})
-    objects = [service_account(service_account_name, component, spec, ctx)]
-    if with_config:
-        objects += cluster_role_and_binding(
-            service_account_name, component, spec, ctx, [READ_NODES]
-        )
-    objects.append(
-        daemonset(daemonset_name, component, spec, ctx, pod, node_selector=node_selector)
-    )
-    return objects
+    return daemonset(daemonset_name, component, spec, ctx, pod, node_selector=node_selector)
+
+
+def operand_rbac(
+    name: str,
+    component: str,
+    spec: ClusterPolicySpec,
+    ctx: RenderContext,
+    *,
+    role_rules: list[dict[str, Any]],
+) -> list[Manifest]:
+    """ServiceAccount `name`, its Role and a ClusterRole reading Nodes (the config
+    manager follows its node's label; the operands read their node)."""
+    return [
+        service_account(name, component, spec, ctx),
+        *role_and_binding(name, component, spec, ctx, role_rules),
+        *cluster_role_and_binding(name, component, spec, ctx, [READ_NODES]),
+    ]

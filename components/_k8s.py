@@ -6,6 +6,7 @@ Every operand goes through the same helpers so that labels, pod-wide settings fr
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -154,14 +155,18 @@ def container(
     env_vars: Sequence[dict[str, Any]] = (),
     mounts: Sequence[dict[str, Any]] = (),
     privileged: bool = False,
+    root: bool = False,
+    section_args: bool = True,
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A container; a ComponentSpec section adds its args, env and resources."""
+    """A container; a ComponentSpec section adds its args, env and resources. `root` runs
+    it as uid 0 whatever the image's user is (ours runs as 65532 by default, which cannot
+    write host paths such as /run/nvidia/validations)."""
     user_args: list[str] = []
     user_env: list[dict[str, Any]] = []
     resources: dict[str, Any] | None = None
     if isinstance(section, ComponentSpec):
-        user_args = list(section.args or ())
+        user_args = list(section.args or ()) if section_args else []
         user_env = dump_env(section.env)
         if section.resources is not None:
             resources = section.resources.model_dump(mode="json", exclude_none=True)
@@ -182,10 +187,19 @@ def container(
         result["resources"] = resources
     if mounts:
         result["volumeMounts"] = list(mounts)
-    if privileged:
-        result["securityContext"] = {"privileged": True}
+    if privileged or root:
+        result["securityContext"] = security_context(privileged=privileged, root=root)
     result.update(extra or {})
     return result
+
+
+def security_context(*, privileged: bool = True, root: bool = False) -> dict[str, Any]:
+    context: dict[str, Any] = {}
+    if privileged:
+        context["privileged"] = True
+    if root:
+        context["runAsUser"] = 0
+    return context
 
 
 def host_path(name: str, path: str, kind: str | None = None) -> dict[str, Any]:
@@ -213,18 +227,104 @@ def mount(
     return result
 
 
-def wait_for_file(ctx: RenderContext, name: str, path: str) -> dict[str, Any]:
+RUN_NVIDIA = "/run/nvidia"
+TOOLKIT_READY = f"{VALIDATIONS_DIR}/toolkit-ready"
+STACK_MESSAGE = "waiting for nvidia container stack to be setup"
+
+
+def wait_for_file(
+    ctx: RenderContext,
+    name: str,
+    path: str,
+    *,
+    message: str = STACK_MESSAGE,
+    whole_run_nvidia: bool = False,
+) -> dict[str, Any]:
     """Init container holding an operand back until an earlier layer wrote its status file.
 
-    Runs the operator image because operand images may be distroless (no shell)."""
-    script = f'until [ -f {path} ]; do echo "waiting for {path}"; sleep 5; done'
+    Runs the operator image because operand images may be distroless (no shell), as root
+    and privileged like upstream's (a non-root user may not see root-only host paths).
+    It mounts `/run/nvidia` (volume `run-nvidia`) or only the validations directory
+    (volume `run-nvidia-validations`), as upstream's init container for that operand."""
+    script = f"until [ -f {path} ]; do echo {message}; sleep 5; done"
+    volume = (
+        mount("run-nvidia", RUN_NVIDIA, propagation="HostToContainer")
+        if whole_run_nvidia
+        else mount("run-nvidia-validations", VALIDATIONS_DIR, propagation="HostToContainer")
+    )
     return {
         "name": name,
         "image": ctx.operator_image,
         "imagePullPolicy": ctx.operator_image_pull_policy,
-        "command": ["sh", "-c", script],
-        "volumeMounts": [mount("run-nvidia-validations", VALIDATIONS_DIR, read_only=True)],
+        "command": ["sh", "-c"],
+        "args": [script],
+        "securityContext": security_context(privileged=True, root=True),
+        "volumeMounts": [volume],
     }
+
+
+def run_nvidia_volume(kind: str | None = "Directory") -> dict[str, Any]:
+    """`/run/nvidia` on the host (the driver container's and validations' parent)."""
+    return host_path("run-nvidia", RUN_NVIDIA, kind)
+
+
+SCC_RULE = {
+    "apiGroups": ["security.openshift.io"],
+    "resources": ["securitycontextconstraints"],
+    "resourceNames": ["privileged"],
+    "verbs": ["use"],
+}
+"""Lets an operand's pods use OpenShift's privileged SCC; a no-op elsewhere."""
+
+
+def entrypoint_config_map(
+    name: str, component: str, script: str, spec: ClusterPolicySpec, ctx: RenderContext
+) -> Manifest:
+    """A ConfigMap holding an operand's `entrypoint.sh` (mounted at /bin/entrypoint.sh)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata(name, component, spec, ctx),
+        "data": {"entrypoint.sh": script},
+    }
+
+
+def entrypoint_volume(config_map: str) -> dict[str, Any]:
+    return {"name": config_map, "configMap": {"name": config_map, "defaultMode": 0o700}}
+
+
+def entrypoint_mount(config_map: str) -> dict[str, Any]:
+    return {
+        "name": config_map,
+        "mountPath": "/bin/entrypoint.sh",
+        "subPath": "entrypoint.sh",
+        "readOnly": True,
+    }
+
+
+def entrypoint_args(section: ImageSpec) -> list[str]:
+    """`sh -c` args running /bin/entrypoint.sh with the section's args for the process."""
+    user = list(section.args or ()) if isinstance(section, ComponentSpec) else []
+    return [" ".join(["/bin/entrypoint.sh", *(shlex.quote(a) for a in user)])]
+
+
+def entrypoint_script(process: str, *, extra: str = "") -> str:
+    """Our entrypoint for an operand that needs the driver's facts: wait for the
+    validator's `driver-ready`, export what it says (IS_HOST_DRIVER,
+    NVIDIA_DRIVER_ROOT...), then become `process`."""
+    ready = f"{VALIDATIONS_DIR}/driver-ready"
+    return (
+        "#!/bin/sh\n"
+        f"until [ -f {ready} ]; do\n"
+        '  echo "waiting for the driver validation to pass"\n'
+        "  sleep 5\n"
+        "done\n"
+        "set -o allexport\n"
+        f". {ready}\n"
+        "set +o allexport\n"
+        f"{extra}"
+        f'exec {process} "$@"\n'
+    )
 
 
 def validations_volume() -> dict[str, Any]:

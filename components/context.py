@@ -2,12 +2,64 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 Manifest = dict[str, Any]
 """A Kubernetes object as plain JSON-able data."""
+
+OS_ID_LABEL = "feature.node.kubernetes.io/system-os_release.ID"
+OS_VERSION_LABEL = "feature.node.kubernetes.io/system-os_release.VERSION_ID"
+KERNEL_LABEL = "feature.node.kubernetes.io/kernel-version.full"
+"""NFD's labels for a node's OS and kernel: upstream's source for driver image tags."""
+
+CONTAINERD, DOCKER, CRIO = "containerd", "docker", "crio"
+_RUNTIME_PREFIXES = (("docker", DOCKER), ("containerd", CONTAINERD), ("cri-o", CRIO))
+_MAJOR_ONLY_OS = frozenset({"rhel", "rocky", "ol"})
+"""Distributions whose driver images are tagged by major version only (`rhel9`)."""
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What one GPU node tells rendering: its OS, kernel and container runtime."""
+
+    os_id: str | None = None
+    os_version: str | None = None
+    kernel: str | None = None
+    runtime: str | None = None
+    """`containerd`, `docker` or `crio`, from `status.nodeInfo.containerRuntimeVersion`."""
+
+    @property
+    def os_tag(self) -> str | None:
+        """The driver image's OS suffix, e.g. `ubuntu22.04` or `rhel9`."""
+        if not self.os_id or not self.os_version:
+            return None
+        version = self.os_version
+        if self.os_id in _MAJOR_ONLY_OS:
+            version = version.split(".")[0]
+        return f"{self.os_id}{version}"
+
+
+def runtime_name(runtime_version: str | None) -> str | None:
+    """`containerd://1.7.22` -> `containerd`; None for a runtime we do not know."""
+    for prefix, name in _RUNTIME_PREFIXES:
+        if runtime_version and runtime_version.startswith(prefix):
+            return name
+    return None
+
+
+def node_facts(node: Mapping[str, Any]) -> NodeFacts:
+    """The facts of one Node object (full or as the controller's cache trims it)."""
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    info = (node.get("status") or {}).get("nodeInfo") or {}
+    return NodeFacts(
+        os_id=labels.get(OS_ID_LABEL),
+        os_version=labels.get(OS_VERSION_LABEL),
+        kernel=labels.get(KERNEL_LABEL),
+        runtime=runtime_name(info.get("containerRuntimeVersion")),
+    )
 
 
 @dataclass(frozen=True)
@@ -32,3 +84,31 @@ class RenderContext:
     """Pull policy for containers running the operator image."""
     operator_image_pull_secrets: tuple[str, ...] = ()
     """Pull secrets for the operator image, added to pods that run it."""
+    gpu_nodes: tuple[NodeFacts, ...] = ()
+    """Facts of every GPU node, in the controller's (name) order."""
+
+    @property
+    def container_runtime(self) -> str:
+        """The runtime the toolkit configures, as upstream picks it: containerd when any
+        GPU node runs it, else the last GPU node's known runtime, else containerd."""
+        known = [n.runtime for n in self.gpu_nodes if n.runtime]
+        if not known or CONTAINERD in known:
+            return CONTAINERD
+        return known[-1]
+
+    @property
+    def os_tag(self) -> str | None:
+        """The GPU nodes' OS tag for the driver image: the most common one (ties go to
+        the first node's). Upstream reads only the first GPU node's labels."""
+        tags = [n.os_tag for n in self.gpu_nodes if n.os_tag]
+        if not tags:
+            return None
+        counts = Counter(tags)
+        best = max(counts.values())
+        return next(t for t in tags if counts[t] == best)
+
+    @property
+    def kernels(self) -> dict[str, str]:
+        """Kernel version -> OS tag of the GPU nodes (precompiled drivers: one DaemonSet
+        per kernel)."""
+        return {n.kernel: n.os_tag or "" for n in self.gpu_nodes if n.kernel}

@@ -6,12 +6,16 @@ from __future__ import annotations
 from typing import Any
 
 from components._k8s import (
-    VALIDATIONS_DIR,
+    APP_LABEL,
+    SCC_RULE,
+    TOOLKIT_READY,
     container,
     daemonset,
+    metadata,
     pull_secrets,
+    role_and_binding,
+    run_nvidia_volume,
     service_account,
-    validations_volume,
     wait_for_file,
 )
 from components.component import Component
@@ -22,22 +26,32 @@ from crd import ClusterPolicySpec, component_image
 NAME = "dcgm"
 DAEMONSET_NAME = "nvidia-dcgm"
 SERVICE_ACCOUNT = "nvidia-dcgm"
+SERVICE_NAME = "nvidia-dcgm"
 CONTAINER_NAME = "nvidia-dcgm-ctr"
 ENGINE_PORT = 5555
-"""The port nv-hostengine listens on inside the pod (exposed as `dcgm.hostPort`)."""
+"""The port nv-hostengine listens on; exporters reach it through the `nvidia-dcgm`
+Service, which keeps traffic on the node (`internalTrafficPolicy: Local`)."""
 
 
 def enabled(spec: ClusterPolicySpec) -> bool:
     return spec.dcgm.enabled
 
 
+def _probe() -> dict[str, Any]:
+    return {
+        "tcpSocket": {"port": ENGINE_PORT},
+        "initialDelaySeconds": 15,
+        "periodSeconds": 10,
+    }
+
+
 def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
     dcgm = spec.dcgm
-    main = container(
+    main = container(  # the image's entrypoint runs nv-hostengine
         CONTAINER_NAME,
         component_image(spec, "dcgm"),
         dcgm,
-        command=["nv-hostengine", "-n", "-b", "ALL"],
+        privileged=True,
         extra={
             "ports": [
                 {
@@ -47,22 +61,43 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
                     "protocol": "TCP",
                 }
             ],
-            "securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}},
+            "livenessProbe": _probe(),
+            "readinessProbe": _probe(),
         },
     )
     pod: dict[str, Any] = {
         "serviceAccountName": SERVICE_ACCOUNT,
         "runtimeClassName": spec.operator.runtime_class,
         "initContainers": [
-            wait_for_file(ctx, "toolkit-validation", f"{VALIDATIONS_DIR}/toolkit-ready")
+            wait_for_file(ctx, "toolkit-validation", TOOLKIT_READY, whole_run_nvidia=True)
         ],
         "containers": [main],
         "imagePullSecrets": pull_secrets(dcgm.image_pull_secrets, ctx.operator_image_pull_secrets),
-        "volumes": [validations_volume()],
+        "volumes": [run_nvidia_volume()],
     }
+    service_meta = metadata(SERVICE_NAME, NAME, spec, ctx)
+    service_meta["labels"][APP_LABEL] = DAEMONSET_NAME
     return [
         service_account(SERVICE_ACCOUNT, NAME, spec, ctx),
+        *role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, [SCC_RULE]),
         daemonset(DAEMONSET_NAME, NAME, spec, ctx, pod, node_selector={DEPLOY_DCGM_LABEL: TRUE}),
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": service_meta,
+            "spec": {
+                "selector": {APP_LABEL: DAEMONSET_NAME},
+                "internalTrafficPolicy": "Local",
+                "ports": [
+                    {
+                        "name": "dcgm",
+                        "port": ENGINE_PORT,
+                        "targetPort": ENGINE_PORT,
+                        "protocol": "TCP",
+                    }
+                ],
+            },
+        },
     ]
 
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from components import dcgm
 from components._k8s import (
     APP_LABEL,
-    VALIDATIONS_DIR,
+    SCC_RULE,
+    TOOLKIT_READY,
     config_map_volume,
     container,
     daemonset,
@@ -18,8 +20,9 @@ from components._k8s import (
     metadata,
     mount,
     pull_secrets,
+    role_and_binding,
+    run_nvidia_volume,
     service_account,
-    validations_volume,
     wait_for_file,
 )
 from components.component import Component
@@ -36,6 +39,13 @@ METRICS_PORT = 9400
 SERVICE_PORT_NAME = "gpu-metrics"
 CUSTOM_METRICS_DIR = "/etc/dcgm-exporter/custom"
 POD_RESOURCES_DIR = "/var/lib/kubelet/pod-resources"
+DEFAULT_COLLECTORS = "/etc/dcgm-exporter/dcp-metrics-included.csv"
+"""The image's own metric list (DCP profiling metrics included)."""
+_ROLE_RULES = [
+    SCC_RULE,
+    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list"]},
+]
+"""The exporter can read a metrics list from a ConfigMap in its namespace."""
 
 
 def enabled(spec: ClusterPolicySpec) -> bool:
@@ -44,24 +54,28 @@ def enabled(spec: ClusterPolicySpec) -> bool:
 
 def _env(spec: ClusterPolicySpec) -> list[dict[str, Any]]:
     exporter = spec.dcgm_exporter
+    collectors = (
+        f"{CUSTOM_METRICS_DIR}/dcgm-metrics.csv"
+        if exporter.config and exporter.config.name
+        else DEFAULT_COLLECTORS
+    )
     variables = [
         env("DCGM_EXPORTER_LISTEN", f":{METRICS_PORT}"),
         env("DCGM_EXPORTER_KUBERNETES", "true"),
+        env("DCGM_EXPORTER_COLLECTORS", collectors),
+        field_env("NODE_NAME", "spec.nodeName"),
     ]
-    if exporter.config and exporter.config.name:
-        variables.append(env("DCGM_EXPORTER_COLLECTORS", f"{CUSTOM_METRICS_DIR}/dcgm-metrics.csv"))
-    if spec.dcgm.enabled:  # use the standalone host engine on this node
-        variables += [
-            field_env("NODE_IP", "status.hostIP"),
-            env("DCGM_REMOTE_HOSTENGINE_INFO", f"$(NODE_IP):{spec.dcgm.host_port}"),
-        ]
+    if spec.dcgm.enabled:  # the standalone host engine on this node, through its Service
+        variables.append(
+            env("DCGM_REMOTE_HOSTENGINE_INFO", f"{dcgm.SERVICE_NAME}:{dcgm.ENGINE_PORT}")
+        )
     return variables
 
 
 def _daemonset(spec: ClusterPolicySpec, ctx: RenderContext) -> Manifest:
     exporter = spec.dcgm_exporter
-    mounts = [mount("pod-resources", POD_RESOURCES_DIR, read_only=True)]
-    volumes = [host_path("pod-resources", POD_RESOURCES_DIR), validations_volume()]
+    mounts = [mount("pod-gpu-resources", POD_RESOURCES_DIR, read_only=True)]
+    volumes = [host_path("pod-gpu-resources", POD_RESOURCES_DIR), run_nvidia_volume(None)]
     if exporter.config and exporter.config.name:
         mounts.append(mount("metrics-config", CUSTOM_METRICS_DIR, read_only=True))
         volumes.append(config_map_volume("metrics-config", exporter.config.name))
@@ -73,14 +87,15 @@ def _daemonset(spec: ClusterPolicySpec, ctx: RenderContext) -> Manifest:
         mounts=mounts,
         extra={
             "ports": [{"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
-            "securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}},
         },
+        privileged=True,
     )
     pod: dict[str, Any] = {
         "serviceAccountName": SERVICE_ACCOUNT,
         "runtimeClassName": spec.operator.runtime_class,
+        "automountServiceAccountToken": False,
         "initContainers": [
-            wait_for_file(ctx, "toolkit-validation", f"{VALIDATIONS_DIR}/toolkit-ready")
+            wait_for_file(ctx, "toolkit-validation", TOOLKIT_READY, whole_run_nvidia=True)
         ],
         "containers": [main],
         "imagePullSecrets": pull_secrets(
@@ -146,6 +161,7 @@ def _service_monitor(spec: ClusterPolicySpec, ctx: RenderContext) -> Manifest | 
 def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
     objects = [
         service_account(SERVICE_ACCOUNT, NAME, spec, ctx),
+        *role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, _ROLE_RULES),
         _daemonset(spec, ctx),
         _service(spec, ctx),
     ]

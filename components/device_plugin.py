@@ -1,18 +1,29 @@
 """device-plugin: advertises `nvidia.com/gpu` (or MIG devices) to the kubelet.
 
-Waits for the validator's `toolkit-ready`. With `devicePlugin.config.name` set it runs
-the config-manager pair so per-node configs (time-slicing, MPS) follow the node label.
+Waits for the validator's `toolkit-ready`, then its entrypoint waits for `driver-ready`
+and exports what the driver check found (driver root, host or container driver) before
+starting the plugin. With CDI on it hands devices to containers as CDI annotations and
+CRI device requests. With `devicePlugin.config.name` set it runs the config-manager
+pair so per-node configs (time-slicing, MPS) follow the node label.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from components import _config_manager
 from components._k8s import (
+    HOST_ROOT_MOUNT,
+    SCC_RULE,
+    TOOLKIT_READY,
     VALIDATIONS_DIR,
     container,
-    driver_root,
+    entrypoint_args,
+    entrypoint_config_map,
+    entrypoint_mount,
+    entrypoint_script,
+    entrypoint_volume,
     env,
-    field_env,
     host_path,
     mount,
     pull_secrets,
@@ -29,7 +40,9 @@ DAEMONSET_NAME = "nvidia-device-plugin-daemonset"
 SERVICE_ACCOUNT = "nvidia-device-plugin"
 CONTAINER_NAME = "nvidia-device-plugin"
 PROCESS = "nvidia-device-plugin"
+ENTRYPOINT = "nvidia-device-plugin-entrypoint"
 KUBELET_PLUGINS_DIR = "/var/lib/kubelet/device-plugins"
+CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
 
 
 def enabled(spec: ClusterPolicySpec) -> bool:
@@ -41,66 +54,102 @@ def mps_root(spec: ClusterPolicySpec) -> str:
     return mps.root if mps else "/run/nvidia/mps"
 
 
-def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
-    plugin = spec.device_plugin
-    with_config = _config_manager.configured(spec)
-    env_vars = [
-        env("MIG_STRATEGY", spec.mig.strategy),
+def cdi_hook_path(spec: ClusterPolicySpec) -> str:
+    """Where the toolkit installs `nvidia-cdi-hook` (CDI specs reference it)."""
+    return f"{spec.toolkit.install_dir.rstrip('/')}/toolkit/nvidia-cdi-hook"
+
+
+def _env(spec: ClusterPolicySpec) -> list[dict[str, Any]]:
+    cdi = spec.cdi.enabled
+    variables = [
         env("PASS_DEVICE_SPECS", "true"),
         env("FAIL_ON_INIT_ERROR", "true"),
+        env("DEVICE_LIST_STRATEGY", "cdi-annotations,cdi-cri" if cdi else "envvar"),
         env("DEVICE_ID_STRATEGY", "uuid"),
-        env("NVIDIA_MIG_MONITOR_DEVICES", "all"),
-        env("NVIDIA_DRIVER_ROOT", driver_root(spec)),
-        env("CONTAINER_DRIVER_ROOT", "/driver-root"),
+        env("NVIDIA_VISIBLE_DEVICES", "all"),
+        env("NVIDIA_DRIVER_CAPABILITIES", "all"),
         env("MPS_ROOT", mps_root(spec)),
-        field_env("NODE_NAME", "spec.nodeName"),
+        env("MIG_STRATEGY", spec.mig.strategy),
+        env("NVIDIA_MIG_MONITOR_DEVICES", "all"),
     ]
+    if spec.gds.enabled:
+        variables.append(env("GDS_ENABLED", "true"))
+    if spec.driver.rdma is not None and spec.driver.rdma.enabled:
+        variables.append(env("MOFED_ENABLED", "true"))
+    if spec.gdrcopy.enabled:
+        variables.append(env("GDRCOPY_ENABLED", "true"))
+    if cdi:
+        variables += [
+            env("CDI_ENABLED", "true"),
+            env("CDI_ANNOTATION_PREFIX", CDI_ANNOTATION_PREFIX),
+        ]
+        if spec.toolkit.enabled:
+            variables.append(env("NVIDIA_CDI_HOOK_PATH", cdi_hook_path(spec)))
+    if _config_manager.configured(spec):
+        variables.append(env("CONFIG_FILE", _config_manager.CONFIG_FILE))
+    return variables
+
+
+def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
+    plugin = spec.device_plugin
     mounts = [
-        mount("device-plugins", KUBELET_PLUGINS_DIR),
-        mount("driver-root", "/driver-root", read_only=True, propagation="HostToContainer"),
-        mount("mps-root", "/mps"),
+        entrypoint_mount(ENTRYPOINT),
+        mount("device-plugin", KUBELET_PLUGINS_DIR),
+        mount("run-nvidia-validations", VALIDATIONS_DIR),
+        mount("driver-install-dir", "/driver-root", propagation="HostToContainer"),
+        mount("host-root", HOST_ROOT_MOUNT, read_only=True, propagation="HostToContainer"),
         mount("cdi-root", "/var/run/cdi"),
-        mount("run-nvidia-validations", VALIDATIONS_DIR, read_only=True),
+        mount("mps-shm", "/dev/shm"),
+        mount("mps-root", "/mps"),
     ]
-    if with_config:
-        env_vars.append(env("CONFIG_FILE", _config_manager.CONFIG_FILE))
-        mounts.append(_config_manager.operand_mount())
+    if _config_manager.configured(spec):
+        mounts += _config_manager.operand_mounts()
     main = container(
         CONTAINER_NAME,
         component_image(spec, "devicePlugin"),
         plugin,
-        command=[PROCESS],
-        env_vars=env_vars,
+        command=["/bin/sh", "-c"],
+        args=entrypoint_args(plugin),
+        section_args=False,
+        env_vars=_env(spec),
         mounts=mounts,
         privileged=True,
     )
-    init = [wait_for_file(ctx, "toolkit-validation", f"{VALIDATIONS_DIR}/toolkit-ready")]
     volumes = [
-        host_path("device-plugins", KUBELET_PLUGINS_DIR),
-        host_path("driver-root", driver_root(spec), "DirectoryOrCreate"),
-        host_path("mps-root", mps_root(spec), "DirectoryOrCreate"),
-        host_path("cdi-root", "/var/run/cdi", "DirectoryOrCreate"),
+        entrypoint_volume(ENTRYPOINT),
+        host_path("device-plugin", KUBELET_PLUGINS_DIR),
         validations_volume(),
+        host_path("driver-install-dir", spec.host_paths.driver_install_dir, "DirectoryOrCreate"),
+        host_path("host-root", spec.host_paths.root_fs),
+        host_path("cdi-root", "/var/run/cdi", "DirectoryOrCreate"),
+        host_path("mps-root", mps_root(spec), "DirectoryOrCreate"),
+        host_path("mps-shm", f"{mps_root(spec)}/shm"),
     ]
-    return _config_manager.operand_objects(
-        spec,
-        ctx,
-        component=NAME,
-        daemonset_name=DAEMONSET_NAME,
-        service_account_name=SERVICE_ACCOUNT,
-        process=PROCESS,
-        pod={
-            "runtimeClassName": spec.operator.runtime_class,
-            "imagePullSecrets": pull_secrets(
-                plugin.image_pull_secrets, ctx.operator_image_pull_secrets
-            ),
-        },
-        init=init,
-        main=main,
-        operand_volumes=volumes,
-        node_selector={DEPLOY_DEVICE_PLUGIN_LABEL: TRUE},
-    )
+    return [
+        *_config_manager.operand_rbac(SERVICE_ACCOUNT, NAME, spec, ctx, role_rules=[SCC_RULE]),
+        entrypoint_config_map(ENTRYPOINT, NAME, _SCRIPT, spec, ctx),
+        _config_manager.operand_daemonset(
+            spec,
+            ctx,
+            component=NAME,
+            daemonset_name=DAEMONSET_NAME,
+            service_account_name=SERVICE_ACCOUNT,
+            process=PROCESS,
+            pod={
+                "runtimeClassName": spec.operator.runtime_class,
+                "imagePullSecrets": pull_secrets(
+                    plugin.image_pull_secrets, ctx.operator_image_pull_secrets
+                ),
+            },
+            init=[wait_for_file(ctx, "toolkit-validation", TOOLKIT_READY)],
+            main=main,
+            operand_volumes=volumes,
+            node_selector={DEPLOY_DEVICE_PLUGIN_LABEL: TRUE},
+        ),
+    ]
 
+
+_SCRIPT = entrypoint_script(PROCESS)
 
 COMPONENT = Component(
     name=NAME, deploy_label=DEPLOY_DEVICE_PLUGIN_LABEL, is_enabled=enabled, render=render

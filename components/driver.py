@@ -1,27 +1,42 @@
 """driver: the containerised NVIDIA driver, one pod per GPU node.
 
-The pod template is built from `spec.driver` and the pod-wide `spec.daemonsets` settings
-only (never from the render context or other sections): any other change to the policy
-must leave the template, and so the running drivers, alone. With automatic upgrades the
-DaemonSet is `OnDelete`: the upgrade state machine decides when each node's pod goes.
+The pod template is built from `spec.driver` (and the GPUDirect sections that add
+sidecars to it), the pod-wide `spec.daemonsets` settings and the GPU nodes' OS (the
+image tag): any other change to the policy must leave the template, and so the running
+drivers, alone. With automatic upgrades the DaemonSet is `OnDelete`: the upgrade state
+machine decides when each node's pod goes.
+
+Image tags carry the node OS as NFD reports it (`595.91.07-ubuntu22.04`); precompiled
+drivers also carry the kernel (`595-5.15.0-124-generic-ubuntu22.04`), one DaemonSet per
+kernel, selected by NFD's kernel label, as upstream names them.
 """
 
 from __future__ import annotations
 
+import json
+import re
+import zlib
 from typing import Any
 
 from components._k8s import (
+    HOST_ROOT_MOUNT,
+    SCC_RULE,
+    VALIDATIONS_DIR,
+    cluster_role_and_binding,
     container,
     daemonset,
     env,
+    field_env,
     host_path,
+    metadata,
     mount,
     pull_secrets,
+    role_and_binding,
     rolling_update_strategy,
     service_account,
 )
 from components.component import Component
-from components.context import Manifest, RenderContext
+from components.context import KERNEL_LABEL, Manifest, RenderContext
 from components.keys import DEPLOY_DRIVER_LABEL, TRUE
 from crd import ClusterPolicySpec, ContainerProbeSpec, DriverSpec, component_image
 
@@ -29,13 +44,47 @@ NAME = "driver"
 DAEMONSET_NAME = "nvidia-driver-daemonset"
 SERVICE_ACCOUNT = "nvidia-driver"
 CONTAINER_NAME = "nvidia-driver-ctr"
-READY_FILE = "/run/nvidia/validations/.driver-ctr-ready"
+STARTUP_PROBE_CONFIG_MAP = "nvidia-driver-startup-probe"
+STARTUP_PROBE_PATH = "/usr/local/bin/startup-probe.sh"
+PRECOMPILED_LABEL = "nvidia.com/precompiled"
+COMPONENT_POD_LABEL = "app.kubernetes.io/component"
+READY_FILE = f"{VALIDATIONS_DIR}/.driver-ctr-ready"
 """Written by the startup probe once `nvidia-smi` works; removed when the pod stops."""
+DAEMONS_STATUS_FILE = f"{VALIDATIONS_DIR}/.driver-daemons-status"
 
 _STARTUP_DEFAULTS = ContainerProbeSpec(
     initial_delay_seconds=60, period_seconds=10, timeout_seconds=60, failure_threshold=120
 )
 """Builds can take many minutes on a fresh kernel: allow up to ~20 minutes."""
+
+_CLUSTER_RULES = [
+    {
+        "apiGroups": ["config.openshift.io"],
+        "resources": ["clusterversions"],
+        "verbs": ["get", "list"],
+    },
+    {
+        "apiGroups": [""],
+        "resources": ["nodes"],
+        "verbs": ["get", "list", "patch", "update", "watch"],
+    },
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+    {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
+    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get", "list"]},
+    {"apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": ["get"]},
+]
+"""The driver manager evicts GPU pods and labels its node before it unloads a driver."""
+
+_MANAGER_DEFAULT_ENV = (
+    ("ENABLE_GPU_POD_EVICTION", "true"),
+    ("ENABLE_AUTO_DRAIN", "false"),
+    ("DRAIN_USE_FORCE", "false"),
+    ("DRAIN_POD_SELECTOR_LABEL", ""),
+    ("DRAIN_TIMEOUT_SECONDS", "0s"),
+    ("DRAIN_DELETE_EMPTYDIR_DATA", "false"),
+)
+"""Before unloading a driver the manager evicts pods using GPUs but does not drain the
+node (the upgrade state machine drains when the policy asks it to)."""
 
 
 def enabled(spec: ClusterPolicySpec) -> bool:
@@ -56,14 +105,61 @@ def _module_type(driver: DriverSpec) -> str:
     return "open" if driver.use_open_kernel_modules else driver.kernel_module_type
 
 
-def _driver_container(spec: ClusterPolicySpec) -> dict[str, Any]:
+def _rdma(spec: ClusterPolicySpec) -> bool:
+    return spec.driver.rdma is not None and spec.driver.rdma.enabled
+
+
+def _with_os(image: str, os_tag: str | None) -> str:
+    """Append the OS tag, unless the image is pinned by digest (upstream's rule)."""
+    if "sha256:" in image or not os_tag:
+        return image
+    return f"{image}-{os_tag}"
+
+
+def image(spec: ClusterPolicySpec, ctx: RenderContext, kernel: str | None = None) -> str:
+    """The driver image for the GPU nodes' OS (and `kernel` for precompiled drivers)."""
+    base = component_image(spec, "driver")
+    os_tag = ctx.kernels.get(kernel, ctx.os_tag) if kernel else ctx.os_tag
+    if kernel:
+        base = f"{base}-{kernel}"
+    return _with_os(base, os_tag)
+
+
+def config_digest(spec: ClusterPolicySpec, ctx: RenderContext, kernel: str | None) -> str:
+    """A stable 32-bit digest of everything that shapes the installed driver; the driver
+    container and the driver manager compare it with what the node last installed to
+    skip a needless reinstall after a pod restart."""
+    facts = {
+        "driver": spec.driver.model_dump(mode="json", by_alias=True, exclude={"upgrade_policy"}),
+        "gds": spec.gds.model_dump(mode="json", by_alias=True),
+        "gdrcopy": spec.gdrcopy.model_dump(mode="json", by_alias=True),
+        "image": image(spec, ctx, kernel),
+    }
+    return str(zlib.crc32(json.dumps(facts, sort_keys=True).encode()))
+
+
+def _feature_env(spec: ClusterPolicySpec) -> list[dict[str, Any]]:
+    variables = []
+    if spec.gdrcopy.enabled:
+        variables.append(env("GDRCOPY_ENABLED", "true"))
+    if spec.gds.enabled:
+        variables.append(env("GDS_ENABLED", "true"))
+    if _rdma(spec):
+        variables.append(env("GPU_DIRECT_RDMA_ENABLED", "true"))
+    return variables
+
+
+def _driver_container(
+    spec: ClusterPolicySpec, ctx: RenderContext, kernel: str | None
+) -> dict[str, Any]:
     driver = spec.driver
-    ready = (
-        f"nvidia-smi -L >/dev/null && mkdir -p {READY_FILE.rsplit('/', 1)[0]} && touch {READY_FILE}"
-    )
     extra: dict[str, Any] = {
-        "startupProbe": _probe(["sh", "-c", ready], driver.startup_probe),
-        "lifecycle": {"preStop": {"exec": {"command": ["sh", "-c", f"rm -f {READY_FILE}"]}}},
+        "startupProbe": _probe(["sh", STARTUP_PROBE_PATH], driver.startup_probe),
+        "lifecycle": {
+            "preStop": {
+                "exec": {"command": ["/bin/sh", "-c", f"rm -f {READY_FILE} {DAEMONS_STATUS_FILE}"]}
+            }
+        },
     }
     if driver.liveness_probe is not None:
         extra["livenessProbe"] = _probe(["nvidia-smi", "-L"], driver.liveness_probe)
@@ -71,38 +167,207 @@ def _driver_container(spec: ClusterPolicySpec) -> dict[str, Any]:
         extra["readinessProbe"] = _probe(["test", "-f", READY_FILE], driver.readiness_probe)
     return container(
         CONTAINER_NAME,
-        component_image(spec, "driver"),
+        image(spec, ctx, kernel),
         driver,
         command=["nvidia-driver"],
         args=["init"],
-        env_vars=[env("KERNEL_MODULE_TYPE", _module_type(driver))],
+        env_vars=[
+            field_env("NODE_NAME", "spec.nodeName"),
+            field_env("NODE_IP", "status.hostIP"),
+            env("KERNEL_MODULE_TYPE", _module_type(driver)),
+            env("DRIVER_CONFIG_DIGEST", config_digest(spec, ctx, kernel)),
+            *_feature_env(spec),
+        ],
         mounts=[
             mount("run-nvidia", "/run/nvidia", propagation="Bidirectional"),
+            mount("run-nvidia-fabricmanager", "/run/nvidia-fabricmanager"),
+            mount("run-nvidia-topologyd", "/run/nvidia-topologyd"),
             mount("var-log", "/var/log"),
             mount("dev-log", "/dev/log"),
             mount("host-os-release", "/host-etc/os-release", read_only=True),
+            mount(
+                "mlnx-ofed-usr-src", "/run/mellanox/drivers/usr/src", propagation="HostToContainer"
+            ),
+            mount("run-mellanox-drivers", "/run/mellanox/drivers", propagation="HostToContainer"),
+            mount("host-sys-devices-system", "/sys/devices/system"),
             mount("firmware-search-path", "/sys/module/firmware_class/parameters/path"),
-            mount("lib-firmware", "/lib/firmware"),
+            mount("nv-firmware", "/lib/firmware"),
+            {
+                "name": "driver-startup-probe-script",
+                "mountPath": STARTUP_PROBE_PATH,
+                "subPath": "startup-probe.sh",
+            },
         ],
         privileged=True,
         extra=extra,
     )
 
 
-def pod_spec(spec: ClusterPolicySpec) -> dict[str, Any]:
+def _manager(spec: ClusterPolicySpec, ctx: RenderContext, kernel: str | None) -> dict[str, Any]:
+    """Init container: before (re)installing, evict GPU pods and unload a running driver."""
+    manager = spec.driver.manager
+    user_env = {v.name: v for v in (manager.env if manager and manager.env else ())}
+    defaults = [env(k, v) for k, v in _MANAGER_DEFAULT_ENV if k not in user_env]
+    result: dict[str, Any] = {
+        "name": "k8s-driver-manager",
+        "image": component_image(spec, "driver.manager"),
+        "imagePullPolicy": manager.image_pull_policy if manager else "IfNotPresent",
+        "command": ["driver-manager"],
+        "args": ["uninstall_driver"],
+        "env": [
+            field_env("NODE_NAME", "spec.nodeName"),
+            env("NVIDIA_VISIBLE_DEVICES", "void"),
+            *defaults,
+            *(
+                v.model_dump(mode="json", by_alias=True, exclude_none=True)
+                for v in user_env.values()
+            ),
+            field_env("OPERATOR_NAMESPACE", "metadata.namespace"),
+            env("DRIVER_CONFIG_DIGEST", config_digest(spec, ctx, kernel)),
+            *([env("GPU_DIRECT_RDMA_ENABLED", "true")] if _rdma(spec) else []),
+        ],
+        "securityContext": {"privileged": True},
+        "volumeMounts": [
+            mount("run-nvidia", "/run/nvidia", propagation="Bidirectional"),
+            mount("host-root", HOST_ROOT_MOUNT, read_only=True, propagation="HostToContainer"),
+            mount("host-sys", "/sys"),
+            mount("run-mellanox-drivers", "/run/mellanox/drivers", propagation="HostToContainer"),
+        ],
+    }
+    return result
+
+
+_MODULE_WAIT = (
+    "until [ -d /run/nvidia/driver/usr/src ] && lsmod | grep nvidia; do "
+    "echo waiting for the nvidia driver to be installed; sleep 10; done; exec {}"
+)
+
+
+def _sidecars(spec: ClusterPolicySpec, ctx: RenderContext) -> list[dict[str, Any]]:
+    """GPUDirect kernel modules, each loaded next to the driver by its own container."""
+    common_mounts = [
+        mount("run-nvidia", "/run/nvidia", propagation="HostToContainer"),
+        mount("var-log", "/var/log"),
+        mount("dev-log", "/dev/log", read_only=True),
+    ]
+    result = []
+    if _rdma(spec) and not (spec.driver.rdma and spec.driver.rdma.use_host_mofed):
+        probe = ["sh", "-c", "nvidia-driver probe_nvidia_peermem"]
+        result.append(
+            container(
+                "nvidia-peermem-ctr",
+                image(spec, ctx),
+                spec.driver,
+                command=["nvidia-driver"],
+                args=["reload_nvidia_peermem"],
+                mounts=[
+                    *common_mounts[:1],
+                    mount("run-nvidia", "/run/nvidia", propagation="Bidirectional"),
+                    *common_mounts[1:],
+                    mount(
+                        "run-mellanox-drivers",
+                        "/run/mellanox/drivers",
+                        propagation="HostToContainer",
+                    ),
+                ][1:],
+                privileged=True,
+                extra={
+                    "livenessProbe": {
+                        "exec": {"command": probe},
+                        "periodSeconds": 30,
+                        "failureThreshold": 1,
+                        "initialDelaySeconds": 30,
+                        "timeoutSeconds": 10,
+                    },
+                    "startupProbe": {
+                        "exec": {"command": probe},
+                        "periodSeconds": 10,
+                        "failureThreshold": 120,
+                        "initialDelaySeconds": 10,
+                        "timeoutSeconds": 10,
+                    },
+                },
+            )
+        )
+    for section, name, key, module, installer in (
+        (spec.gds, "nvidia-fs-ctr", "gds", "nvidia_fs", "nvidia-gds-driver"),
+        (spec.gdrcopy, "nvidia-gdrcopy-ctr", "gdrcopy", "gdrdrv", "nvidia-gdrcopy-driver"),
+    ):
+        if not section.enabled:
+            continue
+        result.append(
+            container(
+                name,
+                _with_os(component_image(spec, key), ctx.os_tag),
+                section,
+                command=["bash", "-xc"],
+                args=[_MODULE_WAIT.format(f"{installer} install")],
+                mounts=common_mounts,
+                privileged=True,
+                extra={
+                    "startupProbe": {
+                        "exec": {"command": ["sh", "-c", f"lsmod | grep {module}"]},
+                        "periodSeconds": 10,
+                        "failureThreshold": 120,
+                        "initialDelaySeconds": 10,
+                        "timeoutSeconds": 10,
+                    }
+                },
+            )
+        )
+    return result
+
+
+def pod_spec(
+    spec: ClusterPolicySpec, ctx: RenderContext, kernel: str | None = None
+) -> dict[str, Any]:
     """The driver pod spec (before the pod-wide settings); exposed for tests."""
     return {
         "serviceAccountName": SERVICE_ACCOUNT,
         "hostPID": True,
-        "containers": [_driver_container(spec)],
+        "affinity": {
+            # Never two driver pods on one node (e.g. a precompiled and a regular one).
+            "podAntiAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "labelSelector": {
+                            "matchExpressions": [
+                                {
+                                    "key": COMPONENT_POD_LABEL,
+                                    "operator": "In",
+                                    "values": ["nvidia-driver"],
+                                }
+                            ]
+                        },
+                        "topologyKey": "kubernetes.io/hostname",
+                    }
+                ]
+            }
+        },
+        "initContainers": [_manager(spec, ctx, kernel)],
+        "containers": [_driver_container(spec, ctx, kernel), *_sidecars(spec, ctx)],
         "imagePullSecrets": pull_secrets(spec.driver.image_pull_secrets),
         "volumes": [
             host_path("run-nvidia", "/run/nvidia", "DirectoryOrCreate"),
             host_path("var-log", "/var/log"),
             host_path("dev-log", "/dev/log"),
             host_path("host-os-release", "/etc/os-release"),
+            host_path("run-nvidia-fabricmanager", "/run/nvidia-fabricmanager", "DirectoryOrCreate"),
+            host_path("run-nvidia-topologyd", "/run/nvidia-topologyd", "DirectoryOrCreate"),
+            host_path("mlnx-ofed-usr-src", "/run/mellanox/drivers/usr/src", "DirectoryOrCreate"),
+            host_path("run-mellanox-drivers", "/run/mellanox/drivers", "DirectoryOrCreate"),
+            host_path("run-nvidia-validations", VALIDATIONS_DIR, "DirectoryOrCreate"),
+            host_path("host-root", spec.host_paths.root_fs),
+            host_path("host-sys", "/sys", "Directory"),
             host_path("firmware-search-path", "/sys/module/firmware_class/parameters/path"),
-            host_path("lib-firmware", "/lib/firmware", "DirectoryOrCreate"),
+            host_path("host-sys-devices-system", "/sys/devices/system", "Directory"),
+            # The driver container installs under /run/nvidia/driver whatever
+            # hostPaths.driverInstallDir says (that is where others find it).
+            host_path("nv-firmware", "/run/nvidia/driver/lib/firmware", "DirectoryOrCreate"),
+            {
+                "name": "driver-startup-probe-script",
+                "configMap": {"name": STARTUP_PROBE_CONFIG_MAP, "defaultMode": 0o755},
+            },
         ],
     }
 
@@ -114,23 +379,77 @@ def update_strategy(spec: ClusterPolicySpec) -> dict[str, Any]:
     return rolling_update_strategy(spec)
 
 
+def sanitized_kernel(kernel: str) -> str:
+    """A kernel version fit for an object name: no arch, `_` as `.`, lower case."""
+    without_arch = re.sub(r"x86_64(?:_64k)?|aarch64(?:_64k)?", "", kernel)
+    return without_arch.replace("_", ".").rstrip(".").lower()
+
+
+def _daemonset(spec: ClusterPolicySpec, ctx: RenderContext, kernel: str | None) -> Manifest:
+    selector = {DEPLOY_DRIVER_LABEL: TRUE}
+    name = DAEMONSET_NAME
+    if kernel is not None:
+        selector[KERNEL_LABEL] = kernel
+        name = f"{DAEMONSET_NAME}-{sanitized_kernel(kernel)}-{ctx.kernels[kernel]}"
+    ds = daemonset(
+        name,
+        NAME,
+        spec,
+        ctx,
+        pod_spec(spec, ctx, kernel),
+        node_selector=selector,
+        update_strategy=update_strategy(spec),
+        pod_annotations={"kubectl.kubernetes.io/default-container": CONTAINER_NAME},
+    )
+    marks = {
+        COMPONENT_POD_LABEL: "nvidia-driver",
+        PRECOMPILED_LABEL: str(kernel is not None).lower(),
+    }
+    ds["spec"]["template"]["metadata"]["labels"].update(marks)
+    ds["metadata"]["labels"][PRECOMPILED_LABEL] = marks[PRECOMPILED_LABEL]
+    return ds
+
+
 def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
     if spec.driver.use_nvidia_driver_crd:
         return []  # NVIDIADriver resources own the driver DaemonSets then
+    kernels: list[str | None] = list(ctx.kernels) if spec.driver.use_precompiled else [None]
+    probe = metadata(STARTUP_PROBE_CONFIG_MAP, NAME, spec, ctx)
     return [
         service_account(SERVICE_ACCOUNT, NAME, spec, ctx),
-        daemonset(
-            DAEMONSET_NAME,
-            NAME,
-            spec,
-            ctx,
-            pod_spec(spec),
-            node_selector={DEPLOY_DRIVER_LABEL: TRUE},
-            update_strategy=update_strategy(spec),
-            pod_annotations={"kubectl.kubernetes.io/default-container": CONTAINER_NAME},
-        ),
+        *role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, [SCC_RULE]),
+        *cluster_role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, _CLUSTER_RULES),
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": probe,
+            "data": {"startup-probe.sh": _STARTUP_PROBE},
+        },
+        *(_daemonset(spec, ctx, kernel) for kernel in kernels),
     ]
 
+
+_STARTUP_PROBE = f"""#!/bin/sh
+# The driver container counts as started once its kernel module is loaded, its daemons
+# report Ready and nvidia-smi works; only then may operands use the driver.
+set -eu
+mkdir -p {VALIDATIONS_DIR}
+if [ ! -e /sys/module/nvidia/refcnt ]; then
+  echo "nvidia kernel module is not loaded"
+  exit 1
+fi
+if [ -f {DAEMONS_STATUS_FILE} ] && [ "$(cat {DAEMONS_STATUS_FILE})" != "Ready" ]; then
+  echo "driver daemons not ready: $(cat {DAEMONS_STATUS_FILE})"
+  exit 1
+fi
+nvidia-smi || {{ echo "nvidia-smi failed"; exit 1; }}
+cat > {READY_FILE}.tmp <<EOF
+GDRCOPY_ENABLED: ${{GDRCOPY_ENABLED:-false}}
+GDS_ENABLED: ${{GDS_ENABLED:-false}}
+GPU_DIRECT_RDMA_ENABLED: ${{GPU_DIRECT_RDMA_ENABLED:-false}}
+EOF
+mv {READY_FILE}.tmp {READY_FILE}
+"""
 
 COMPONENT = Component(
     name=NAME, deploy_label=DEPLOY_DRIVER_LABEL, is_enabled=enabled, render=render

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 from components import _config_manager
 from components._k8s import (
-    VALIDATIONS_DIR,
+    SCC_RULE,
+    TOOLKIT_READY,
     container,
     env,
     field_env,
     host_path,
     mount,
     pull_secrets,
-    validations_volume,
+    run_nvidia_volume,
     wait_for_file,
 )
 from components.component import Component
@@ -27,6 +28,17 @@ CONTAINER_NAME = "gpu-feature-discovery"
 PROCESS = "gpu-feature-discovery"
 FEATURES_DIR = "/etc/kubernetes/node-feature-discovery/features.d"
 
+_ROLE_RULES = [
+    SCC_RULE,
+    {
+        "apiGroups": ["nfd.k8s-sigs.io"],
+        "resources": ["nodefeatures"],
+        "verbs": ["get", "list", "watch", "create", "update"],
+    },
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
+]
+"""GFD can publish through NFD's NodeFeature objects instead of feature files."""
+
 
 def enabled(spec: ClusterPolicySpec) -> bool:
     return spec.gfd.enabled
@@ -34,27 +46,19 @@ def enabled(spec: ClusterPolicySpec) -> bool:
 
 def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
     gfd = spec.gfd
-    with_config = _config_manager.configured(spec)
     env_vars = [
-        env("MIG_STRATEGY", spec.mig.strategy),
         env("GFD_SLEEP_INTERVAL", "60s"),
         env("GFD_FAIL_ON_INIT_ERROR", "true"),
-        env("NVIDIA_MIG_MONITOR_DEVICES", "all"),
+        field_env("NAMESPACE", "metadata.namespace"),
         field_env("NODE_NAME", "spec.nodeName"),
+        field_env("POD_NAME", "metadata.name"),
+        env("MIG_STRATEGY", spec.mig.strategy),
+        env("NVIDIA_MIG_MONITOR_DEVICES", "all"),
     ]
-    mounts = [
-        mount("output-dir", FEATURES_DIR),
-        mount("host-sys", "/sys", read_only=True),
-    ]
-    volumes = [
-        host_path("output-dir", FEATURES_DIR, "DirectoryOrCreate"),
-        host_path("host-sys", "/sys"),
-        validations_volume(),
-    ]
-    init = [wait_for_file(ctx, "toolkit-validation", f"{VALIDATIONS_DIR}/toolkit-ready")]
-    if with_config:
+    mounts = [mount("output-dir", FEATURES_DIR), mount("host-sys", "/sys", read_only=True)]
+    if _config_manager.configured(spec):
         env_vars.append(env("CONFIG_FILE", _config_manager.CONFIG_FILE))
-        mounts.append(_config_manager.operand_mount())
+        mounts += _config_manager.operand_mounts()
     main = container(
         CONTAINER_NAME,
         component_image(spec, "gfd"),
@@ -64,24 +68,31 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         mounts=mounts,
         privileged=True,
     )
-    return _config_manager.operand_objects(
-        spec,
-        ctx,
-        component=NAME,
-        daemonset_name=DAEMONSET_NAME,
-        service_account_name=SERVICE_ACCOUNT,
-        process=PROCESS,
-        pod={
-            "runtimeClassName": spec.operator.runtime_class,
-            "imagePullSecrets": pull_secrets(
-                gfd.image_pull_secrets, ctx.operator_image_pull_secrets
-            ),
-        },
-        init=init,
-        main=main,
-        operand_volumes=volumes,
-        node_selector={DEPLOY_GFD_LABEL: TRUE},
-    )
+    return [
+        *_config_manager.operand_rbac(SERVICE_ACCOUNT, NAME, spec, ctx, role_rules=_ROLE_RULES),
+        _config_manager.operand_daemonset(
+            spec,
+            ctx,
+            component=NAME,
+            daemonset_name=DAEMONSET_NAME,
+            service_account_name=SERVICE_ACCOUNT,
+            process=PROCESS,
+            pod={
+                "runtimeClassName": spec.operator.runtime_class,
+                "imagePullSecrets": pull_secrets(
+                    gfd.image_pull_secrets, ctx.operator_image_pull_secrets
+                ),
+            },
+            init=[wait_for_file(ctx, "toolkit-validation", TOOLKIT_READY, whole_run_nvidia=True)],
+            main=main,
+            operand_volumes=[
+                host_path("output-dir", FEATURES_DIR),
+                host_path("host-sys", "/sys"),
+                run_nvidia_volume(),
+            ],
+            node_selector={DEPLOY_GFD_LABEL: TRUE},
+        ),
+    ]
 
 
 COMPONENT = Component(name=NAME, deploy_label=DEPLOY_GFD_LABEL, is_enabled=enabled, render=render)

@@ -31,6 +31,8 @@ DEPLOY_GFD_LABEL = "nvidia.com/gpu.deploy.gpu-feature-discovery"
 DEPLOY_MIG_MANAGER_LABEL = "nvidia.com/gpu.deploy.mig-manager"
 DEPLOY_NODE_STATUS_EXPORTER_LABEL = "nvidia.com/gpu.deploy.node-status-exporter"
 DEPLOY_VALIDATOR_LABEL = "nvidia.com/gpu.deploy.operator-validator"
+DEPLOY_CLIENT_LABEL = "nvidia.com/gpu.deploy.client"
+"""Set with the others, as upstream does; selects GPU clients run on the node's behalf."""
 
 DEPLOY_LABELS: tuple[str, ...] = (
     DEPLOY_DRIVER_LABEL,
@@ -42,11 +44,19 @@ DEPLOY_LABELS: tuple[str, ...] = (
     DEPLOY_GFD_LABEL,
     DEPLOY_MIG_MANAGER_LABEL,
     DEPLOY_NODE_STATUS_EXPORTER_LABEL,
+    DEPLOY_CLIENT_LABEL,
 )
-"""Every per-operand deploy label this operator manages."""
+"""Every per-operand deploy label this operator manages. Like upstream, all are set on
+every GPU node whether or not the policy enables that operand (the mig-manager's only
+on MIG-capable nodes): enabling an operand later then needs no node relabelling, and
+users' node selectors see the same labels as with upstream."""
 
 MIG_CAPABLE_LABEL = "nvidia.com/mig.capable"
 """Set by GPU feature discovery: `true` on nodes whose GPUs support MIG."""
+
+MIG_CONFIG_LABEL = "nvidia.com/mig.config"
+"""The MIG layout a node should have; the MIG manager applies it. We set the policy's
+default (`migManager.config.default`) where it is missing; any value present is kept."""
 
 MPS_CAPABLE_LABEL = "nvidia.com/mps.capable"
 """Set by the device plugin when its configuration asks for MPS sharing."""

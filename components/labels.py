@@ -5,6 +5,11 @@ Ownership is read from values, so nothing needs remembering between passes: `tru
 `paused-for-*` belongs to another component that stopped an operand for a while (left
 alone). Only our own values are ever removed, and the result is a fixed point: applying
 it and asking again yields no change.
+
+As upstream, every GPU node gets every operand's deploy label whether or not the policy
+enables that operand (the DaemonSet decides what runs), and a MIG-capable node without
+`nvidia.com/mig.config` gets the policy's default layout. That label is a request, not
+a mark of ours: once set, it is never changed or removed (uninstall included).
 """
 
 from __future__ import annotations
@@ -18,11 +23,11 @@ from components.keys import (
     FALSE,
     GPU_PRESENT_LABEL,
     MIG_CAPABLE_LABEL,
+    MIG_CONFIG_LABEL,
     NFD_GPU_LABELS,
     PAUSED_PREFIX,
     TRUE,
 )
-from components.registry import COMPONENTS
 from crd import ClusterPolicySpec
 
 LabelChanges = dict[str, str | None]
@@ -40,13 +45,24 @@ def is_mig_capable(labels: Mapping[str, str]) -> bool:
 
 
 def wanted_deploy_labels(labels: Mapping[str, str], spec: ClusterPolicySpec | None) -> set[str]:
-    """Deploy labels that should be `true` on this node (before respecting user values)."""
+    """Deploy labels that should be `true` on this node (before respecting user values):
+    all on a GPU node (the MIG manager's only where MIG is possible), none elsewhere."""
     if spec is None or not is_gpu_node(labels) or labels.get(DEPLOY_OPERANDS_LABEL) == FALSE:
         return set()
-    wanted = {c.deploy_label for c in COMPONENTS if c.deploy_label and c.enabled(spec)}
+    wanted = set(DEPLOY_LABELS)
     if not is_mig_capable(labels):
         wanted.discard(DEPLOY_MIG_MANAGER_LABEL)
     return wanted
+
+
+def _default_mig_config(labels: Mapping[str, str], spec: ClusterPolicySpec | None) -> str | None:
+    """The layout a MIG-capable GPU node starts with when it has none."""
+    if spec is None or not spec.mig_manager.enabled or not is_gpu_node(labels):
+        return None
+    if not is_mig_capable(labels) or labels.get(DEPLOY_OPERANDS_LABEL) == FALSE:
+        return None
+    config = spec.mig_manager.config
+    return (config.default if config else "all-disabled") or None
 
 
 def _not_ours(value: str | None) -> bool:
@@ -70,6 +86,9 @@ def node_label_changes(labels: Mapping[str, str], spec: ClusterPolicySpec | None
             changes[GPU_PRESENT_LABEL] = TRUE
     elif present == TRUE:
         changes[GPU_PRESENT_LABEL] = None
+    default_layout = _default_mig_config(labels, spec)
+    if default_layout and MIG_CONFIG_LABEL not in labels:
+        changes[MIG_CONFIG_LABEL] = default_layout
     wanted = wanted_deploy_labels(labels, spec)
     for key in DEPLOY_LABELS:
         value = labels.get(key)

@@ -1,32 +1,44 @@
 """mig-manager: repartitions MIG GPUs when a node's `nvidia.com/mig.config` label changes.
 
 Rendered only while some node is MIG-capable (the context says so); its deploy label goes
-only on MIG-capable nodes. It edits node labels (pausing operands while it works), hence
-its cluster role.
+only on MIG-capable nodes. With it come the default layouts (`default-mig-parted-config`,
+the names `nvidia.com/mig.config` may take) and the host services to stop while GPUs are
+repartitioned (`default-gpu-clients`), unless the policy names its own ConfigMaps. It
+edits node labels (pausing operands while it works), hence its cluster role.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from components import mig_layouts
 from components._k8s import (
     HOST_ROOT_MOUNT,
+    SCC_RULE,
+    TOOLKIT_READY,
     VALIDATIONS_DIR,
     cluster_role_and_binding,
-    config_map_volume,
     container,
     daemonset,
+    entrypoint_args,
+    entrypoint_config_map,
+    entrypoint_mount,
+    entrypoint_script,
+    entrypoint_volume,
     env,
     field_env,
     host_path,
+    metadata,
     mount,
     pull_secrets,
+    role_and_binding,
     service_account,
     validations_volume,
     wait_for_file,
 )
 from components.component import Component
 from components.context import Manifest, RenderContext
+from components.device_plugin import cdi_hook_path
 from components.keys import DEPLOY_MIG_MANAGER_LABEL, TRUE
 from crd import ClusterPolicySpec, component_image
 
@@ -34,17 +46,28 @@ NAME = "mig-manager"
 DAEMONSET_NAME = "nvidia-mig-manager"
 SERVICE_ACCOUNT = "nvidia-mig-manager"
 CONTAINER_NAME = "nvidia-mig-manager"
+ENTRYPOINT = "nvidia-mig-manager-entrypoint"
 DEFAULT_CONFIG_MAP = "default-mig-parted-config"
 DEFAULT_CLIENTS_CONFIG_MAP = "default-gpu-clients"
+CONFIG_DIR = "/mig-parted-config"
 
-_RULES = [
+_ROLE_RULES = [
+    SCC_RULE,
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "delete"]},
+    {
+        "apiGroups": [""],
+        "resources": ["configmaps"],
+        "verbs": ["create", "get", "list", "update", "patch"],
+    },
+]
+"""Restarts operand pods on its node; records layout state in ConfigMaps."""
+_CLUSTER_RULES = [
     {
         "apiGroups": [""],
         "resources": ["nodes"],
-        "verbs": ["get", "list", "watch", "patch", "update"],
+        "verbs": ["get", "list", "watch", "update", "patch"],
     },
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "delete"]},
-    {"apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": ["get", "list", "watch"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
 ]
 
 
@@ -52,35 +75,67 @@ def enabled(spec: ClusterPolicySpec) -> bool:
     return spec.mig_manager.enabled
 
 
+def _config_map(
+    name: str, key: str, data: str, spec: ClusterPolicySpec, ctx: RenderContext
+) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata(name, NAME, spec, ctx),
+        "data": {key: data},
+    }
+
+
 def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
     if not ctx.mig_capable:
         return []
     mig = spec.mig_manager
     config_name = mig.config.name if mig.config and mig.config.name else None
-    default_config = mig.config.default if mig.config else "all-disabled"
     clients = mig.gpu_clients_config
     clients_name = clients.name if clients and clients.name else None
+    env_vars = [
+        field_env("NODE_NAME", "spec.nodeName"),
+        field_env("POD_NAME", "metadata.name"),
+        field_env("POD_NAMESPACE", "metadata.namespace"),
+        env("GPU_CLIENTS_FILE", "/gpu-clients/clients.yaml"),
+        field_env("DEFAULT_GPU_CLIENTS_NAMESPACE", "metadata.namespace"),
+    ]
+    if config_name:  # the user's layouts
+        env_vars.append(env("CONFIG_FILE", f"{CONFIG_DIR}/config.yaml"))
+        layouts_volume: dict[str, Any] = {
+            "name": "mig-parted-config",
+            "configMap": {"name": config_name},
+        }
+    else:
+        env_vars.append(env("DEFAULT_CONFIG_FILE", f"{CONFIG_DIR}/config-default.yaml"))
+        layouts_volume = {
+            "name": "mig-parted-config",
+            "configMap": {
+                "name": DEFAULT_CONFIG_MAP,
+                "items": [{"key": "config.yaml", "path": "config-default.yaml"}],
+            },
+        }
+    if spec.cdi.enabled:
+        env_vars.append(env("CDI_ENABLED", "true"))
+        if spec.toolkit.enabled:
+            env_vars.append(env("NVIDIA_CDI_HOOK_PATH", cdi_hook_path(spec)))
     main = container(
         CONTAINER_NAME,
         component_image(spec, "migManager"),
         mig,
-        env_vars=[
-            field_env("NODE_NAME", "spec.nodeName"),
-            env("CONFIG_FILE", "/mig-parted-config/config.yaml"),
-            env("GPU_CLIENTS_FILE", "/gpu-clients/clients.yaml"),
-            env("DEFAULT_GPU_CLIENTS_NAMESPACE", ctx.namespace),
-            env("DEFAULT_MIG_CONFIG", default_config),
-            env("HOST_ROOT_MOUNT", HOST_ROOT_MOUNT),
-            env("HOST_NVIDIA_DIR", spec.toolkit.install_dir),
-            env("CDI_ENABLED", str(spec.cdi.enabled).lower()),
-            env("WITH_REBOOT", "false"),
-        ],
+        command=["/bin/sh", "-c"],
+        args=entrypoint_args(mig),
+        section_args=False,
+        env_vars=env_vars,
         mounts=[
-            mount("host-root", HOST_ROOT_MOUNT, propagation="HostToContainer"),
-            mount("host-sys", "/sys"),
-            mount("mig-parted-config", "/mig-parted-config", read_only=True),
-            mount("gpu-clients", "/gpu-clients", read_only=True),
+            entrypoint_mount(ENTRYPOINT),
             mount("run-nvidia-validations", VALIDATIONS_DIR),
+            mount("host-sys", "/sys"),
+            mount("host-root", HOST_ROOT_MOUNT, propagation="HostToContainer"),
+            mount("gpu-clients", "/gpu-clients"),
+            mount("mig-parted-config", CONFIG_DIR),
+            mount("driver-install-dir", "/driver-root", propagation="HostToContainer"),
+            mount("cdi-root", "/var/run/cdi"),
         ],
         privileged=True,
     )
@@ -90,33 +145,60 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         "hostPID": True,
         "hostIPC": True,
         "initContainers": [
-            wait_for_file(ctx, "toolkit-validation", f"{VALIDATIONS_DIR}/toolkit-ready")
+            wait_for_file(
+                ctx,
+                "toolkit-validation",
+                TOOLKIT_READY,
+                message="waiting for nvidia container toolkit to be setup",
+            )
         ],
         "containers": [main],
         "imagePullSecrets": pull_secrets(mig.image_pull_secrets, ctx.operator_image_pull_secrets),
         "volumes": [
-            host_path("host-root", spec.host_paths.root_fs),
-            host_path("host-sys", "/sys"),
-            # The defaults are optional: a missing ConfigMap must not keep the pod pending.
-            config_map_volume(
-                "mig-parted-config", config_name or DEFAULT_CONFIG_MAP, optional=not config_name
-            ),
-            config_map_volume(
-                "gpu-clients",
-                clients_name or DEFAULT_CLIENTS_CONFIG_MAP,
-                optional=not clients_name,
-            ),
+            entrypoint_volume(ENTRYPOINT),
+            host_path("host-sys", "/sys", "Directory"),
             validations_volume(),
+            host_path(
+                "driver-install-dir", spec.host_paths.driver_install_dir, "DirectoryOrCreate"
+            ),
+            host_path("host-root", spec.host_paths.root_fs),
+            {
+                "name": "gpu-clients",
+                "configMap": {"name": clients_name or DEFAULT_CLIENTS_CONFIG_MAP},
+            },
+            layouts_volume,
+            host_path("cdi-root", "/var/run/cdi", "DirectoryOrCreate"),
         ],
     }
     return [
         service_account(SERVICE_ACCOUNT, NAME, spec, ctx),
-        *cluster_role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, _RULES),
+        *role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, _ROLE_RULES),
+        *cluster_role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, _CLUSTER_RULES),
+        # The defaults only where the policy names no ConfigMap of its own.
+        *(
+            []
+            if config_name
+            else [_config_map(DEFAULT_CONFIG_MAP, "config.yaml", _LAYOUTS, spec, ctx)]
+        ),
+        *(
+            []
+            if clients_name
+            else [_config_map(DEFAULT_CLIENTS_CONFIG_MAP, "clients.yaml", _CLIENTS, spec, ctx)]
+        ),
+        entrypoint_config_map(ENTRYPOINT, NAME, _SCRIPT, spec, ctx),
         daemonset(
             DAEMONSET_NAME, NAME, spec, ctx, pod, node_selector={DEPLOY_MIG_MANAGER_LABEL: TRUE}
         ),
     ]
 
+
+_LAYOUTS = mig_layouts.config_yaml()
+_CLIENTS = mig_layouts.gpu_clients_yaml()
+_SCRIPT = entrypoint_script(
+    "nvidia-mig-manager",
+    # With a host driver, host services holding the GPUs must stop during a change.
+    extra='export WITH_SHUTDOWN_HOST_GPU_CLIENTS="$IS_HOST_DRIVER"\n',
+)
 
 COMPONENT = Component(
     name=NAME, deploy_label=DEPLOY_MIG_MANAGER_LABEL, is_enabled=enabled, render=render

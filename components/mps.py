@@ -4,86 +4,105 @@ asks for MPS sharing.
 Whether a config asks for MPS is in the user's ConfigMap, which rendering cannot read;
 so, like upstream, the DaemonSet exists whenever the device plugin does and selects only
 nodes the device plugin labelled `nvidia.com/mps.capable=true`: without MPS configs it
-schedules no pods and counts as ready at once. It is enabled only when the device plugin
-is and `devicePlugin.config.name` names a ConfigMap (no ConfigMap, no MPS config).
+schedules no pods and counts as ready at once. Its pods run under the device plugin's
+ServiceAccount, as upstream's do; the daemon's own account and RBAC exist alongside.
 """
 
 from __future__ import annotations
 
 from components import _config_manager
 from components._k8s import (
-    VALIDATIONS_DIR,
+    SCC_RULE,
+    TOOLKIT_READY,
     container,
-    driver_root,
     env,
     field_env,
     host_path,
     mount,
     pull_secrets,
-    validations_volume,
+    run_nvidia_volume,
     wait_for_file,
 )
 from components.component import Component
 from components.context import Manifest, RenderContext
+from components.device_plugin import SERVICE_ACCOUNT as DEVICE_PLUGIN_ACCOUNT
 from components.device_plugin import mps_root
 from components.keys import DEPLOY_DEVICE_PLUGIN_LABEL, MPS_CAPABLE_LABEL, TRUE
 from crd import ClusterPolicySpec, component_image
 
 NAME = "mps-control-daemon"
 DAEMONSET_NAME = "nvidia-device-plugin-mps-control-daemon"
-SERVICE_ACCOUNT = "nvidia-mps-control-daemon"
+SERVICE_ACCOUNT = "nvidia-device-plugin-mps-control-daemon"
 CONTAINER_NAME = "mps-control-daemon-ctr"
 PROCESS = "mps-control-daemon"
+PROCESS_PATH = "/usr/bin/mps-control-daemon"
+"""What the config manager signals: the daemon is matched by its full path."""
 
 
 def enabled(spec: ClusterPolicySpec) -> bool:
-    return spec.device_plugin.enabled and _config_manager.configured(spec)
+    return spec.device_plugin.enabled
 
 
 def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
     plugin = spec.device_plugin
+    image = component_image(spec, "devicePlugin")
+    env_vars = [
+        field_env("NODE_NAME", "spec.nodeName"),
+        env("NVIDIA_VISIBLE_DEVICES", "all"),
+        env("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"),
+        env("MIG_STRATEGY", spec.mig.strategy),
+        env("NVIDIA_MIG_MONITOR_DEVICES", "all"),
+    ]
+    mounts = [mount("mps-shm", "/dev/shm"), mount("mps-root", "/mps")]
+    if _config_manager.configured(spec):
+        env_vars.append(env("CONFIG_FILE", _config_manager.CONFIG_FILE))
+        mounts += _config_manager.operand_mounts()
     main = container(
         CONTAINER_NAME,
-        component_image(spec, "devicePlugin"),
+        image,
         plugin,
         command=[PROCESS],
-        env_vars=[
-            field_env("NODE_NAME", "spec.nodeName"),
-            env("CONFIG_FILE", _config_manager.CONFIG_FILE),
-            env("NVIDIA_VISIBLE_DEVICES", "all"),
-            env("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"),
-        ],
-        mounts=[
-            mount("mps-root", "/mps"),
-            mount("mps-shm", "/dev/shm"),
-            _config_manager.operand_mount(),
-        ],
+        env_vars=env_vars,
+        mounts=mounts,
         privileged=True,
     )
-    return _config_manager.operand_objects(
-        spec,
-        ctx,
-        component=NAME,
-        daemonset_name=DAEMONSET_NAME,
-        service_account_name=SERVICE_ACCOUNT,
-        process=PROCESS,
-        pod={
-            "runtimeClassName": spec.operator.runtime_class,
-            "hostPID": True,
-            "imagePullSecrets": pull_secrets(
-                plugin.image_pull_secrets, ctx.operator_image_pull_secrets
-            ),
-        },
-        init=[wait_for_file(ctx, "toolkit-validation", f"{VALIDATIONS_DIR}/toolkit-ready")],
-        main=main,
-        operand_volumes=[
-            host_path("mps-root", mps_root(spec), "DirectoryOrCreate"),
-            host_path("mps-shm", f"{mps_root(spec)}/shm", "DirectoryOrCreate"),
-            host_path("driver-root", driver_root(spec), "DirectoryOrCreate"),
-            validations_volume(),
-        ],
-        node_selector={DEPLOY_DEVICE_PLUGIN_LABEL: TRUE, MPS_CAPABLE_LABEL: TRUE},
-    )
+    shm_mount = {
+        "name": "mps-control-daemon-mounts",
+        "image": image,
+        "imagePullPolicy": plugin.image_pull_policy,
+        "command": [PROCESS, "mount-shm"],
+        "securityContext": {"privileged": True},
+        "volumeMounts": [mount("mps-root", "/mps", propagation="Bidirectional")],
+    }
+    return [
+        *_config_manager.operand_rbac(SERVICE_ACCOUNT, NAME, spec, ctx, role_rules=[SCC_RULE]),
+        _config_manager.operand_daemonset(
+            spec,
+            ctx,
+            component=NAME,
+            daemonset_name=DAEMONSET_NAME,
+            service_account_name=DEVICE_PLUGIN_ACCOUNT,
+            process=PROCESS_PATH,
+            pod={
+                "runtimeClassName": spec.operator.runtime_class,
+                "hostPID": True,
+                "imagePullSecrets": pull_secrets(
+                    plugin.image_pull_secrets, ctx.operator_image_pull_secrets
+                ),
+            },
+            init=[
+                wait_for_file(ctx, "toolkit-validation", TOOLKIT_READY, whole_run_nvidia=True),
+                shm_mount,
+            ],
+            main=main,
+            operand_volumes=[
+                run_nvidia_volume(),
+                host_path("mps-root", mps_root(spec), "DirectoryOrCreate"),
+                host_path("mps-shm", f"{mps_root(spec)}/shm"),
+            ],
+            node_selector={DEPLOY_DEVICE_PLUGIN_LABEL: TRUE, MPS_CAPABLE_LABEL: TRUE},
+        ),
+    ]
 
 
 COMPONENT = Component(name=NAME, deploy_label=None, is_enabled=enabled, render=render)

@@ -9,17 +9,21 @@ from components._k8s import (
     APP_LABEL,
     DRIVER_ROOT,
     HOST_ROOT_MOUNT,
+    READ_NODES,
+    RUN_NVIDIA,
     VALIDATIONS_DIR,
+    cluster_role_and_binding,
     container,
     daemonset,
-    driver_root,
+    env,
     field_env,
     host_path,
     metadata,
     mount,
     pull_secrets,
+    role_and_binding,
+    run_nvidia_volume,
     service_account,
-    validations_volume,
 )
 from components.component import Component
 from components.context import Manifest, RenderContext
@@ -33,6 +37,15 @@ SERVICE_ACCOUNT = "nvidia-node-status-exporter"
 CONTAINER_NAME = "nvidia-node-status-exporter"
 METRICS_PORT = 8000
 SERVICE_PORT_NAME = "node-status"
+_ROLE_RULES = [
+    {
+        "apiGroups": ["security.openshift.io"],
+        "resources": ["securitycontextconstraints"],
+        "verbs": ["use"],
+    },
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
+    {"apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": ["get", "list", "watch"]},
+]
 
 
 def enabled(spec: ClusterPolicySpec) -> bool:
@@ -57,14 +70,21 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
             "--validations-dir",
             VALIDATIONS_DIR,
         ],
-        env_vars=[field_env("NODE_NAME", "spec.nodeName")],
+        env_vars=[
+            env("NVIDIA_VISIBLE_DEVICES", "void"),
+            field_env("NODE_NAME", "spec.nodeName"),
+            field_env("OPERATOR_NAMESPACE", "metadata.namespace"),
+        ],
+        # /run/nvidia holds both the validations and the driver container's root.
         mounts=[
-            mount("run-nvidia-validations", VALIDATIONS_DIR, read_only=True),
-            mount("driver-root", DRIVER_ROOT, read_only=True, propagation="HostToContainer"),
+            mount("run-nvidia", RUN_NVIDIA, propagation="HostToContainer"),
             mount("host-root", HOST_ROOT_MOUNT, read_only=True, propagation="HostToContainer"),
         ],
         privileged=True,
-        extra={"ports": [{"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}]},
+        root=True,
+        extra={
+            "ports": [{"name": SERVICE_PORT_NAME, "containerPort": METRICS_PORT, "protocol": "TCP"}]
+        },
     )
     main["imagePullPolicy"] = ctx.operator_image_pull_policy
     pod: dict[str, Any] = {
@@ -73,16 +93,14 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         "imagePullSecrets": pull_secrets(
             ctx.operator_image_pull_secrets, section.image_pull_secrets
         ),
-        "volumes": [
-            validations_volume(),
-            host_path("driver-root", driver_root(spec), "DirectoryOrCreate"),
-            host_path("host-root", spec.host_paths.root_fs),
-        ],
+        "volumes": [run_nvidia_volume(), host_path("host-root", spec.host_paths.root_fs)],
     }
     service_meta = metadata(SERVICE_NAME, NAME, spec, ctx)
     service_meta["labels"][APP_LABEL] = DAEMONSET_NAME
     return [
         service_account(SERVICE_ACCOUNT, NAME, spec, ctx),
+        *role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, _ROLE_RULES),
+        *cluster_role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, [READ_NODES]),
         daemonset(
             DAEMONSET_NAME,
             NAME,

@@ -12,15 +12,28 @@ RUNTIME_HANDLER = "nvidia"
 """The runtime the container toolkit registers with containerd/CRI-O."""
 
 
+EXTRA_HANDLERS = ("nvidia-cdi", "nvidia-legacy")
+"""The toolkit also registers these handlers (runtime modes pinned to CDI or legacy
+injection); each gets a RuntimeClass of its name so pods can ask for one."""
+
+
+def _runtime_class(
+    name: str, handler: str, spec: ClusterPolicySpec, ctx: RenderContext
+) -> Manifest:
+    return {
+        "apiVersion": "node.k8s.io/v1",
+        "kind": "RuntimeClass",
+        "metadata": metadata(name, NAME, spec, ctx, namespaced=False),
+        "handler": handler,
+    }
+
+
 def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
-    return [
-        {
-            "apiVersion": "node.k8s.io/v1",
-            "kind": "RuntimeClass",
-            "metadata": metadata(spec.operator.runtime_class, NAME, spec, ctx, namespaced=False),
-            "handler": RUNTIME_HANDLER,
-        }
+    classes = [_runtime_class(spec.operator.runtime_class, RUNTIME_HANDLER, spec, ctx)]
+    classes += [
+        _runtime_class(h, h, spec, ctx) for h in EXTRA_HANDLERS if h != spec.operator.runtime_class
     ]
+    return classes
 
 
 COMPONENT = Component(name=NAME, deploy_label=None, is_enabled=always, render=render)

@@ -1,31 +1,43 @@
 """container-toolkit: installs the NVIDIA runtime on each GPU node and configures the
 node's container runtime to know it (the `nvidia` RuntimeClass handler).
 
+The runtime it configures is the one the GPU nodes run (`status.nodeInfo.
+containerRuntimeVersion`, via the render context), not `operator.defaultRuntime`: a
+containerd node given docker's config paths would never get the `nvidia` handler.
 It starts only once the driver works: its init container runs our driver check, which
 also writes `driver-ready` for the operands after it.
 """
 
 from __future__ import annotations
 
+import posixpath
 from typing import Any
 
 from components._k8s import (
     DRIVER_ROOT,
     HOST_ROOT_MOUNT,
+    SCC_RULE,
     VALIDATIONS_DIR,
     container,
     daemonset,
-    driver_root,
+    entrypoint_args,
+    entrypoint_config_map,
+    entrypoint_mount,
+    entrypoint_script,
+    entrypoint_volume,
     env,
     field_env,
     host_path,
+    merge_env,
     mount,
     pull_secrets,
+    role_and_binding,
+    security_context,
     service_account,
     validations_volume,
 )
 from components.component import Component
-from components.context import Manifest, RenderContext
+from components.context import CONTAINERD, CRIO, DOCKER, Manifest, RenderContext
 from components.keys import DEPLOY_TOOLKIT_LABEL, TRUE
 from crd import ClusterPolicySpec, component_image
 
@@ -33,13 +45,27 @@ NAME = "container-toolkit"
 DAEMONSET_NAME = "nvidia-container-toolkit-daemonset"
 SERVICE_ACCOUNT = "nvidia-container-toolkit"
 CONTAINER_NAME = "nvidia-container-toolkit-ctr"
+ENTRYPOINT = "nvidia-container-toolkit-entrypoint"
+TOOLKIT_ROOT = "/run/nvidia/toolkit"
+CONFIG_TARGET = "/runtime/config-dir/"
+DROP_IN_TARGET = "/runtime/config-dir.d/"
+SOCKET_TARGET = "/runtime/sock-dir/"
 
-_RUNTIME_CONFIG = {
-    "containerd": ("/etc/containerd", "/runtime/config-dir/", "/run/containerd"),
-    "crio": ("/etc/crio", "/runtime/config-dir/", "/var/run/crio"),
-    "docker": ("/etc/docker", "/runtime/config-dir/", "/var/run"),
+_DEFAULT_FILES: dict[str, tuple[str, str | None, str | None]] = {
+    CONTAINERD: (
+        "/etc/containerd/config.toml",
+        "/etc/containerd/conf.d/99-nvidia.toml",
+        "/run/containerd/containerd.sock",
+    ),
+    DOCKER: ("/etc/docker/daemon.json", None, "/var/run/docker.sock"),
+    CRIO: ("/etc/crio/config.toml", "/etc/crio/crio.conf.d/99-nvidia.conf", None),
 }
-"""Host config directory, its mount point, and the runtime's socket directory."""
+"""Per runtime: top-level config, drop-in config (none for docker), socket (none for
+CRI-O, which reloads its config by itself)."""
+_CONFIG_ENV = {CONTAINERD: "CONTAINERD_CONFIG", DOCKER: "DOCKER_CONFIG", CRIO: "CRIO_CONFIG"}
+_SOCKET_ENV = {CONTAINERD: "CONTAINERD_SOCKET", DOCKER: "DOCKER_SOCKET"}
+
+_RULES = [SCC_RULE, {"apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": ["list"]}]
 
 
 def enabled(spec: ClusterPolicySpec) -> bool:
@@ -54,46 +80,104 @@ def driver_wait(spec: ClusterPolicySpec, ctx: RenderContext) -> dict[str, Any]:
         "name": "driver-validation",
         "image": ctx.operator_image,
         "imagePullPolicy": ctx.operator_image_pull_policy,
-        "command": ["sh", "-c", f"until {check}; do sleep 5; done"],
+        "command": ["sh", "-c"],
+        "args": [f"until {check}; do sleep 5; done"],
         "env": [field_env("NODE_NAME", "spec.nodeName")],
-        "securityContext": {"privileged": True},
+        "securityContext": security_context(privileged=True, root=True),
         "volumeMounts": [
-            mount("run-nvidia-validations", VALIDATIONS_DIR),
-            mount("driver-root", DRIVER_ROOT, read_only=True, propagation="HostToContainer"),
+            mount("driver-install-dir", DRIVER_ROOT, propagation="HostToContainer"),
+            mount("run-nvidia-validations", VALIDATIONS_DIR, propagation="Bidirectional"),
             mount("host-root", HOST_ROOT_MOUNT, read_only=True, propagation="HostToContainer"),
+            mount("host-dev-char", "/host-dev-char"),
         ],
     }
 
 
+def _user_env(spec: ClusterPolicySpec, name: str) -> str | None:
+    for var in spec.toolkit.env or ():
+        if var.name == name and var.value:
+            return var.value
+    return None
+
+
+def runtime_settings(
+    spec: ClusterPolicySpec, runtime: str
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """Env, mounts and volumes that let the toolkit edit `runtime`'s config and signal
+    it. Paths set in `toolkit.env` (CONTAINERD_CONFIG, RUNTIME_DROP_IN_CONFIG...) win
+    over the defaults, and the mounts follow them."""
+    top, drop_in, socket = _DEFAULT_FILES[runtime]
+    top = _user_env(spec, _CONFIG_ENV[runtime]) or _user_env(spec, "RUNTIME_CONFIG") or top
+    if drop_in is not None:
+        drop_in = _user_env(spec, "RUNTIME_DROP_IN_CONFIG") or drop_in
+    if runtime in _SOCKET_ENV:
+        socket = _user_env(spec, _SOCKET_ENV[runtime]) or socket
+    env_vars = [env("RUNTIME", runtime)]
+    if runtime == CONTAINERD:
+        env_vars.append(env("CONTAINERD_RUNTIME_CLASS", spec.operator.runtime_class))
+    mounts: list[dict[str, Any]] = []
+    volumes: list[dict[str, Any]] = []
+    in_ctr = CONFIG_TARGET + posixpath.basename(top)
+    env_vars += [env("RUNTIME_CONFIG", in_ctr), env(_CONFIG_ENV[runtime], in_ctr)]
+    mounts.append(mount(f"{runtime}-config", CONFIG_TARGET))
+    volumes.append(host_path(f"{runtime}-config", posixpath.dirname(top), "DirectoryOrCreate"))
+    if drop_in:
+        env_vars += [
+            env("RUNTIME_DROP_IN_CONFIG", DROP_IN_TARGET + posixpath.basename(drop_in)),
+            env("RUNTIME_DROP_IN_CONFIG_HOST_PATH", drop_in),
+        ]
+        mounts.append(mount(f"{runtime}-drop-in-config", DROP_IN_TARGET))
+        volumes.append(
+            host_path(f"{runtime}-drop-in-config", posixpath.dirname(drop_in), "DirectoryOrCreate")
+        )
+    if socket:
+        in_ctr = SOCKET_TARGET + posixpath.basename(socket)
+        env_vars += [env("RUNTIME_SOCKET", in_ctr), env(_SOCKET_ENV[runtime], in_ctr)]
+        mounts.append(mount(f"{runtime}-socket", SOCKET_TARGET))
+        volumes.append(host_path(f"{runtime}-socket", posixpath.dirname(socket)))
+    return env_vars, mounts, volumes
+
+
 def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
     toolkit = spec.toolkit
-    runtime = spec.operator.default_runtime
-    host_dir, mount_dir, socket_dir = _RUNTIME_CONFIG[runtime]
+    runtime = ctx.container_runtime
+    runtime_env, runtime_mounts, runtime_volumes = runtime_settings(spec, runtime)
+    cdi = spec.cdi.enabled
+    env_vars = [
+        env("ROOT", toolkit.install_dir),
+        env("NVIDIA_CONTAINER_RUNTIME_MODES_CDI_DEFAULT_KIND", "management.nvidia.com/gpu"),
+        env("NVIDIA_VISIBLE_DEVICES", "void"),
+        env("TOOLKIT_PID_FILE", f"{TOOLKIT_ROOT}/toolkit.pid"),
+        field_env("NRI_NAMESPACE", "metadata.namespace"),
+        env("CDI_ENABLED", str(cdi).lower()),
+        env("NVIDIA_RUNTIME_SET_AS_DEFAULT", "false"),
+    ]
+    if cdi:
+        env_vars.append(env("NVIDIA_CONTAINER_RUNTIME_MODE", "cdi"))
+    env_vars += [env("CRIO_CONFIG_MODE", "config"), *runtime_env]
     main = container(
         CONTAINER_NAME,
         component_image(spec, "toolkit"),
         toolkit,
-        env_vars=[
-            env("RUNTIME", runtime),
-            env("RUNTIME_CONFIG_DIR", mount_dir),
-            env("NVIDIA_DRIVER_ROOT", driver_root(spec)),
-            env("DRIVER_ROOT_CTR_PATH", "/driver-root"),
-            env("TOOLKIT_INSTALL_DIR", toolkit.install_dir),
-            env("CDI_ENABLED", str(spec.cdi.enabled).lower()),
-            env("NVIDIA_RUNTIME_SET_AS_DEFAULT", "false"),
-            field_env("NODE_NAME", "spec.nodeName"),
-        ],
+        command=["/bin/sh", "-c"],
+        args=entrypoint_args(toolkit),
+        section_args=False,
+        env_vars=env_vars,
         mounts=[
-            mount("run-nvidia", "/run/nvidia", propagation="HostToContainer"),
-            mount("driver-root", "/driver-root", read_only=True, propagation="HostToContainer"),
+            entrypoint_mount(ENTRYPOINT),
+            mount("toolkit-root", TOOLKIT_ROOT),
+            mount("run-nvidia-validations", VALIDATIONS_DIR),
             mount("toolkit-install-dir", toolkit.install_dir),
-            mount("runtime-config", mount_dir),
-            mount("runtime-socket", socket_dir),
-            mount("cdi-root", "/var/run/cdi"),
+            mount("crio-hooks", "/usr/share/containers/oci/hooks.d"),
+            mount("driver-install-dir", "/driver-root", propagation="HostToContainer"),
             mount("host-root", HOST_ROOT_MOUNT, read_only=True, propagation="HostToContainer"),
+            mount("cdi-root", "/var/run/cdi"),
+            *runtime_mounts,
         ],
         privileged=True,
     )
+    # A path the user gave is the host's; the container sees it where it is mounted.
+    main["env"] = merge_env(main["env"], runtime_env)
     pod = {
         "serviceAccountName": SERVICE_ACCOUNT,
         "hostPID": True,
@@ -103,21 +187,34 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
             toolkit.image_pull_secrets, ctx.operator_image_pull_secrets
         ),
         "volumes": [
-            host_path("run-nvidia", "/run/nvidia", "DirectoryOrCreate"),
+            entrypoint_volume(ENTRYPOINT),
+            host_path("toolkit-root", TOOLKIT_ROOT, "DirectoryOrCreate"),
             validations_volume(),
-            host_path("driver-root", driver_root(spec), "DirectoryOrCreate"),
-            host_path("toolkit-install-dir", toolkit.install_dir, "DirectoryOrCreate"),
-            host_path("runtime-config", host_dir, "DirectoryOrCreate"),
-            host_path("runtime-socket", socket_dir),
-            host_path("cdi-root", "/var/run/cdi", "DirectoryOrCreate"),
+            host_path(
+                "driver-install-dir", spec.host_paths.driver_install_dir, "DirectoryOrCreate"
+            ),
             host_path("host-root", spec.host_paths.root_fs),
+            host_path("toolkit-install-dir", toolkit.install_dir),
+            host_path("crio-hooks", "/run/containers/oci/hooks.d"),
+            host_path("host-dev-char", "/dev/char"),
+            host_path("cdi-root", "/var/run/cdi", "DirectoryOrCreate"),
+            *runtime_volumes,
         ],
     }
     return [
         service_account(SERVICE_ACCOUNT, NAME, spec, ctx),
+        *role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, _RULES),
+        entrypoint_config_map(ENTRYPOINT, NAME, _SCRIPT, spec, ctx),
         daemonset(DAEMONSET_NAME, NAME, spec, ctx, pod, node_selector={DEPLOY_TOOLKIT_LABEL: TRUE}),
     ]
 
+
+_SCRIPT = entrypoint_script(
+    "nvidia-toolkit",
+    # containerd >= 1.6.9 may send the toolkit a SIGTERM just after it restarts the
+    # runtime; a short pause before installing avoids that crash loop.
+    extra="sleep 5\n",
+)
 
 COMPONENT = Component(
     name=NAME, deploy_label=DEPLOY_TOOLKIT_LABEL, is_enabled=enabled, render=render

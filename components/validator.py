@@ -14,11 +14,11 @@ from components._k8s import (
     DRIVER_ROOT,
     HOST_ROOT_MOUNT,
     READ_NODES,
+    SCC_RULE,
     VALIDATIONS_DIR,
     cluster_role_and_binding,
     container,
     daemonset,
-    driver_root,
     dump_env,
     field_env,
     host_path,
@@ -44,13 +44,26 @@ WITH_WORKLOAD_ENV = "WITH_WORKLOAD"
 """`true` in `validator.plugin.env`: also run a pod requesting a GPU after allocatable."""
 DEFAULT_TOOLKIT_DIR = "/usr/local/nvidia"
 
-_POD_RULES = [
+_ROLE_RULES = [
+    SCC_RULE,
     {
         "apiGroups": [""],
         "resources": ["pods"],
-        "verbs": ["get", "list", "watch", "create", "delete"],
-    }
+        "verbs": ["create", "get", "list", "watch", "update", "patch", "delete"],
+    },
+    {"apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": ["get", "list", "watch"]},
 ]
+"""It runs (and cleans up) the CUDA and plugin workload pods and reads operand DaemonSets."""
+_CLUSTER_RULES = [
+    READ_NODES,
+    {
+        "apiGroups": ["nvidia.com"],
+        "resources": ["clusterpolicies/finalizers", "nvidiadrivers/finalizers"],
+        "verbs": ["create", "get", "list", "watch", "update", "patch", "delete"],
+    },
+]
+"""Workload pods may carry owner references to the policy (blockOwnerDeletion needs
+the owner's finalizers subresource where that admission check is on)."""
 
 
 def enabled(spec: ClusterPolicySpec) -> bool:
@@ -123,36 +136,47 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
             ],
             *(dump_env(step.env) for step in steps if step is not None),
         ),
+        # One container does what upstream's four validation init containers do, so it
+        # carries their mounts: validations shared back to the host, the driver root,
+        # the host's root and /dev/char.
         mounts=[
-            mount("run-nvidia-validations", VALIDATIONS_DIR),
-            mount("driver-root", DRIVER_ROOT, read_only=True, propagation="HostToContainer"),
+            mount("run-nvidia-validations", VALIDATIONS_DIR, propagation="Bidirectional"),
+            mount("driver-install-dir", DRIVER_ROOT, propagation="HostToContainer"),
             mount("host-root", HOST_ROOT_MOUNT, read_only=True, propagation="HostToContainer"),
+            mount("host-dev-char", "/host-dev-char"),
         ],
         privileged=True,
+        root=True,
         extra={
             "readinessProbe": {
                 "exec": {"command": ["test", "-f", f"{VALIDATIONS_DIR}/plugin-ready"]},
                 "periodSeconds": 5,
-            }
+            },
+            # Operands wait on these files: a stopped validator must not leave them.
+            "lifecycle": {
+                "preStop": {"exec": {"command": ["sh", "-c", f"rm -f {VALIDATIONS_DIR}/*-ready"]}}
+            },
         },
     )
     main["imagePullPolicy"] = ctx.operator_image_pull_policy
     pod: dict[str, Any] = {
         "serviceAccountName": SERVICE_ACCOUNT,
+        "runtimeClassName": spec.operator.runtime_class,
         "containers": [main],
         "imagePullSecrets": pull_secrets(
             ctx.operator_image_pull_secrets, validator.image_pull_secrets
         ),
         "volumes": [
             validations_volume(),
-            host_path("driver-root", driver_root(spec), "DirectoryOrCreate"),
+            host_path("driver-install-dir", spec.host_paths.driver_install_dir),
             host_path("host-root", spec.host_paths.root_fs),
+            host_path("host-dev-char", "/dev/char"),
         ],
     }
     return [
         service_account(SERVICE_ACCOUNT, NAME, spec, ctx),
-        *role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, _POD_RULES),
-        *cluster_role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, [READ_NODES]),
+        *role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, _ROLE_RULES),
+        *cluster_role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, _CLUSTER_RULES),
         daemonset(
             DAEMONSET_NAME, NAME, spec, ctx, pod, node_selector={DEPLOY_VALIDATOR_LABEL: TRUE}
         ),

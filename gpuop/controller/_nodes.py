@@ -15,11 +15,18 @@ from gpuop.compact import frozen, shared
 
 Obj = dict[str, Any]
 
-#: The node labels the operator reads: its own and GFD's (``nvidia.com/``) and NFD's
-#: PCI device labels (how a GPU node is recognised). Real nodes carry dozens of other
-#: NFD and cloud labels; keeping them would cost memory on every node and wake a
-#: reconcile whenever one changed, for nothing.
-READ_LABEL_PREFIXES = ("nvidia.com/", "feature.node.kubernetes.io/pci-")
+#: The node labels the operator reads: its own and GFD's (``nvidia.com/``), NFD's
+#: PCI device labels (how a GPU node is recognised) and NFD's OS release and kernel
+#: (the driver image tag). Real nodes carry dozens of other NFD and cloud labels;
+#: keeping them would cost memory on every node and wake a reconcile whenever one
+#: changed, for nothing.
+READ_LABEL_PREFIXES = (
+    "nvidia.com/",
+    "feature.node.kubernetes.io/pci-",
+    "feature.node.kubernetes.io/system-os_release.ID",
+    "feature.node.kubernetes.io/system-os_release.VERSION_ID",
+    "feature.node.kubernetes.io/kernel-version.full",
+)
 #: The node annotations the operator reads: the upgrade state it records.
 READ_ANNOTATION_PREFIXES = ("nvidia.com/", "gpuop.io/")
 
@@ -29,6 +36,7 @@ def trim_node(node: Obj) -> Obj:
     spec = node.get("spec") or {}
     status = node.get("status") or {}
     ready = [c for c in status.get("conditions") or [] if c.get("type") == "Ready"]
+    info = status.get("nodeInfo") or {}
     return {
         "metadata": {
             "name": shared(meta.get("name")),  # also every pod's nodeName
@@ -42,6 +50,8 @@ def trim_node(node: Obj) -> Obj:
             {
                 "conditions": [{"type": "Ready", "status": c.get("status")} for c in ready],
                 "allocatable": status.get("allocatable") or {},
+                # Which runtime the toolkit must configure (shared: nodes alike).
+                "nodeInfo": {"containerRuntimeVersion": info.get("containerRuntimeVersion")},
             }
         ),
     }
@@ -62,6 +72,7 @@ def node_fingerprint(node: Obj | None) -> Any:
         node["spec"].get("unschedulable", False),
         repr(node["spec"].get("taints")),
         is_ready(node),
+        (node["status"].get("nodeInfo") or {}).get("containerRuntimeVersion"),
     )
 
 

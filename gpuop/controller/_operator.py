@@ -9,7 +9,7 @@ from typing import Any
 
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from components import COMPONENTS, RenderContext
+from components import COMPONENTS, RenderContext, node_facts
 from components._k8s import COMPONENT_LABEL, MANAGED_BY, MANAGED_BY_LABEL
 from components.driver import DAEMONSET_NAME as DRIVER_DS
 from components.hashing import applied_hash, needs_apply, with_hash
@@ -65,6 +65,7 @@ _OWNED_NAMESPACED = (
     by_kind("apps/v1", "DaemonSet"),
     by_kind("v1", "Service"),
     by_kind("v1", "ServiceAccount"),
+    by_kind("v1", "ConfigMap"),
     by_kind("rbac.authorization.k8s.io/v1", "Role"),
     by_kind("rbac.authorization.k8s.io/v1", "RoleBinding"),
 )
@@ -313,6 +314,9 @@ class Operator:
             operator_image=self.config.operator_image,
             mig_capable=any_mig_capable(labels(n) for n in gpu_nodes),
             service_monitor_crd=await self._has_service_monitors(raw),
+            gpu_nodes=tuple(
+                node_facts(n) for n in sorted(gpu_nodes, key=lambda n: n["metadata"]["name"])
+            ),
         )
         owner = _owner_reference(raw)
         desired = {

@@ -2,8 +2,10 @@
 
 Every scrape initialises NVML, reads, and shuts it down again, so between scrapes the
 exporter holds no device open that could stand in the way of a driver reload. A
-failure of any kind becomes a metric (``gpuop_node_nvml_up 0``, ``gpuop_gpu_up 0``,
-``gpuop_node_validations_readable 0``), never an exception out of ``collect``.
+failure of any kind becomes a metric (``gpu_operator_node_nvml_up 0``,
+``gpu_operator_node_gpu_up 0``, ``gpu_operator_node_validations_readable 0``), never an
+exception out of ``collect``. Names follow upstream's node-status-exporter
+(``gpu_operator_node_*``); per-GPU health it does not export is ``gpu_operator_node_gpu_*``.
 ``collect`` blocks; the HTTP handler calls it in a thread.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
 
@@ -55,112 +58,138 @@ class _Families:
 
     def __init__(self) -> None:
         g, c = GaugeMetricFamily, CounterMetricFamily
-        self.validation_ready = g(
-            "gpuop_node_validation_ready",
-            "1 while the validator's status file for the check exists.",
-            labels=[*NODE_LABELS, "check"],
+        # Upstream's names (its node-status-exporter): one gauge per validation step.
+        self.ready = {
+            check: g(
+                f"gpu_operator_node_{check}_ready",
+                f"1 while the validator's {check}-ready status file exists, 0 otherwise.",
+                labels=NODE_LABELS,
+            )
+            for check in CHECK_NAMES
+        }
+        self.metrics_ready = g(
+            "gpu_operator_node_metrics_ready_ts_seconds",
+            "When this exporter started (Unix seconds).",
+            labels=NODE_LABELS,
+        )
+        self.driver_validation = g(
+            "gpu_operator_node_driver_validation",
+            "1 when the driver answered (NVML initialised) at this scrape, 0 otherwise.",
+            labels=NODE_LABELS,
+        )
+        self.driver_validation_last_success = g(
+            "gpu_operator_node_driver_validation_last_success_ts_seconds",
+            "When the driver last answered (Unix seconds).",
+            labels=NODE_LABELS,
         )
         self.validations_readable = g(
-            "gpuop_node_validations_readable",
+            "gpu_operator_node_validations_readable",
             "0 when the validations directory cannot be read.",
             labels=NODE_LABELS,
         )
         self.nvml_up = g(
-            "gpuop_node_nvml_up", "1 when NVML initialised and answered.", labels=NODE_LABELS
+            "gpu_operator_node_nvml_up", "1 when NVML initialised and answered.", labels=NODE_LABELS
         )
         self.nvml_failure = g(
-            "gpuop_node_nvml_failure_info",
+            "gpu_operator_node_nvml_failure_info",
             "Why NVML is down (present only while it is).",
             labels=[*NODE_LABELS, "reason"],
         )
         self.driver_info = g(
-            "gpuop_node_driver_info",
+            "gpu_operator_node_driver_info",
             "The driver's version and the highest CUDA version it supports.",
             labels=[*NODE_LABELS, "driver_version", "cuda_driver_version"],
         )
-        self.gpu_count = g("gpuop_node_gpu_count", "GPUs NVML enumerates.", labels=NODE_LABELS)
+        self.gpu_count = g(
+            "gpu_operator_node_gpu_count", "GPUs NVML enumerates.", labels=NODE_LABELS
+        )
         self.xid_watching = g(
-            "gpuop_node_xid_events_watching",
+            "gpu_operator_node_xid_events_watching",
             "1 while XID events are being received.",
             labels=NODE_LABELS,
         )
-        self.gpu_up = g("gpuop_gpu_up", "0 when the GPU is lost.", labels=GPU_LABELS)
+        self.gpu_up = g("gpu_operator_node_gpu_up", "0 when the GPU is lost.", labels=GPU_LABELS)
         self.mig_current = g(
-            "gpuop_gpu_mig_mode_enabled", "1 when MIG mode is on.", labels=GPU_LABELS
+            "gpu_operator_node_gpu_mig_mode_enabled", "1 when MIG mode is on.", labels=GPU_LABELS
         )
         self.mig_pending = g(
-            "gpuop_gpu_mig_mode_pending_enabled",
+            "gpu_operator_node_gpu_mig_mode_pending_enabled",
             "1 when MIG mode will be on after the next GPU reset.",
             labels=GPU_LABELS,
         )
         self.temperature = g(
-            "gpuop_gpu_temperature_celsius", "GPU core temperature.", labels=GPU_LABELS
+            "gpu_operator_node_gpu_temperature_celsius", "GPU core temperature.", labels=GPU_LABELS
         )
         self.power_usage = g(
-            "gpuop_gpu_power_usage_watts", "Power draw of the board.", labels=GPU_LABELS
+            "gpu_operator_node_gpu_power_usage_watts", "Power draw of the board.", labels=GPU_LABELS
         )
         self.power_limit = g(
-            "gpuop_gpu_power_limit_watts", "Enforced power limit.", labels=GPU_LABELS
+            "gpu_operator_node_gpu_power_limit_watts", "Enforced power limit.", labels=GPU_LABELS
         )
         self.memory_used = g(
-            "gpuop_gpu_memory_used_bytes", "Framebuffer memory in use.", labels=GPU_LABELS
+            "gpu_operator_node_gpu_memory_used_bytes",
+            "Framebuffer memory in use.",
+            labels=GPU_LABELS,
         )
         self.memory_total = g(
-            "gpuop_gpu_memory_total_bytes", "Framebuffer memory size.", labels=GPU_LABELS
+            "gpu_operator_node_gpu_memory_total_bytes",
+            "Framebuffer memory size.",
+            labels=GPU_LABELS,
         )
         self.utilization = g(
-            "gpuop_gpu_utilization_ratio",
+            "gpu_operator_node_gpu_utilization_ratio",
             "Share of the last sample period a kernel ran.",
             labels=GPU_LABELS,
         )
         self.memory_utilization = g(
-            "gpuop_gpu_memory_utilization_ratio",
+            "gpu_operator_node_gpu_memory_utilization_ratio",
             "Share of the last sample period memory was read or written.",
             labels=GPU_LABELS,
         )
         self.ecc = c(
-            "gpuop_gpu_ecc_errors",
+            "gpu_operator_node_gpu_ecc_errors",
             "ECC errors; counter=volatile resets with the driver, aggregate does not.",
             labels=[*GPU_LABELS, "error_type", "counter"],
         )
         self.retired_pages = g(
-            "gpuop_gpu_retired_pages",
+            "gpu_operator_node_gpu_retired_pages",
             "Memory pages retired, by cause (pre-Ampere GPUs).",
             labels=[*GPU_LABELS, "cause"],
         )
         self.retired_pending = g(
-            "gpuop_gpu_retired_pages_pending",
+            "gpu_operator_node_gpu_retired_pages_pending",
             "1 when a page retirement waits for a reset.",
             labels=GPU_LABELS,
         )
         self.remapped_rows = g(
-            "gpuop_gpu_remapped_rows",
+            "gpu_operator_node_gpu_remapped_rows",
             "Memory rows remapped, by error type (Ampere and later).",
             labels=[*GPU_LABELS, "error_type"],
         )
         self.remap_pending = g(
-            "gpuop_gpu_remapped_rows_pending",
+            "gpu_operator_node_gpu_remapped_rows_pending",
             "1 when a row remap waits for a reset.",
             labels=GPU_LABELS,
         )
         self.remap_failed = g(
-            "gpuop_gpu_remapped_rows_failed",
+            "gpu_operator_node_gpu_remapped_rows_failed",
             "1 when a row remap failed (the GPU needs service).",
             labels=GPU_LABELS,
         )
         self.throttle = g(
-            "gpuop_gpu_clock_throttle_active",
+            "gpu_operator_node_gpu_clock_throttle_active",
             "1 while clocks are held down for this reason.",
             labels=[*GPU_LABELS, "reason"],
         )
         self.xid = c(
-            "gpuop_gpu_xid_errors",
+            "gpu_operator_node_gpu_xid_errors",
             "XID errors seen since the exporter started, by XID code.",
             labels=[*GPU_LABELS, "xid"],
         )
 
     def all(self) -> list[Metric]:
-        return [v for v in vars(self).values() if isinstance(v, Metric)]
+        families = [v for v in vars(self).values() if isinstance(v, Metric)]
+        return [*families, *self.ready.values()]
 
 
 class NodeCollector(Collector):
@@ -182,13 +211,22 @@ class NodeCollector(Collector):
         self.xid_watcher = xid_watcher
         self._identity: dict[int, tuple[str, str]] = {}  # index -> (uuid, model), kept if lost
         self._lock = threading.Lock()
+        self._started = time.time()
+        self._driver_ok_at: float | None = None
 
     def collect(self) -> Iterable[Metric]:
         fams = _Families()
         with self._lock:
+            fams.metrics_ready.add_metric([self.node], self._started)
             self._validation(fams)
             self._nvml(fams)
             self._xids(fams)
+            up = [s.value for s in fams.nvml_up.samples]
+            fams.driver_validation.add_metric([self.node], up[0] if up else 0)
+            if up and up[0] == 1:
+                self._driver_ok_at = time.time()
+            if self._driver_ok_at is not None:
+                fams.driver_validation_last_success.add_metric([self.node], self._driver_ok_at)
         if self.xid_watcher is not None:
             fams.xid_watching.add_metric([self.node], int(self.xid_watcher.watching))
         return [family for family in fams.all() if family.samples]
@@ -204,7 +242,8 @@ class NodeCollector(Collector):
             return
         fams.validations_readable.add_metric([self.node], 1)
         for check, ok in ready.items():
-            fams.validation_ready.add_metric([self.node, check], int(ok))
+            if check in fams.ready:
+                fams.ready[check].add_metric([self.node], int(ok))
 
     def _down(self, fams: _Families, exc: NvmlError) -> None:
         fams.nvml_up.add_metric([self.node], 0)

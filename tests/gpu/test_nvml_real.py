@@ -125,6 +125,6 @@ def test_exporter_scrape(nvml: PynvmlNvml, tmp_path: Path) -> None:
         for s in family.samples
     }
     print(text)
-    assert samples[("gpuop_node_nvml_up", "")] == 1
+    assert samples[("gpu_operator_node_nvml_up", "")] == 1
     for i in range(nvml.device_count()):
-        assert samples[("gpuop_gpu_up", str(i))] == 1
+        assert samples[("gpu_operator_node_gpu_up", str(i))] == 1

@@ -95,7 +95,7 @@ async def test_policy_rolls_out_in_order_and_converges_with_zero_writes(
         assert again.operator.metrics.reconciliation_status._value.get() == 1
 
 
-async def test_user_false_label_wins_and_disabling_a_component_removes_it(
+async def test_user_false_label_wins_and_disabling_a_component_removes_its_daemonset(
     rest: Rest, api_client: client.ApiClient
 ) -> None:
     await rest.apply(crd.sample_policy())
@@ -126,9 +126,14 @@ async def test_user_false_label_wins_and_disabling_a_component_removes_it(
         assert await eventually(exporter_deleted)
         await run.settle()
         labels = await _node_labels(rest)
-        # Ours removed everywhere; the user's "false" stays.
+        # The user's "false" stays; like upstream, the other GPU nodes keep the deploy
+        # label of a disabled operand (its DaemonSet is gone, so nothing runs there).
         assert labels[gpu_node][DEPLOY_DCGM_EXPORTER_LABEL] == "false"
-        assert all(lab.get(DEPLOY_DCGM_EXPORTER_LABEL) != "true" for lab in labels.values())
+        others = [
+            lab for name, lab in labels.items() if name != gpu_node and GPU_PRESENT_LABEL in lab
+        ]
+        assert others
+        assert all(lab[DEPLOY_DCGM_EXPORTER_LABEL] == "true" for lab in others)
         status = (await _policy(rest))["status"]  # type: ignore[index]
         assert {c["name"]: c["state"] for c in status["components"]}["dcgm-exporter"] == "disabled"
     await rest.merge_patch(

@@ -12,7 +12,10 @@ CTX = c.RenderContext(namespace="gpu-operator", operator_image="gpuop:1")
 
 
 def driver_ds(spec: crd.ClusterPolicySpec) -> c.Manifest:
-    return c.component_by_name("driver").objects(spec, CTX)[1]
+    (ds,) = [
+        o for o in c.component_by_name("driver").objects(spec, CTX) if o["kind"] == "DaemonSet"
+    ]
+    return ds
 
 
 def test_hash_is_stable_and_short() -> None:

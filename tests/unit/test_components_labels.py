@@ -15,10 +15,15 @@ ALL_DEFAULT = {
     c.DEPLOY_TOOLKIT_LABEL,
     c.DEPLOY_VALIDATOR_LABEL,
     c.DEPLOY_DEVICE_PLUGIN_LABEL,
+    c.DEPLOY_DCGM_LABEL,
     c.DEPLOY_DCGM_EXPORTER_LABEL,
     c.DEPLOY_GFD_LABEL,
+    c.DEPLOY_NODE_STATUS_EXPORTER_LABEL,
+    "nvidia.com/gpu.deploy.client",
 }
-"""Deploy labels of a default policy on a GPU node that is not MIG-capable."""
+"""Deploy labels on a GPU node that is not MIG-capable: upstream sets every operand's,
+enabled or not (dcgm and node-status-exporter are off by default)."""
+MIG_CONFIG = "nvidia.com/mig.config"
 
 
 def spec(**sections: object) -> crd.ClusterPolicySpec:
@@ -62,10 +67,32 @@ def test_mig_manager_only_on_mig_capable_nodes() -> None:
     assert c.node_label_changes(labels, spec())[c.DEPLOY_MIG_MANAGER_LABEL] is None
 
 
-def test_mig_manager_disabled_removes_label_even_on_mig_nodes() -> None:
+def test_mig_node_gets_the_mig_manager_label_and_the_default_layout() -> None:
+    changes = c.node_label_changes({NFD: "true", c.MIG_CAPABLE_LABEL: "true"}, spec())
+    assert changes[c.DEPLOY_MIG_MANAGER_LABEL] == "true"
+    assert changes[MIG_CONFIG] == "all-disabled"
+    other = c.node_label_changes({NFD: "true", c.MIG_CAPABLE_LABEL: "false"}, spec())
+    assert c.DEPLOY_MIG_MANAGER_LABEL not in other
+    assert MIG_CONFIG not in other
+
+
+def test_mig_layout_of_the_user_is_kept() -> None:
+    labels = {NFD: "true", c.MIG_CAPABLE_LABEL: "true", MIG_CONFIG: "all-1g.10gb"}
+    assert MIG_CONFIG not in c.node_label_changes(labels, spec())
+
+
+def test_no_default_layout_without_mig_manager_or_default() -> None:
+    labels = {NFD: "true", c.MIG_CAPABLE_LABEL: "true"}
+    for policy in (
+        spec(migManager={"enabled": False}),
+        spec(migManager={"config": {"default": ""}}),
+    ):
+        assert MIG_CONFIG not in c.node_label_changes(labels, policy)
+
+
+def test_mig_manager_disabled_keeps_its_label_like_upstream() -> None:
     labels = converge({NFD: "true", c.MIG_CAPABLE_LABEL: "true"}, spec())
-    changes = c.node_label_changes(labels, spec(migManager={"enabled": False}))
-    assert changes == {c.DEPLOY_MIG_MANAGER_LABEL: None}
+    assert c.node_label_changes(labels, spec(migManager={"enabled": False})) == {}
 
 
 def test_user_false_is_never_overwritten() -> None:
@@ -102,15 +129,15 @@ def test_operands_false_removes_all_our_deploy_labels() -> None:
     labels[c.DEPLOY_DCGM_LABEL] = "false"
     changes = c.node_label_changes(labels, spec())
     removed = {k for k, v in changes.items() if v is None}
-    assert removed == ALL_DEFAULT | {c.DEPLOY_MIG_MANAGER_LABEL}
+    assert removed == (ALL_DEFAULT - {c.DEPLOY_DCGM_LABEL}) | {c.DEPLOY_MIG_MANAGER_LABEL}
     assert c.DEPLOY_OPERANDS_LABEL not in changes  # the user's switch
     assert c.GPU_PRESENT_LABEL not in changes  # still a GPU node
 
 
-def test_disabled_component_loses_only_our_label() -> None:
+def test_disabling_a_component_keeps_its_deploy_label() -> None:
+    """Upstream labels every operand state; enabling it again needs no relabelling."""
     labels = converge({NFD: "true"}, spec())
-    changes = c.node_label_changes(labels, spec(dcgmExporter={"enabled": False}))
-    assert changes == {c.DEPLOY_DCGM_EXPORTER_LABEL: None}
+    assert c.node_label_changes(labels, spec(dcgmExporter={"enabled": False})) == {}
 
 
 def test_node_that_loses_its_gpu_is_cleaned() -> None:
@@ -151,7 +178,9 @@ def test_odd_values_are_corrected_when_wanted_and_kept_otherwise() -> None:
     labels = {NFD: "true", c.DEPLOY_DRIVER_LABEL: "yes", c.DEPLOY_DCGM_LABEL: "yes"}
     changes = c.node_label_changes(labels, spec())
     assert changes[c.DEPLOY_DRIVER_LABEL] == "true"
-    assert c.DEPLOY_DCGM_LABEL not in changes  # disabled; not ours to remove
+    labels[c.DEPLOY_OPERANDS_LABEL] = "false"
+    changes = c.node_label_changes(labels, spec())
+    assert c.DEPLOY_DCGM_LABEL not in changes  # not wanted, not ours to remove
 
 
 def test_any_mig_capable_needs_a_gpu_node() -> None:

@@ -132,7 +132,8 @@ def test_components_are_in_rollout_order() -> None:
 
 def test_deploy_labels_of_components_are_the_managed_ones() -> None:
     labels = {x.deploy_label for x in c.COMPONENTS if x.deploy_label}
-    assert labels == set(c.DEPLOY_LABELS)
+    # gpu.deploy.client has no component of ours; upstream sets it with the others.
+    assert labels | {"nvidia.com/gpu.deploy.client"} == set(c.DEPLOY_LABELS)
 
 
 @pytest.mark.parametrize(
@@ -191,6 +192,7 @@ def test_default_policy_components() -> None:
         "container-toolkit",
         "operator-validation",
         "device-plugin",
+        "mps-control-daemon",
         "dcgm-exporter",
         "gpu-feature-discovery",
         "mig-manager",
@@ -259,7 +261,9 @@ def test_section_settings_reach_the_container() -> None:
     ds = only_daemonset("device-plugin", policy)
     main = main_container(ds)
     assert main["imagePullPolicy"] == "Always"
-    assert main["args"] == ["--fail-on-init-error=false"]
+    # The entrypoint script passes them on to the plugin (`exec nvidia-device-plugin "$@"`).
+    assert main["command"] == ["/bin/sh", "-c"]
+    assert main["args"] == ["/bin/entrypoint.sh --fail-on-init-error=false"]
     assert main["resources"] == {"limits": {"memory": "256Mi"}}
     variables = env_of(main)
     assert variables["MIG_STRATEGY"] == "mixed"  # the user's value wins
@@ -334,8 +338,19 @@ def test_driver_daemonset() -> None:
     assert {"/var/log", "/dev/log", "/host-etc/os-release"} <= set(mounts)
     assert "startupProbe" in main
     objects = c.component_by_name("driver").objects(spec(), ctx())
-    assert [o["kind"] for o in objects] == ["ServiceAccount", "DaemonSet"]
+    assert [o["kind"] for o in objects] == [
+        "ServiceAccount",
+        "Role",
+        "RoleBinding",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ConfigMap",
+        "DaemonSet",
+    ]
     assert pod(ds)["serviceAccountName"] == objects[0]["metadata"]["name"]
+    (manager,) = pod(ds)["initContainers"]
+    assert manager["name"] == "k8s-driver-manager"
+    assert manager["args"] == ["uninstall_driver"]
 
 
 def test_driver_update_strategy_follows_auto_upgrade() -> None:
@@ -434,8 +449,12 @@ def test_validator_daemonset() -> None:
         assert variables[name] == {"fieldRef": {"fieldPath": path}}
     mounts = {m["mountPath"]: m for m in main["volumeMounts"]}
     assert mounts["/run/nvidia/validations"].get("readOnly") is not True
-    assert mounts["/run/nvidia/driver"]["readOnly"] is True
+    # Status files written here must reach the host (and other pods): Bidirectional.
+    assert mounts["/run/nvidia/validations"]["mountPropagation"] == "Bidirectional"
     assert mounts["/run/nvidia/driver"]["mountPropagation"] == "HostToContainer"
+    # Our image runs as 65532; host paths under /run/nvidia are root's.
+    assert main["securityContext"] == {"privileged": True, "runAsUser": 0}
+    assert pod(ds)["runtimeClassName"] == "nvidia"
     assert mounts["/host"]["readOnly"] is True
     assert mounts["/host"]["mountPropagation"] == "HostToContainer"
     volumes = {v["name"]: v for v in pod(ds)["volumes"]}
@@ -476,11 +495,15 @@ def test_node_status_exporter_runs_our_export() -> None:
 
 
 def test_prerequisites_runtime_class_is_cluster_scoped() -> None:
-    (rc,) = c.component_by_name("pre-requisites").objects(spec(), ctx())
-    assert rc["kind"] == "RuntimeClass"
-    assert rc["metadata"]["name"] == "nvidia"
-    assert rc["handler"] == "nvidia"
-    assert "namespace" not in rc["metadata"]
+    classes = c.component_by_name("pre-requisites").objects(spec(), ctx())
+    assert {rc["metadata"]["name"]: rc["handler"] for rc in classes} == {
+        "nvidia": "nvidia",
+        "nvidia-cdi": "nvidia-cdi",
+        "nvidia-legacy": "nvidia-legacy",
+    }
+    for rc in classes:
+        assert rc["kind"] == "RuntimeClass"
+        assert "namespace" not in rc["metadata"]
 
 
 def test_operator_metrics_service() -> None:
@@ -493,8 +516,14 @@ def test_operator_metrics_service() -> None:
 
 def test_dcgm_exporter_service_and_service_monitor() -> None:
     objects = c.component_by_name("dcgm-exporter").objects(spec(), ctx())
-    assert [o["kind"] for o in objects] == ["ServiceAccount", "DaemonSet", "Service"]
-    svc = objects[2]
+    assert [o["kind"] for o in objects] == [
+        "ServiceAccount",
+        "Role",
+        "RoleBinding",
+        "DaemonSet",
+        "Service",
+    ]
+    svc = objects[-1]
     assert svc["metadata"]["name"] == "nvidia-dcgm-exporter"
     assert svc["spec"]["ports"][0]["port"] == 9400
     assert svc["spec"]["ports"][0]["name"] == "gpu-metrics"
@@ -530,8 +559,13 @@ def test_dcgm_exporter_service_and_service_monitor() -> None:
 
 def test_dcgm_exporter_uses_standalone_dcgm_when_enabled() -> None:
     main = main_container(only_daemonset("dcgm-exporter", spec(dcgm={"enabled": True})))
-    assert env_of(main)["DCGM_REMOTE_HOSTENGINE_INFO"] == "$(NODE_IP):5555"
-    main = main_container(only_daemonset("dcgm-exporter", spec()))
+    # Through the node-local Service of the standalone engine.
+    assert env_of(main)["DCGM_REMOTE_HOSTENGINE_INFO"] == "nvidia-dcgm:5555"
+    objects = c.component_by_name("dcgm").objects(spec(dcgm={"enabled": True}), ctx())
+    (svc,) = [o for o in objects if o["kind"] == "Service"]
+    assert svc["metadata"]["name"] == "nvidia-dcgm"
+    assert svc["spec"]["internalTrafficPolicy"] == "Local"
+    main = main_container(only_daemonset("dcgm-exporter", spec(dcgm={"enabled": False})))
     assert "DCGM_REMOTE_HOSTENGINE_INFO" not in env_of(main)
     assert dcgm_exporter.METRICS_PORT == 9400
 
@@ -554,15 +588,15 @@ def test_device_plugin_config_mounts_the_users_configmap() -> None:
     assert "ClusterRole" in kinds
 
 
-def test_mps_daemon_only_with_a_device_plugin_config() -> None:
-    assert "mps-control-daemon" not in c.enabled_components(spec())
-    policy = spec(devicePlugin={"config": {"name": "sharing"}})
-    assert "mps-control-daemon" in c.enabled_components(policy)
-    ds = only_daemonset("mps-control-daemon", policy)
-    assert pod(ds)["nodeSelector"] == {
-        c.DEPLOY_DEVICE_PLUGIN_LABEL: "true",
-        c.MPS_CAPABLE_LABEL: "true",
-    }
+def test_mps_daemon_exists_with_the_device_plugin() -> None:
+    """Like upstream: it only schedules where the device plugin set mps.capable."""
+    assert "mps-control-daemon" in c.enabled_components(spec())
+    for policy in (spec(), spec(devicePlugin={"config": {"name": "sharing"}})):
+        ds = only_daemonset("mps-control-daemon", policy)
+        assert pod(ds)["nodeSelector"] == {
+            c.DEPLOY_DEVICE_PLUGIN_LABEL: "true",
+            c.MPS_CAPABLE_LABEL: "true",
+        }
     off = spec(devicePlugin={"enabled": False, "config": {"name": "sharing"}})
     assert "mps-control-daemon" not in c.enabled_components(off)
 
@@ -583,4 +617,32 @@ def test_operands_wait_for_the_toolkit() -> None:
     for name in ("device-plugin", "dcgm-exporter", "gpu-feature-discovery", "mig-manager"):
         init = pod(only_daemonset(name, spec()))["initContainers"][0]
         assert init["image"] == OPERATOR_IMAGE
-        assert "/run/nvidia/validations/toolkit-ready" in init["command"][-1]
+        assert init["command"] == ["sh", "-c"]
+        assert "/run/nvidia/validations/toolkit-ready" in init["args"][-1]
+        # Root and privileged: a non-root user may not read root's host directories.
+        assert init["securityContext"] == {"privileged": True, "runAsUser": 0}
+
+
+def test_mig_manager_default_layouts_unless_the_policy_names_its_own() -> None:
+    def config_maps(policy: crd.ClusterPolicySpec) -> dict[str, c.Manifest]:
+        objects = c.component_by_name("mig-manager").objects(policy, ctx(mig_capable=True))
+        return {o["metadata"]["name"]: o for o in objects if o["kind"] == "ConfigMap"}
+
+    defaults = config_maps(spec())
+    layouts = yaml.safe_load(defaults["default-mig-parted-config"]["data"]["config.yaml"])
+    assert layouts["mig-configs"]["all-disabled"] == [{"devices": "all", "mig-enabled": False}]
+    assert layouts["mig-configs"]["all-1g.10gb"][1]["mig-devices"] == {"1g.10gb": 4}
+    clients = yaml.safe_load(defaults["default-gpu-clients"]["data"]["clients.yaml"])
+    assert "nvidia-dcgm.service" in clients["systemd-services"]
+    ds = only_daemonset("mig-manager", spec())
+    assert env_of(main_container(ds))["DEFAULT_CONFIG_FILE"] == (
+        "/mig-parted-config/config-default.yaml"
+    )
+
+    own = spec(migManager={"config": {"name": "my-layouts"}, "gpuClientsConfig": {"name": "mine"}})
+    assert set(config_maps(own)) == {"nvidia-mig-manager-entrypoint"}
+    ds = only_daemonset("mig-manager", own)
+    volumes = {v["name"]: v for v in pod(ds)["volumes"]}
+    assert volumes["mig-parted-config"]["configMap"] == {"name": "my-layouts"}
+    assert volumes["gpu-clients"]["configMap"] == {"name": "mine"}
+    assert env_of(main_container(ds))["CONFIG_FILE"] == "/mig-parted-config/config.yaml"

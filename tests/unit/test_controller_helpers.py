@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import crd
+from components import node_facts
 from gpuop.controller._nodes import is_ready, node_fingerprint, trim_node
 from gpuop.controller._status import status_patch
 from gpuop.controller._upgrade import drainable, policy_view, uses_gpu
@@ -153,3 +154,33 @@ def test_only_driver_and_validator_pods_are_watched() -> None:
         "app.kubernetes.io/managed-by=gpuop,"
         "app in (nvidia-driver-daemonset,nvidia-operator-validator)"
     )
+
+
+def test_trimmed_node_keeps_the_facts_rendering_needs() -> None:
+    """Driver image tag (OS), precompiled kernel and toolkit runtime come from the node."""
+    raw = _node()
+    raw["metadata"]["labels"].update(
+        {
+            "feature.node.kubernetes.io/system-os_release.ID": "ubuntu",
+            "feature.node.kubernetes.io/system-os_release.VERSION_ID": "22.04",
+            "feature.node.kubernetes.io/kernel-version.full": "5.15.0-124-generic",
+            "feature.node.kubernetes.io/system-os_release.VERSION_CODENAME": "jammy",
+        }
+    )
+    raw["status"]["nodeInfo"] = {
+        "containerRuntimeVersion": "cri-o://1.30.2",
+        "kernelVersion": "5.15.0-124-generic",
+    }
+    trimmed = trim_node(raw)
+    assert (
+        "feature.node.kubernetes.io/system-os_release.VERSION_CODENAME"
+        not in (trimmed["metadata"]["labels"])
+    )
+    facts = node_facts(trimmed)
+    assert (facts.os_tag, facts.kernel, facts.runtime) == (
+        "ubuntu22.04",
+        "5.15.0-124-generic",
+        "crio",
+    )
+    other = trim_node({**raw, "status": {**raw["status"], "nodeInfo": {}}})
+    assert node_fingerprint(other) != node_fingerprint(trimmed)

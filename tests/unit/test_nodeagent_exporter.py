@@ -72,49 +72,52 @@ def test_healthy_node(tmp_path: Path, nvml: FakeNvml) -> None:
     files.write("driver", {"DRIVER_VERSION": "595.91.07"})
     s = scrape(build_registry(nvml, NODE, files))
 
-    assert s[("gpuop_node_nvml_up", node())] == 1
-    assert s[("gpuop_node_gpu_count", node())] == 3
+    assert s[("gpu_operator_node_nvml_up", node())] == 1
+    assert s[("gpu_operator_node_gpu_count", node())] == 3
     info = node(driver_version="595.91.07", cuda_driver_version="13.0")
-    assert s[("gpuop_node_driver_info", info)] == 1
-    assert named(s, "gpuop_node_validation_ready") == {
-        node(check="driver"): 1,
-        node(check="toolkit"): 0,
-        node(check="cuda"): 0,
-        node(check="plugin"): 0,
-    }
-    assert s[("gpuop_node_validations_readable", node())] == 1
-    assert all(v == 1 for v in named(s, "gpuop_gpu_up").values())
-    assert len(named(s, "gpuop_gpu_up")) == 3
+    assert s[("gpu_operator_node_driver_info", info)] == 1
+    # Upstream's node-status-exporter names: one gauge per validation step.
+    assert s[("gpu_operator_node_driver_ready", node())] == 1
+    assert s[("gpu_operator_node_toolkit_ready", node())] == 0
+    assert s[("gpu_operator_node_cuda_ready", node())] == 0
+    assert s[("gpu_operator_node_plugin_ready", node())] == 0
+    assert s[("gpu_operator_node_driver_validation", node())] == 1
+    assert s[("gpu_operator_node_driver_validation_last_success_ts_seconds", node())] > 0
+    assert s[("gpu_operator_node_metrics_ready_ts_seconds", node())] > 0
+    assert not [n for n, _ in s if n.startswith("gpuop_")]
+    assert s[("gpu_operator_node_validations_readable", node())] == 1
+    assert all(v == 1 for v in named(s, "gpu_operator_node_gpu_up").values())
+    assert len(named(s, "gpu_operator_node_gpu_up")) == 3
 
     a100 = gpu(0, nvml)
-    assert s[("gpuop_gpu_temperature_celsius", a100)] == 41.0
-    assert s[("gpuop_gpu_power_usage_watts", a100)] == 88.5
-    assert s[("gpuop_gpu_power_limit_watts", a100)] == 400.0
-    assert s[("gpuop_gpu_memory_used_bytes", a100)] == 1024
-    assert s[("gpuop_gpu_memory_total_bytes", a100)] == 81920 * 1024 * 1024
-    assert s[("gpuop_gpu_utilization_ratio", a100)] == 0.75
-    assert s[("gpuop_gpu_memory_utilization_ratio", a100)] == 0.2
-    assert s[("gpuop_gpu_mig_mode_enabled", a100)] == 1
-    assert s[("gpuop_gpu_mig_mode_pending_enabled", a100)] == 1
-    ecc = "gpuop_gpu_ecc_errors_total"
+    assert s[("gpu_operator_node_gpu_temperature_celsius", a100)] == 41.0
+    assert s[("gpu_operator_node_gpu_power_usage_watts", a100)] == 88.5
+    assert s[("gpu_operator_node_gpu_power_limit_watts", a100)] == 400.0
+    assert s[("gpu_operator_node_gpu_memory_used_bytes", a100)] == 1024
+    assert s[("gpu_operator_node_gpu_memory_total_bytes", a100)] == 81920 * 1024 * 1024
+    assert s[("gpu_operator_node_gpu_utilization_ratio", a100)] == 0.75
+    assert s[("gpu_operator_node_gpu_memory_utilization_ratio", a100)] == 0.2
+    assert s[("gpu_operator_node_gpu_mig_mode_enabled", a100)] == 1
+    assert s[("gpu_operator_node_gpu_mig_mode_pending_enabled", a100)] == 1
+    ecc = "gpu_operator_node_gpu_ecc_errors_total"
     assert s[(ecc, gpu(0, nvml, error_type="corrected", counter="volatile"))] == 1
     assert s[(ecc, gpu(0, nvml, error_type="uncorrected", counter="aggregate"))] == 2
-    assert s[("gpuop_gpu_remapped_rows", gpu(0, nvml, error_type="correctable"))] == 3
-    assert s[("gpuop_gpu_remapped_rows", gpu(0, nvml, error_type="uncorrectable"))] == 1
-    assert s[("gpuop_gpu_remapped_rows_pending", a100)] == 1
-    assert s[("gpuop_gpu_remapped_rows_failed", a100)] == 0
-    assert ("gpuop_gpu_retired_pages_pending", a100) not in s  # Ampere remaps rows
+    assert s[("gpu_operator_node_gpu_remapped_rows", gpu(0, nvml, error_type="correctable"))] == 3
+    assert s[("gpu_operator_node_gpu_remapped_rows", gpu(0, nvml, error_type="uncorrectable"))] == 1
+    assert s[("gpu_operator_node_gpu_remapped_rows_pending", a100)] == 1
+    assert s[("gpu_operator_node_gpu_remapped_rows_failed", a100)] == 0
+    assert ("gpu_operator_node_gpu_retired_pages_pending", a100) not in s  # Ampere remaps rows
 
     t4 = gpu(2, nvml)
-    assert ("gpuop_gpu_mig_mode_enabled", t4) not in s  # T4 is not MIG-capable
-    assert s[("gpuop_gpu_retired_pages", gpu(2, nvml, cause="single_bit_ecc"))] == 2
-    assert s[("gpuop_gpu_retired_pages", gpu(2, nvml, cause="double_bit_ecc"))] == 1
-    assert s[("gpuop_gpu_retired_pages_pending", t4)] == 1
-    assert ("gpuop_gpu_remapped_rows_pending", t4) not in s
+    assert ("gpu_operator_node_gpu_mig_mode_enabled", t4) not in s  # T4 is not MIG-capable
+    assert s[("gpu_operator_node_gpu_retired_pages", gpu(2, nvml, cause="single_bit_ecc"))] == 2
+    assert s[("gpu_operator_node_gpu_retired_pages", gpu(2, nvml, cause="double_bit_ecc"))] == 1
+    assert s[("gpu_operator_node_gpu_retired_pages_pending", t4)] == 1
+    assert ("gpu_operator_node_gpu_remapped_rows_pending", t4) not in s
 
     throttle = {
         dict(labels)["reason"]: v
-        for labels, v in named(s, "gpuop_gpu_clock_throttle_active").items()
+        for labels, v in named(s, "gpu_operator_node_gpu_clock_throttle_active").items()
         if dict(labels)["gpu"] == "1"
     }
     assert throttle["sw_power_cap"] == 1
@@ -133,29 +136,32 @@ def test_healthy_node(tmp_path: Path, nvml: FakeNvml) -> None:
 )
 def test_nvml_down(tmp_path: Path, fake: FakeNvml, reason: str) -> None:
     s = scrape(build_registry(fake, NODE, StatusFiles(tmp_path)))
-    assert s[("gpuop_node_nvml_up", node())] == 0
-    assert s[("gpuop_node_nvml_failure_info", node(reason=reason))] == 1
-    assert not [n for n, _ in s if n.startswith("gpuop_gpu_")]
-    assert named(s, "gpuop_node_validation_ready")  # still reports validation state
+    assert s[("gpu_operator_node_nvml_up", node())] == 0
+    assert s[("gpu_operator_node_nvml_failure_info", node(reason=reason))] == 1
+    assert not [n for n, _ in s if n.startswith("gpu_operator_node_gpu_")]
+    assert ("gpu_operator_node_driver_ready", node()) in s  # still reports validation state
+    assert s[("gpu_operator_node_driver_validation", node())] == 0
+    assert ("gpu_operator_node_driver_validation_last_success_ts_seconds", node()) not in s
 
 
 def test_gpu_lost_between_scrapes_keeps_its_identity(tmp_path: Path, nvml: FakeNvml) -> None:
     registry = build_registry(nvml, NODE, StatusFiles(tmp_path))
-    assert scrape(registry)[("gpuop_gpu_up", gpu(1, nvml))] == 1
+    assert scrape(registry)[("gpu_operator_node_gpu_up", gpu(1, nvml))] == 1
     nvml.lose_gpu(1)
     s = scrape(registry)
-    assert s[("gpuop_node_nvml_up", node())] == 1
-    assert s[("gpuop_gpu_up", gpu(1, nvml))] == 0
-    assert ("gpuop_gpu_temperature_celsius", gpu(1, nvml)) not in s
-    assert s[("gpuop_gpu_up", gpu(0, nvml))] == 1
-    assert s[("gpuop_gpu_up", gpu(2, nvml))] == 1
+    assert s[("gpu_operator_node_nvml_up", node())] == 1
+    assert s[("gpu_operator_node_gpu_up", gpu(1, nvml))] == 0
+    assert ("gpu_operator_node_gpu_temperature_celsius", gpu(1, nvml)) not in s
+    assert s[("gpu_operator_node_gpu_up", gpu(0, nvml))] == 1
+    assert s[("gpu_operator_node_gpu_up", gpu(2, nvml))] == 1
 
 
 def test_gpu_lost_mid_scrape(tmp_path: Path, nvml: FakeNvml) -> None:
     nvml.lose_gpu(0, after_calls=4)  # identity and a few fields, then gone
     s = scrape(build_registry(nvml, NODE, StatusFiles(tmp_path)))
-    assert s[("gpuop_gpu_up", gpu(0, nvml))] == 0
-    assert not [n for n, labels in s if dict(labels).get("gpu") == "0" and n != "gpuop_gpu_up"]
+    assert s[("gpu_operator_node_gpu_up", gpu(0, nvml))] == 0
+    up = "gpu_operator_node_gpu_up"
+    assert not [n for n, labels in s if dict(labels).get("gpu") == "0" and n != up]
 
 
 def test_unreadable_validations_dir(
@@ -166,9 +172,9 @@ def test_unreadable_validations_dir(
 
     monkeypatch.setattr(StatusFiles, "is_ready", denied)
     s = scrape(build_registry(nvml, NODE, StatusFiles(tmp_path)))
-    assert s[("gpuop_node_validations_readable", node())] == 0
-    assert not named(s, "gpuop_node_validation_ready")
-    assert s[("gpuop_node_nvml_up", node())] == 1
+    assert s[("gpu_operator_node_validations_readable", node())] == 0
+    assert not named(s, "gpu_operator_node_driver_ready")
+    assert s[("gpu_operator_node_nvml_up", node())] == 1
 
 
 async def _until(predicate: Callable[[], bool], timeout: float = 3.0) -> None:
@@ -192,9 +198,9 @@ async def test_xid_errors_are_counted(tmp_path: Path, nvml: FakeNvml) -> None:
     await _until(lambda: sum(watcher.counts.snapshot().values()) == 3)
     assert threading.get_ident() not in nvml.threads  # the watcher waits in threads
     s = scrape(registry)
-    assert s[("gpuop_gpu_xid_errors_total", gpu(0, nvml, xid="79"))] == 2
-    assert s[("gpuop_gpu_xid_errors_total", gpu(2, nvml, xid="48"))] == 1
-    assert s[("gpuop_node_xid_events_watching", node())] == 1
+    assert s[("gpu_operator_node_gpu_xid_errors_total", gpu(0, nvml, xid="79"))] == 2
+    assert s[("gpu_operator_node_gpu_xid_errors_total", gpu(2, nvml, xid="48"))] == 1
+    assert s[("gpu_operator_node_xid_events_watching", node())] == 1
     stop.set()
     await asyncio.wait_for(task, 2)
     assert not nvml.initialized
@@ -218,7 +224,7 @@ async def test_http_metrics_off_the_event_loop(tmp_path: Path, nvml: FakeNvml) -
         assert resp.status == 200
         assert resp.headers["Content-Type"].startswith("text/plain; version=")
         s = parse(await resp.text())
-        assert s[("gpuop_node_nvml_up", node())] == 1
+        assert s[("gpu_operator_node_nvml_up", node())] == 1
         assert (await client.get("/healthz")).status == 200
     assert nvml.threads
     assert threading.get_ident() not in nvml.threads
@@ -241,7 +247,7 @@ async def test_serve_until_stopped(tmp_path: Path, nvml: FakeNvml) -> None:
                         break
                 except aiohttp.ClientConnectionError:
                     await asyncio.sleep(0.01)
-    assert ("gpuop_gpu_up", gpu(0, nvml)) in parse(text)
+    assert ("gpu_operator_node_gpu_up", gpu(0, nvml)) in parse(text)
     stop.set()
     await asyncio.wait_for(task, 5)
     assert not nvml.initialized
