@@ -1,7 +1,8 @@
 """What the controller keeps of a Node, and which changes deserve a reconcile.
 
 Nodes are most of the operator's memory at fleet scale; keeping only the fields
-it reads (its labels and annotations, schedulability, taints, Ready, allocatable) keeps
+it reads (its labels and annotations, schedulability, taints, Ready, the node agent's
+GPUHealthy, allocatable) keeps
 a node to a few hundred bytes instead of several kilobytes. Labels and annotations
 are read-only dicts of interned strings; schedulability and status are shared
 between nodes alike (:mod:`gpuop.compact`).
@@ -12,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuop.compact import frozen, shared
+from statemachine.remediation import CONDITION_GPU_HEALTHY as GPU_HEALTHY
 
 Obj = dict[str, Any]
 
@@ -28,7 +30,15 @@ def trim_node(node: Obj) -> Obj:
     meta = node.get("metadata") or {}
     spec = node.get("spec") or {}
     status = node.get("status") or {}
-    ready = [c for c in status.get("conditions") or [] if c.get("type") == "Ready"]
+    conditions = status.get("conditions") or []
+    kept = [
+        {"type": "Ready", "status": c.get("status")} for c in conditions if c.get("type") == "Ready"
+    ]
+    kept += [
+        {k: c[k] for k in _HEALTH_FIELDS if k in c}
+        for c in conditions
+        if c.get("type") == GPU_HEALTHY
+    ]
     return {
         "metadata": {
             "name": shared(meta.get("name")),  # also every pod's nodeName
@@ -40,11 +50,24 @@ def trim_node(node: Obj) -> Obj:
         "spec": shared({k: spec[k] for k in ("unschedulable", "taints") if k in spec}),
         "status": shared(
             {
-                "conditions": [{"type": "Ready", "status": c.get("status")} for c in ready],
+                "conditions": kept,
                 "allocatable": status.get("allocatable") or {},
             }
         ),
     }
+
+
+#: Of the node agent's condition, what remediation reads (not the heartbeat time, which
+#: would make every report a change).
+_HEALTH_FIELDS = ("type", "status", "reason", "message", "lastTransitionTime")
+
+
+def gpu_health(node: Obj) -> Obj | None:
+    """The node's GPUHealthy condition as kept, or None."""
+    for c in node["status"].get("conditions", []):
+        if c.get("type") == GPU_HEALTHY:
+            return dict(c)
+    return None
 
 
 def _only(values: dict[str, str] | None, prefixes: tuple[str, ...]) -> Obj:
@@ -62,6 +85,7 @@ def node_fingerprint(node: Obj | None) -> Any:
         node["spec"].get("unschedulable", False),
         repr(node["spec"].get("taints")),
         is_ready(node),
+        repr(gpu_health(node)),
     )
 
 
