@@ -5,6 +5,7 @@ dry run, a restart in the middle, and kwok keeping the condition it does not own
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -14,10 +15,14 @@ import pytest
 from kubernetes_asyncio import client
 
 import crd
+from gpuop.cli import main
 from gpuop.cluster import ClusterInfo, LocalCluster
 from gpuop.cluster._health import mark_gpu_health, verdict_for
 from gpuop.install import ensure_namespace, install_crd
 from gpuop.kube import api_client as make_api_client
+from gpuop.nodeagent.health import HealthReporter, KubernetesNodeStatus
+from gpuop.nodeagent.xid import XidCounts
+from gpuop.nvml.fake import H100_80GB_HBM3, FakeNvml, make_gpus
 from gpuop.rest import Rest, by_kind
 from statemachine.remediation import (
     CONDITION_REMEDIATION_PAUSED,
@@ -141,11 +146,13 @@ async def _healthy(api: client.ApiClient, *names: str) -> None:
 
 
 async def test_kwok_status_updates_keep_the_gpu_healthy_condition(
-    api: client.ApiClient, rest: Rest
+    api: client.ApiClient, rest: Rest, fleet: ClusterInfo
 ) -> None:
-    """kwok rewrites a node's conditions when it (re)initialises it; ours must survive."""
+    """kwok rewrites a node's conditions when it (re)initialises it; ours must survive.
+    The condition is set as a demo would, with `gpuop cluster gpu-health`."""
     name = GPUS[11]
-    await _unhealthy(api, name)
+    argv = ["cluster", "gpu-health", name, "--unhealthy", "--dir", str(fleet.directory)]
+    assert await asyncio.to_thread(main, argv) == 0
     core = client.CoreV1Api(api)
     ready_false = {
         "status": {
@@ -310,6 +317,37 @@ async def test_circuit_breaker_quarantines_at_most_the_limit_and_pauses(
 
         await eventually(resumed_and_quarantined)
         assert await _events(rest, "RemediationResumed", "cluster-policy")
+
+
+async def test_the_node_agent_reports_an_injected_fault_and_the_node_is_quarantined(
+    api: client.ApiClient, rest: Rest
+) -> None:
+    """The whole path: fake NVML fault -> agent -> nodes/status -> operator -> taint."""
+    name = GPUS[10]
+    nvml = FakeNvml(make_gpus(H100_80GB_HBM3, H100_80GB_HBM3, seed=name))
+    reporter = HealthReporter(nvml, KubernetesNodeStatus(api), name, XidCounts())
+    await rest.apply(_policy(action="cordon", maxUnhealthy=1, settleSeconds=0))
+    async with Running(api) as run:
+        assert (await reporter.check_once()).status == "True"
+        await run.settle()
+        assert _untouched(await _node(rest, name))
+        nvml.fail_row_remap(1)
+        assert (await reporter.check_once()).reason == "RowRemapFailure"
+
+        async def quarantined() -> dict[str, Any] | None:
+            node = await _node(rest, name)
+            return node if _tainted(node) and node["spec"].get("unschedulable") else None
+
+        node = await eventually(quarantined)
+        why = node["metadata"]["annotations"][QUARANTINED_ANNOTATION]
+        assert why.startswith("RowRemapFailure: GPU 1 (GPU-")
+        nvml.heal(1)
+        assert (await reporter.check_once()).status == "True"
+        await eventually(lambda: _released(rest, name))
+
+
+async def _released(rest: Rest, name: str) -> bool:
+    return _untouched(await _node(rest, name))
 
 
 async def test_dry_run_changes_nothing(api: client.ApiClient, rest: Rest) -> None:
