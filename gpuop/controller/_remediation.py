@@ -306,6 +306,10 @@ class Remediation:
     ) -> None:
         """Set (or with None remove) RemediationPaused, guarded by resourceVersion."""
         previous = _status(raw)
+        if previous is None and (raw.get("status") or {}).get("conditions"):
+            # Unreadable status: writing ours alone would drop Ready and Error.
+            log.warning("policy status unreadable; RemediationPaused not written")
+            return
         conditions = list(previous.conditions or []) if previous is not None else []
         if condition is None:
             wanted = [c for c in conditions if c.type != CONDITION_REMEDIATION_PAUSED]
