@@ -403,6 +403,25 @@ def test_operator_holds_what_it_does_and_what_it_grants_nothing_more() -> None:
                         ), f"granted but unused: {verb} {group or 'core'}/{resource}"
 
 
+def test_health_remediation_is_absent_unless_set() -> None:
+    assert "healthRemediation" not in one(documents(template()), "ClusterPolicy")["spec"]
+    docs = documents(
+        template(
+            *_set(
+                [
+                    "healthRemediation.enabled=true",
+                    "healthRemediation.action=drain",
+                    "healthRemediation.maxUnhealthy=25%",
+                ]
+            )
+        )
+    )
+    section = _policy(docs).spec.health_remediation
+    assert section is not None
+    assert (section.enabled, section.action, section.max_unhealthy) == (True, "drain", "25%")
+    assert section.settle_seconds == 300
+
+
 def test_node_agent_may_patch_only_node_status() -> None:
     """The node agent reports GPUHealthy on its Node: read the Node, patch its status."""
     docs = documents(template())
