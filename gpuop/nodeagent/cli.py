@@ -260,10 +260,13 @@ async def export_main(args: argparse.Namespace) -> int:
         if args.health and args.node_name:
             try:
                 api_client = await _api_client()
-            except Exception as exc:
-                log.error("kubernetes client unavailable", reason=f"{type(exc).__name__}: {exc}")
-                return 1
-            reporter = _health_reporter(nvml, KubernetesNodeStatus(api_client), args)
+            except Exception as exc:  # metrics still matter without the condition
+                log.warning(
+                    "GPUHealthy not reported: kubernetes client unavailable",
+                    reason=f"{type(exc).__name__}: {exc}",
+                )
+            else:
+                reporter = _health_reporter(nvml, KubernetesNodeStatus(api_client), args)
         watcher = _xid_watcher(nvml, reporter) if args.xid_events else None
         with _stop_on_signals(stop):
             await serve(
