@@ -35,7 +35,6 @@ from gpuop.controller._pods import pod_index, pod_selector, trim_pod, trim_revis
 from gpuop.controller._remediation import (
     REMEDIATION_KEY,
     Remediation,
-    node_facts,
     policy_facts,
     upgrade_drain,
 )
@@ -205,7 +204,7 @@ class Operator:
         if node_fingerprint(old) == node_fingerprint(new):
             return
         self.queue.add(NODE_PREFIX + name)
-        if node_facts(old) != node_facts(new):
+        if self.remediation.wants_node(old, new):
             self.queue.add(REMEDIATION_KEY)
         if event != "MODIFIED" or _budget_facts(old) != _budget_facts(new):
             self.queue.add(UPGRADES_KEY)  # only what the fleet budget reads

@@ -164,6 +164,20 @@ class Remediation:
         #: The pause as last written: if a concurrent status write drops the
         #: condition, the next pass restores it instead of taking the pause as lifted.
         self._paused_written = False
+        #: Whether the last pass had remediation on. Off (the default), node events
+        #: wake nothing unless a node still carries our quarantine: a fleet pass per
+        #: node event would cost thousands of passes during a large upgrade.
+        self._enabled = True
+
+    def wants_node(self, old: Obj | None, new: Obj | None) -> bool:
+        """Whether a node event changes anything the next pass would read."""
+        if not self._enabled and not any(
+            QUARANTINED_ANNOTATION in (n["metadata"].get("annotations") or {})
+            for n in (old, new)
+            if n is not None
+        ):
+            return False
+        return bool(node_facts(old) != node_facts(new))
 
     async def reconcile(self) -> None:
         raw, model, problems = self._active_policy()
@@ -171,6 +185,7 @@ class Remediation:
             return  # an invalid policy changes nothing; its status says why
         spec = model.spec if model is not None else None
         policy = policy_view(spec)
+        self._enabled = policy.enabled
         if raw is None:
             self._paused_written = False
         views = tuple(

@@ -8,7 +8,13 @@ from typing import Any
 
 import crd
 from gpuop.controller._nodes import node_fingerprint, trim_node
-from gpuop.controller._remediation import node_facts, node_view, policy_facts, policy_view
+from gpuop.controller._remediation import (
+    Remediation,
+    node_facts,
+    node_view,
+    policy_facts,
+    policy_view,
+)
 from statemachine.remediation import (
     CORDONED_ANNOTATION,
     QUARANTINED_ANNOTATION,
@@ -106,3 +112,17 @@ def test_policy_view_is_off_without_the_section() -> None:
     view = policy_view(spec)
     assert (view.enabled, view.action, view.max_unhealthy) == (True, RemediationAction.DRAIN, 2)
     assert (view.dry_run, view.settle_seconds) == (False, 300)
+
+
+def test_with_remediation_off_only_quarantined_nodes_wake_it() -> None:
+    none: Any = None
+    remediation = Remediation(none, none, none, none, none, none, none, none)
+    plain = _node()
+    plain["metadata"]["annotations"] = {}
+    flipped = _node(status="True")
+    flipped["metadata"]["annotations"] = {}
+    assert remediation.wants_node(trim_node(plain), trim_node(flipped))
+    remediation._enabled = False
+    assert not remediation.wants_node(trim_node(plain), trim_node(flipped))
+    # A node we still hold must be released even with remediation off.
+    assert remediation.wants_node(trim_node(_node()), trim_node(_node(status="True")))
