@@ -199,10 +199,23 @@ def build_parser() -> argparse.ArgumentParser:
     health.add_argument("node", help="node name, e.g. gpu-node-0001")
     state = health.add_mutually_exclusive_group()
     state.add_argument(
-        "--unhealthy", dest="status", action="store_const", const="False", default="False"
+        "--unhealthy",
+        dest="status",
+        action="store_const",
+        const="False",
+        default="False",
+        help="GPUHealthy=False (the default)",
     )
-    state.add_argument("--healthy", dest="status", action="store_const", const="True")
-    state.add_argument("--unknown", dest="status", action="store_const", const="Unknown")
+    state.add_argument(
+        "--healthy", dest="status", action="store_const", const="True", help="GPUHealthy=True"
+    )
+    state.add_argument(
+        "--unknown",
+        dest="status",
+        action="store_const",
+        const="Unknown",
+        help="GPUHealthy=Unknown (as without NVML)",
+    )
     health.add_argument("--reason", default=None, help="condition reason (default XidCritical)")
     health.add_argument("--message", default=None, help="condition message")
     health.add_argument("--dir", default=None, help=dir_help)
