@@ -30,16 +30,9 @@ def trim_node(node: Obj) -> Obj:
     meta = node.get("metadata") or {}
     spec = node.get("spec") or {}
     status = node.get("status") or {}
-    conditions = status.get("conditions") or []
-    kept = [
-        {"type": "Ready", "status": c.get("status")} for c in conditions if c.get("type") == "Ready"
-    ]
-    kept += [
-        {k: c[k] for k in _HEALTH_FIELDS if k in c}
-        for c in conditions
-        if c.get("type") == GPU_HEALTHY
-    ]
-    return {
+    ready = [c for c in status.get("conditions") or [] if c.get("type") == "Ready"]
+    health = [c for c in status.get("conditions") or [] if c.get("type") == GPU_HEALTHY]
+    trimmed = {
         "metadata": {
             "name": shared(meta.get("name")),  # also every pod's nodeName
             "uid": meta.get("uid"),
@@ -50,11 +43,19 @@ def trim_node(node: Obj) -> Obj:
         "spec": shared({k: spec[k] for k in ("unschedulable", "taints") if k in spec}),
         "status": shared(
             {
-                "conditions": kept,
+                "conditions": [{"type": "Ready", "status": c.get("status")} for c in ready],
                 "allocatable": status.get("allocatable") or {},
             }
         ),
     }
+    if health:
+        # Apart from the pooled status: its transition time is unique to the node, and
+        # pooling unique values costs more than it saves (1000 nodes, tests/bench
+        # fixture: 6.0 KiB per node pooled, 4.0 apart, 3.7 without the condition).
+        trimmed[GPU_HEALTHY] = frozen(
+            {k: str(health[0][k]) for k in _HEALTH_FIELDS if k in health[0]}
+        )
+    return trimmed
 
 
 #: Of the node agent's condition, what remediation reads (not the heartbeat time, which
@@ -64,10 +65,8 @@ _HEALTH_FIELDS = ("type", "status", "reason", "message", "lastTransitionTime")
 
 def gpu_health(node: Obj) -> Obj | None:
     """The node's GPUHealthy condition as kept, or None."""
-    for c in node["status"].get("conditions", []):
-        if c.get("type") == GPU_HEALTHY:
-            return dict(c)
-    return None
+    kept = node.get(GPU_HEALTHY)
+    return dict(kept) if kept is not None else None
 
 
 def _only(values: dict[str, str] | None, prefixes: tuple[str, ...]) -> Obj:
