@@ -85,12 +85,12 @@ def read_faults(nvml: Nvml, xids: Mapping[tuple[int, int], int]) -> list[Fault] 
     try:
         nvml.init()
     except NvmlError as exc:
-        log.info("gpu health unknown", reason=nvml_failure(exc))
+        log.debug("gpu health unknown", reason=nvml_failure(exc))
         return None
     try:
         count = nvml.device_count()
     except NvmlError as exc:
-        log.info("gpu health unknown", reason=nvml_failure(exc))
+        log.debug("gpu health unknown", reason=nvml_failure(exc))
         with contextlib.suppress(NvmlError):
             nvml.shutdown()
         return None
@@ -140,9 +140,11 @@ def _gpu_faults(nvml: Nvml, index: int) -> tuple[str, list[Fault]]:
             fault(FaultKind.RESET_REQUIRED, "a page retirement is pending")
         throttle = _optional(nvml.device_throttle_reasons, index)
         if throttle is not None and ThrottleReason.HW_THERMAL_SLOWDOWN in throttle:
-            temp = _optional(nvml.device_temperature_celsius, index)
-            at = f" at {temp:.0f} C" if temp is not None else ""
-            fault(FaultKind.THERMAL_SLOWDOWN, f"hardware thermal slowdown{at}")
+            # No temperature in the message: it would change (and be written) every read.
+            fault(
+                FaultKind.THERMAL_SLOWDOWN,
+                "hardware thermal slowdown: slowdown temperature reached",
+            )
     except GpuLost:
         return uuid, [Fault(index, uuid, FaultKind.GPU_LOST, "GPU is lost (fell off the bus)")]
     return uuid, faults

@@ -175,3 +175,15 @@ async def test_an_xid_event_wakes_the_reporter_at_once() -> None:
     finally:
         stop.set()
         await asyncio.gather(*tasks)
+
+
+async def test_a_lasting_fault_is_written_once_while_its_readings_drift() -> None:
+    nvml = fake()
+    store = StatusStore()
+    reporter = HealthReporter(nvml, store, "n1", XidCounts())
+    nvml.thermal_slowdown(0, 91.0)
+    await reporter.check_once()
+    nvml.thermal_slowdown(0, 94.0)
+    await reporter.check_once()
+    assert len(store.patches) == 1
+    assert store.conditions[CONDITION_TYPE]["reason"] == "ThermalSlowdown"
