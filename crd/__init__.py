@@ -54,6 +54,7 @@ from crd._components import (
     VGPUManagerSpec,
     VirtualTopologyConfigSpec,
 )
+from crd._health import HealthRemediationSpec, RemediationAction
 from crd._images import (
     CUDA_SAMPLE_IMAGE,
     DEFAULT_IMAGES,
@@ -190,6 +191,7 @@ __all__ = [
     "GPUDirectRDMASpec",
     "GPUDirectStorageSpec",
     "GPUFeatureDiscoverySpec",
+    "HealthRemediationSpec",
     "HostPathsSpec",
     "ImageRefError",
     "ImageSpec",
@@ -211,6 +213,7 @@ __all__ = [
     "PodDeletionSpec",
     "Problem",
     "Quantity",
+    "RemediationAction",
     "ResourceRequirements",
     "RollingUpdateSpec",
     "SandboxDevicePluginSpec",

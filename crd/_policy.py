@@ -27,6 +27,7 @@ from crd._components import (
     VGPUDeviceManagerSpec,
     VGPUManagerSpec,
 )
+from crd._health import HealthRemediationSpec
 from crd._status import ClusterPolicyStatus
 
 GROUP = "nvidia.com"
@@ -184,6 +185,8 @@ class ClusterPolicySpec(K8sModel):
     """GPUDirect Storage."""
     gdrcopy: GDRCopySpec = Field(default_factory=GDRCopySpec)
     """GDRCopy."""
+    health_remediation: HealthRemediationSpec | None = None
+    """GPU health remediation (a gpuop extension; absent or disabled: off)."""
 
 
 class ClusterPolicy(K8sModel):

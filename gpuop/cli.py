@@ -51,6 +51,21 @@ def _cmd_cluster_status(args: argparse.Namespace) -> int:
     return 0 if len(running) == 5 else 1
 
 
+def _cmd_cluster_gpu_health(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from gpuop.cluster._health import mark_gpu_health_with_kubeconfig, verdict_for
+
+    cluster = _cluster(args)
+    if cluster.info() is None:
+        print(f"no cluster in {cluster.directory}", file=sys.stderr)
+        return 1
+    verdict = verdict_for(args.status, args.reason, args.message)
+    cond = asyncio.run(mark_gpu_health_with_kubeconfig(cluster.kubeconfig, args.node, verdict))
+    print(f"{args.node}: GPUHealthy={cond['status']} reason={cond['reason']}: {cond['message']}")
+    return 0
+
+
 def _cmd_cluster_build(args: argparse.Namespace) -> int:
     from gpuop.cluster._build import ensure_helm
 
@@ -177,6 +192,34 @@ def build_parser() -> argparse.ArgumentParser:
     status = csub.add_parser("status", help="show whether each process runs")
     status.add_argument("--dir", default=None, help=dir_help)
     status.set_defaults(func=_cmd_cluster_status)
+    health = csub.add_parser(
+        "gpu-health",
+        help="set a simulated node's GPUHealthy condition, as its node agent would",
+    )
+    health.add_argument("node", help="node name, e.g. gpu-node-0001")
+    state = health.add_mutually_exclusive_group()
+    state.add_argument(
+        "--unhealthy",
+        dest="status",
+        action="store_const",
+        const="False",
+        default="False",
+        help="GPUHealthy=False (the default)",
+    )
+    state.add_argument(
+        "--healthy", dest="status", action="store_const", const="True", help="GPUHealthy=True"
+    )
+    state.add_argument(
+        "--unknown",
+        dest="status",
+        action="store_const",
+        const="Unknown",
+        help="GPUHealthy=Unknown (as without NVML)",
+    )
+    health.add_argument("--reason", default=None, help="condition reason (default XidCritical)")
+    health.add_argument("--message", default=None, help="condition message")
+    health.add_argument("--dir", default=None, help=dir_help)
+    health.set_defaults(func=_cmd_cluster_gpu_health)
     build = csub.add_parser("build", help="only build the binaries into the cache")
     build.add_argument(
         "--no-helm",

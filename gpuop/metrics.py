@@ -65,3 +65,33 @@ class OperatorMetrics:
         self.upgrades_pending = Gauge(
             f"{PREFIX}nodes_upgrades_pending", "Nodes waiting for a driver upgrade", registry=r
         )
+        # GPU health remediation (a gpuop extension, spec.healthRemediation).
+        self.health_unhealthy = Gauge(
+            f"{PREFIX}gpu_health_unhealthy_nodes",
+            "GPU nodes whose GPUHealthy condition is False",
+            registry=r,
+        )
+        self.health_quarantined = Gauge(
+            f"{PREFIX}gpu_health_quarantined_nodes",
+            "GPU nodes the operator holds in quarantine",
+            registry=r,
+        )
+        self.health_would_quarantine = Gauge(
+            f"{PREFIX}gpu_health_dry_run_would_quarantine_nodes",
+            "Dry run: GPU nodes the operator would quarantine now",
+            registry=r,
+        )
+        self.health_paused = Gauge(
+            f"{PREFIX}gpu_health_remediation_paused",
+            "1 while the circuit breaker holds remediation",
+            registry=r,
+        )
+        self.health_quarantines = Counter(
+            f"{PREFIX}gpu_health_quarantines",
+            "Nodes quarantined for unhealthy GPUs, by action",
+            ["action"],
+            registry=r,
+        )
+        self.health_releases = Counter(
+            f"{PREFIX}gpu_health_releases", "Quarantines lifted", registry=r
+        )

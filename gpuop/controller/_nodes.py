@@ -1,7 +1,8 @@
 """What the controller keeps of a Node, and which changes deserve a reconcile.
 
 Nodes are most of the operator's memory at fleet scale; keeping only the fields
-it reads (its labels and annotations, schedulability, taints, Ready, allocatable) keeps
+it reads (its labels and annotations, schedulability, taints, Ready, the node agent's
+GPUHealthy, allocatable) keeps
 a node to a few hundred bytes instead of several kilobytes. Labels and annotations
 are read-only dicts of interned strings; schedulability and status are shared
 between nodes alike (:mod:`gpuop.compact`).
@@ -12,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuop.compact import frozen, shared
+from statemachine.remediation import CONDITION_GPU_HEALTHY as GPU_HEALTHY
 
 Obj = dict[str, Any]
 
@@ -37,7 +39,8 @@ def trim_node(node: Obj) -> Obj:
     status = node.get("status") or {}
     ready = [c for c in status.get("conditions") or [] if c.get("type") == "Ready"]
     info = status.get("nodeInfo") or {}
-    return {
+    health = [c for c in status.get("conditions") or [] if c.get("type") == GPU_HEALTHY]
+    trimmed = {
         "metadata": {
             "name": shared(meta.get("name")),  # also every pod's nodeName
             "uid": meta.get("uid"),
@@ -55,6 +58,25 @@ def trim_node(node: Obj) -> Obj:
             }
         ),
     }
+    if health:
+        # Apart from the pooled status: its transition time is unique to the node, and
+        # pooling unique values costs more than it saves (1000 nodes, tests/bench
+        # fixture: 6.0 KiB per node pooled, 4.0 apart, 3.7 without the condition).
+        trimmed[GPU_HEALTHY] = frozen(
+            {k: str(health[0][k]) for k in _HEALTH_FIELDS if k in health[0]}
+        )
+    return trimmed
+
+
+#: Of the node agent's condition, what remediation reads (not the heartbeat time, which
+#: would make every report a change).
+_HEALTH_FIELDS = ("type", "status", "reason", "message", "lastTransitionTime")
+
+
+def gpu_health(node: Obj) -> Obj | None:
+    """The node's GPUHealthy condition as kept, or None."""
+    kept = node.get(GPU_HEALTHY)
+    return dict(kept) if kept is not None else None
 
 
 def _only(values: dict[str, str] | None, prefixes: tuple[str, ...]) -> Obj:
@@ -73,6 +95,7 @@ def node_fingerprint(node: Obj | None) -> Any:
         repr(node["spec"].get("taints")),
         is_ready(node),
         (node["status"].get("nodeInfo") or {}).get("containerRuntimeVersion"),
+        repr(gpu_health(node)),
     )
 
 

@@ -32,6 +32,12 @@ from crd import (
 from gpuop.controller._config import OperatorConfig
 from gpuop.controller._nodes import is_ready, labels, node_fingerprint, trim_node
 from gpuop.controller._pods import pod_index, pod_selector, trim_pod, trim_revision
+from gpuop.controller._remediation import (
+    REMEDIATION_KEY,
+    Remediation,
+    policy_facts,
+    upgrade_drain,
+)
 from gpuop.controller._status import status_dict, status_patch
 from gpuop.controller._upgrade import Upgrades, policy_view, requeue_after
 from gpuop.informer import Informer, Obj, ResourceSpec, key_of
@@ -148,6 +154,16 @@ class Operator:
             daemonsets=self.owned["DaemonSet"],
             nodes=self.nodes,
         )
+        self.remediation = Remediation(
+            rest,
+            metrics,
+            self.upgrades.events,
+            self.nodes,
+            self.policies,
+            self.active_policy,
+            self.queue.add_after,
+            upgrade_drain(self.upgrades),
+        )
         #: Hashes we applied but whose watch event may not have arrived yet, so a
         #: pass right after a write does not write again. Keyed like the caches.
         self._applied: dict[tuple[str, str], str] = {}
@@ -177,6 +193,7 @@ class Operator:
             group.create_task(self.queue.run(), name="workqueue")
             self.queue.add(CLUSTER_KEY)
             self.queue.add(UPGRADES_KEY)
+            self.queue.add(REMEDIATION_KEY)
             for name in self.nodes.store:
                 self.queue.add(NODE_PREFIX + name)
 
@@ -188,12 +205,16 @@ class Operator:
         if node_fingerprint(old) == node_fingerprint(new):
             return
         self.queue.add(NODE_PREFIX + name)
+        if self.remediation.wants_node(old, new):
+            self.queue.add(REMEDIATION_KEY)
         if event != "MODIFIED" or _budget_facts(old) != _budget_facts(new):
             self.queue.add(UPGRADES_KEY)  # only what the fleet budget reads
         if event != "MODIFIED" or _gpu_facts(old) != _gpu_facts(new):
             self.queue.add(CLUSTER_KEY)
 
     def _on_policy(self, event: str, old: Obj | None, new: Obj | None) -> None:
+        if policy_facts(old) != policy_facts(new):
+            self.queue.add(REMEDIATION_KEY)
         if (
             event == "MODIFIED"
             and old is not None
@@ -242,6 +263,8 @@ class Operator:
             await self.reconcile_upgrades()
         elif key.startswith(NODE_PREFIX):
             await self.reconcile_node(key[len(NODE_PREFIX) :])
+        elif key == REMEDIATION_KEY:
+            await self.remediation.reconcile()
 
     def active_policy(self) -> tuple[Obj | None, ClusterPolicy | None, list[str]]:
         """The oldest ClusterPolicy is the active one; parsed once per resourceVersion."""

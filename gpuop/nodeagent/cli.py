@@ -1,4 +1,4 @@
-"""``gpuop node-agent validate|export``: argument parsing and process wiring.
+"""``gpuop node-agent validate|export|health``: argument parsing and process wiring.
 
 ``gpuop/cli.py`` calls :func:`add_subcommands`; each leaf parser sets ``func``, a
 callable taking the parsed namespace and returning the exit status.
@@ -20,12 +20,15 @@ from gpuop.nodeagent.checks import Check
 from gpuop.nodeagent.cuda import CudaCheck
 from gpuop.nodeagent.driver import CONTAINER_DRIVER_ROOT, DriverCheck
 from gpuop.nodeagent.exporter import serve
+from gpuop.nodeagent.health import HealthReporter, KubernetesNodeStatus, NodeStatusApi
 from gpuop.nodeagent.kube import KubeApi, KubernetesApi
 from gpuop.nodeagent.plugin import PluginCheck
 from gpuop.nodeagent.status import CHECK_NAMES, DEFAULT_VALIDATIONS_DIR, StatusFiles
 from gpuop.nodeagent.toolkit import DEFAULT_CONFIG_PATHS, DEFAULT_RUNTIME_DIRS, ToolkitCheck
 from gpuop.nodeagent.validate import Backoff, Validator
 from gpuop.nodeagent.workload import DEFAULT_CUDA_IMAGE, OwnerPod, WorkloadSpec
+from gpuop.nodeagent.xid import XidCounts, XidWatcher
+from gpuop.nvml import Nvml
 from gpuop.nvml.real import PynvmlNvml
 
 log = get_logger(__name__)
@@ -70,7 +73,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 def add_subcommands(subparsers: argparse._SubParsersAction[Any]) -> None:
-    """Add ``node-agent validate`` and ``node-agent export``."""
+    """Add ``node-agent validate``, ``node-agent export`` and ``node-agent health``."""
     agent = subparsers.add_parser("node-agent", help="validator and status exporter for a GPU node")
     sub = agent.add_subparsers(dest="node_agent_command", required=True)
 
@@ -119,7 +122,30 @@ def add_subcommands(subparsers: argparse._SubParsersAction[Any]) -> None:
     e.add_argument("--port", type=int, default=8000)
     e.add_argument("--address", default="0.0.0.0", help="listen address")
     e.add_argument("--no-xid-events", dest="xid_events", action="store_false")
+    _health_args(e)
+    e.add_argument(
+        "--no-health",
+        dest="health",
+        action="store_false",
+        help="do not report the GPUHealthy node condition (on by default with a node name)",
+    )
     e.set_defaults(func=run_export)
+
+    h = sub.add_parser(
+        "health", help="report the GPUHealthy node condition (without serving metrics)"
+    )
+    _common(h)
+    _health_args(h)
+    h.set_defaults(func=run_health)
+
+
+def _health_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--health-interval",
+        type=float,
+        default=10.0,
+        help="seconds between GPU health reads (XID events are acted on at once)",
+    )
 
 
 @contextlib.contextmanager
@@ -214,19 +240,73 @@ async def validate_main(args: argparse.Namespace) -> int:
             await api_client.close()
 
 
+def _health_reporter(nvml: Nvml, api: NodeStatusApi, args: argparse.Namespace) -> HealthReporter:
+    """The reporter, woken by the XID watcher the caller builds with its counts."""
+    return HealthReporter(nvml, api, args.node_name, XidCounts(), interval_s=args.health_interval)
+
+
+def _xid_watcher(nvml: Nvml, reporter: HealthReporter | None) -> XidWatcher:
+    counts = reporter.xids if reporter is not None else XidCounts()
+    wake = reporter.wake.set if reporter is not None else None
+    return XidWatcher(nvml, counts, on_event=(lambda _: wake()) if wake else None)
+
+
 async def export_main(args: argparse.Namespace) -> int:
     stop = asyncio.Event()
-    with _stop_on_signals(stop):
-        await serve(
-            PynvmlNvml(args.driver_root),
-            args.node_name,
-            StatusFiles(args.validations_dir),
-            stop,
-            host=args.address,
-            port=args.port,
-            xid_events=args.xid_events,
-        )
-    return 0
+    nvml = PynvmlNvml(args.driver_root)
+    api_client: Any = None
+    reporter: HealthReporter | None = None
+    try:
+        if args.health and args.node_name:
+            try:
+                api_client = await _api_client()
+            except Exception as exc:  # metrics still matter without the condition
+                log.warning(
+                    "GPUHealthy not reported: kubernetes client unavailable",
+                    reason=f"{type(exc).__name__}: {exc}",
+                )
+            else:
+                reporter = _health_reporter(nvml, KubernetesNodeStatus(api_client), args)
+        watcher = _xid_watcher(nvml, reporter) if args.xid_events else None
+        with _stop_on_signals(stop):
+            await serve(
+                nvml,
+                args.node_name,
+                StatusFiles(args.validations_dir),
+                stop,
+                host=args.address,
+                port=args.port,
+                xid_events=args.xid_events,
+                watcher=watcher,
+                background=[reporter.run] if reporter is not None else [],
+            )
+        return 0
+    finally:
+        if api_client is not None:
+            await api_client.close()
+
+
+async def health_main(args: argparse.Namespace) -> int:
+    if not args.node_name:
+        log.error("node name missing: set --node-name or NODE_NAME")
+        return 2
+    try:
+        api_client = await _api_client()
+    except Exception as exc:
+        log.error("kubernetes client unavailable", reason=f"{type(exc).__name__}: {exc}")
+        return 1
+    nvml = PynvmlNvml(args.driver_root)
+    stop = asyncio.Event()
+    try:
+        reporter = _health_reporter(nvml, KubernetesNodeStatus(api_client), args)
+        watcher = _xid_watcher(nvml, reporter)
+        with _stop_on_signals(stop):
+            async with asyncio.TaskGroup() as group:
+                group.create_task(watcher.run(stop))
+                group.create_task(reporter.run(stop))
+        return 0
+    finally:
+        await api_client.close()
 
 
 def run_validate(args: argparse.Namespace) -> int:
@@ -235,3 +315,7 @@ def run_validate(args: argparse.Namespace) -> int:
 
 def run_export(args: argparse.Namespace) -> int:
     return asyncio.run(export_main(args))
+
+
+def run_health(args: argparse.Namespace) -> int:
+    return asyncio.run(health_main(args))

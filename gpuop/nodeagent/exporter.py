@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -65,21 +67,26 @@ async def serve(
     host: str = "0.0.0.0",
     port: int = 8000,
     xid_events: bool = True,
+    watcher: XidWatcher | None = None,
+    background: Sequence[Callable[[asyncio.Event], Coroutine[Any, Any, None]]] = (),
 ) -> None:
-    """Serve until ``stop`` is set, watching XID events in the background."""
-    watcher = XidWatcher(nvml, XidCounts()) if xid_events else None
+    """Serve until ``stop`` is set, watching XID events (with ``watcher`` when given)
+    and running ``background`` tasks (the health reporter) alongside."""
+    if watcher is None and xid_events:
+        watcher = XidWatcher(nvml, XidCounts())
     app = make_app(build_registry(nvml, node_name, status, xid_watcher=watcher))
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     watch_task = asyncio.create_task(watcher.run(stop)) if watcher is not None else None
+    extra = [asyncio.create_task(task(stop)) for task in background]
     try:
         await web.TCPSite(runner, host, port).start()
         log.info("exporter listening", host=host, port=port, node=node_name)
         await stop.wait()
     finally:
         stop.set()
-        if watch_task is not None:
-            watch_task.cancel()
+        for task in [*extra, *([watch_task] if watch_task is not None else [])]:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await watch_task
+                await task
         await runner.cleanup()

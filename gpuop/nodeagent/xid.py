@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import threading
 from collections import Counter
+from collections.abc import Callable
 
 from gpuop.log import get_logger
 from gpuop.nodeagent.driver import nvml_failure
@@ -44,9 +45,13 @@ class XidWatcher:
         *,
         poll_ms: int = 1000,
         retry_s: float = 30.0,
+        on_event: Callable[[XidEvent], None] | None = None,
     ) -> None:
         self.nvml = nvml
         self.counts = counts
+        #: Called on the event loop after each event is counted (the health reporter
+        #: re-checks at once instead of at its next interval).
+        self.on_event = on_event
         self.poll_ms = poll_ms
         self.retry_s = retry_s
         self.watching = False
@@ -82,6 +87,8 @@ class XidWatcher:
                     if event is not None:
                         self.counts.add(event)
                         log.warning("xid error", gpu=event.gpu_index, xid=event.xid)
+                        if self.on_event is not None:
+                            self.on_event(event)
             except NvmlError as exc:
                 log.warning("xid watch interrupted", reason=nvml_failure(exc))
             finally:

@@ -1,8 +1,10 @@
 """A scriptable in-memory NVML for tests and the local simulated cluster.
 
 Tests build a node from GPU models, then script what the hardware does: toggle MIG,
-lose a GPU after N calls or at once, inject XID events, or fail ``init`` the way a
-missing library or an unloaded driver does. Calls are thread-safe and record which
+lose a GPU after N calls or at once, inject XID events, uncorrectable ECC errors,
+row-remap failures, pending resets and thermal slowdown (every fault the node agent's
+health check knows), or fail ``init`` the way a missing library or an unloaded driver
+does. Calls are thread-safe and record which
 threads made them, so a test can prove NVML was called off the event loop.
 """
 
@@ -132,6 +134,56 @@ class FakeNvml:
         with self._lock:
             for event_set in self._event_sets:
                 event_set.push(XidEvent(gpu_index=index, xid=xid))
+
+    def inject_ecc_uncorrectable(self, index: int, count: int = 1) -> None:
+        """Uncorrectable (double-bit) ECC errors, as volatile and aggregate counts."""
+        with self._lock:
+            gpu = self.gpus[index]
+            e = gpu.ecc
+            gpu.ecc = EccErrors(
+                e.volatile_corrected,
+                e.volatile_uncorrected + count,
+                e.aggregate_corrected,
+                e.aggregate_uncorrected + count,
+            )
+
+    def fail_row_remap(self, index: int) -> None:
+        """Row remapping failed (Ampere and later; older GPUs have no row remapper)."""
+        with self._lock:
+            rows = self.gpus[index].remapped_rows
+            self.gpus[index].remapped_rows = replace(
+                rows, uncorrectable=rows.uncorrectable + 1, failure=True
+            )
+
+    def require_reset(self, index: int) -> None:
+        """A row remap (or, before Ampere, a page retirement) waits for a GPU reset."""
+        with self._lock:
+            gpu = self.gpus[index]
+            if gpu.model.row_remapping:
+                gpu.remapped_rows = replace(gpu.remapped_rows, pending=True)
+            else:
+                gpu.retired_pages = replace(gpu.retired_pages, pending=True)
+
+    def thermal_slowdown(self, index: int, temperature_celsius: float = 92.0) -> None:
+        """The GPU reached its slowdown temperature: hardware thermal slowdown is on."""
+        with self._lock:
+            gpu = self.gpus[index]
+            gpu.temperature_celsius = temperature_celsius
+            gpu.throttle = (gpu.throttle & ~ThrottleReason.GPU_IDLE) | (
+                ThrottleReason.HW_THERMAL_SLOWDOWN
+            )
+
+    def heal(self, index: int) -> None:
+        """Clear every injected fault of one GPU (as a reset and driver reload would)."""
+        with self._lock:
+            gpu = self.gpus[index]
+            gpu.lost = False
+            gpu.lose_after_calls = None
+            gpu.ecc = EccErrors(0, 0, gpu.ecc.aggregate_corrected, gpu.ecc.aggregate_uncorrected)
+            gpu.remapped_rows = RemappedRows(gpu.remapped_rows.correctable, 0, False, False)
+            gpu.retired_pages = replace(gpu.retired_pages, pending=False)
+            gpu.throttle = ThrottleReason.GPU_IDLE
+            gpu.temperature_celsius = 35.0
 
     @property
     def initialized(self) -> bool:

@@ -342,6 +342,8 @@ def test_operator_holds_what_it_does_and_what_it_grants_nothing_more() -> None:
     # The operator's own calls (see gpuop/controller/_operator.py).
     need(True, "", "nodes", ["get", "list", "watch", "patch"])
     need(True, "nvidia.com", "clusterpolicies", ["list", "watch"])
+    # GPU health remediation: removing the administrator's resume annotation.
+    need(True, "nvidia.com", "clusterpolicies", ["patch"])
     need(True, "nvidia.com", "clusterpolicies/status", ["patch"])
     need(False, "", "pods", ["list", "watch"])
     need(False, "apps", "controllerrevisions", ["list", "watch"])
@@ -399,6 +401,52 @@ def test_operator_holds_what_it_does_and_what_it_grants_nothing_more() -> None:
                         assert (group, resource, verb) in wanted or (
                             verb == "get" and (group, resource, "list") in wanted
                         ), f"granted but unused: {verb} {group or 'core'}/{resource}"
+
+
+def test_health_remediation_is_absent_unless_set() -> None:
+    assert "healthRemediation" not in one(documents(template()), "ClusterPolicy")["spec"]
+    docs = documents(
+        template(
+            *_set(
+                [
+                    "healthRemediation.enabled=true",
+                    "healthRemediation.action=drain",
+                    "healthRemediation.maxUnhealthy=25%",
+                ]
+            )
+        )
+    )
+    section = _policy(docs).spec.health_remediation
+    assert section is not None
+    assert (section.enabled, section.action, section.max_unhealthy) == (True, "drain", "25%")
+    assert section.settle_seconds == 300
+
+
+def test_node_agent_may_patch_only_node_status() -> None:
+    """The node agent reports GPUHealthy on its Node: read the Node, patch its status."""
+    docs = documents(template())
+    role = one(docs, "ClusterRole", "gpuop-node-agent")
+    granted = {
+        (g, r, v)
+        for rule in role["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
+    assert granted == {("", "nodes", "get"), ("", "nodes/status", "patch")}
+    binding = one(docs, "ClusterRoleBinding", "gpuop-node-agent")
+    assert binding["roleRef"]["name"] == "gpuop-node-agent"
+    ctx = RenderContext(namespace=NAMESPACE, operator_image="x")
+    spec = crd.default_policy().spec.model_copy(
+        update={"node_status_exporter": crd.NodeStatusExporterSpec(enabled=True)}
+    )
+    exporter = next(c for c in COMPONENTS if c.name == "node-status-exporter")
+    accounts = {
+        o["metadata"]["name"] for o in exporter.objects(spec, ctx) if o["kind"] == "ServiceAccount"
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": name, "namespace": NAMESPACE} for name in accounts
+    ]
 
 
 # ------------------------------------------------------------------ manifests

@@ -48,6 +48,11 @@ def test_bad_node_counts_are_named(tmp_path: Path, capsys: pytest.CaptureFixture
     assert "--gpu-nodes (2) cannot exceed --nodes (1)" in err
 
 
+def test_gpu_health_without_a_cluster(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["cluster", "gpu-health", "gpu-node-0000", "--dir", str(tmp_path / "none")]) == 1
+    assert "no cluster in" in capsys.readouterr().err
+
+
 def test_status_without_a_cluster(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["cluster", "status", "--dir", str(tmp_path / "none")]) == 1
     assert "no cluster in" in capsys.readouterr().out

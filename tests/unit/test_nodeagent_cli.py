@@ -52,6 +52,18 @@ def test_export_args() -> None:
     assert (args.port, args.node_name, args.xid_events) == (9400, "n", False)
 
 
+def test_export_reports_health_by_default_and_health_runs_alone() -> None:
+    args = parser().parse_args(["node-agent", "export", "--node-name", "n"])
+    assert (args.health, args.health_interval) == (True, 10.0)
+    args = parser().parse_args(["node-agent", "export", "--no-health"])
+    assert args.health is False
+    args = parser().parse_args(
+        ["node-agent", "health", "--node-name", "n", "--health-interval", "2"]
+    )
+    assert args.func is cli.run_health
+    assert (args.node_name, args.health_interval) == ("n", 2.0)
+
+
 def _toolkit_host(root: Path) -> None:
     binary = root / "usr/bin/nvidia-container-runtime"
     binary.parent.mkdir(parents=True)

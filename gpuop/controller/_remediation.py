@@ -1,0 +1,425 @@
+"""GPU health remediation: the imperative side of :mod:`statemachine.remediation`.
+
+One serial ``remediation`` key looks at the whole fleet (the circuit breaker is a
+fleet-wide count), woken only by watch events that change what the planner reads
+(a node's GPUHealthy condition, our taint and annotations, schedulability, upgrade
+state; the policy's spec, resume annotation and RemediationPaused condition) and by
+one delayed requeue when a settle time ends. A pass whose plan is empty writes nothing.
+
+Everything the planner needs is in the cluster: quarantine is our annotations and taint
+on the Node, the pause is the ClusterPolicy condition, settle times are the node
+condition's lastTransitionTime. Node writes carry the cached resourceVersion, so a
+concurrent change (another controller's taint) fails with a conflict and the pass is
+retried on fresh data instead of overwriting it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from components.labels import is_gpu_node
+from crd import ClusterPolicy, ClusterPolicySpec, ClusterPolicyStatus, Condition, set_condition
+from crd import format_time as format_condition_time
+from gpuop.controller._nodes import gpu_health, labels
+from gpuop.controller._upgrade import Upgrades
+from gpuop.controller._upgrade import policy_view as upgrade_policy_view
+from gpuop.events import EventRecorder
+from gpuop.informer import Obj
+from gpuop.log import get_logger
+from gpuop.metrics import OperatorMetrics
+from gpuop.rest import Rest, by_kind
+from statemachine.remediation import (
+    ACTION_ANNOTATION,
+    CONDITION_REMEDIATION_PAUSED,
+    CORDONED_ANNOTATION,
+    MANAGED_ANNOTATIONS,
+    QUARANTINED_ANNOTATION,
+    QUARANTINED_AT_ANNOTATION,
+    REASON_CIRCUIT_BREAKER,
+    REASON_RESUMED,
+    RESUME_ANNOTATION,
+    TAINT_EFFECT,
+    TAINT_KEY,
+    TAINT_VALUE,
+    FleetHealthView,
+    Health,
+    HealthNodeView,
+    Quarantine,
+    Release,
+    RemediationAction,
+    RemediationPlan,
+    RemediationPolicyView,
+    plan_remediation,
+    quarantined_taints,
+    released_taints,
+)
+from statemachine.upgrade_keys import IN_PROGRESS_STATES, STATE_LABEL, parse_state
+
+log = get_logger(__name__)
+
+REMEDIATION_KEY = "remediation"
+NODE = by_kind("v1", "Node")
+POLICY = by_kind("nvidia.com/v1", "ClusterPolicy")
+#: Condition times have whole seconds; waking this much after a settle deadline makes
+#: sure the pass then sees it as reached.
+_SETTLE_SLACK_SECONDS = 1.0
+
+ActivePolicy = Callable[[], tuple[Obj | None, ClusterPolicy | None, list[str]]]
+Drain = Callable[[str, ClusterPolicySpec], Awaitable[None]]
+
+
+def policy_view(spec: ClusterPolicySpec | None) -> RemediationPolicyView:
+    section = spec.health_remediation if spec is not None else None
+    if section is None:
+        return RemediationPolicyView()
+    return RemediationPolicyView(
+        enabled=section.enabled,
+        dry_run=section.dry_run,
+        action=RemediationAction(section.action),
+        max_unhealthy=section.max_unhealthy,
+        settle_seconds=section.settle_seconds,
+    )
+
+
+def _epoch(stamp: str | None) -> float | None:
+    if not stamp:
+        return None
+    try:
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def node_view(node: Obj) -> HealthNodeView:
+    cond = gpu_health(node) or {}
+    node_labels = labels(node)
+    annotations = node["metadata"].get("annotations") or {}
+    return HealthNodeView(
+        name=node["metadata"]["name"],
+        health=Health.parse(cond.get("status")),
+        since=_epoch(cond.get("lastTransitionTime")),
+        reason=str(cond.get("reason") or ""),
+        message=str(cond.get("message") or ""),
+        gpu=is_gpu_node(node_labels),
+        quarantined=QUARANTINED_ANNOTATION in annotations,
+        cordoned_by_us=annotations.get(CORDONED_ANNOTATION) == "true",
+        unschedulable=bool(node["spec"].get("unschedulable")),
+        in_upgrade=parse_state(node_labels.get(STATE_LABEL)) in IN_PROGRESS_STATES,
+    )
+
+
+def node_facts(node: Obj | None) -> Any:
+    """What the planner reads of a node: a change in it wakes the remediation key."""
+    return None if node is None else node_view(node)
+
+
+def policy_facts(policy: Obj | None) -> Any:
+    """What the planner reads of a policy besides its spec (generation)."""
+    if policy is None:
+        return None
+    meta = policy["metadata"]
+    paused = _paused_condition(policy)
+    return (
+        meta.get("generation"),
+        (meta.get("annotations") or {}).get(RESUME_ANNOTATION),
+        paused.get("status") if paused else None,
+    )
+
+
+def _paused_condition(policy: Obj) -> dict[str, Any] | None:
+    for cond in (policy.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == CONDITION_REMEDIATION_PAUSED:
+            return dict(cond)
+    return None
+
+
+class Remediation:
+    """Carries out remediation plans for the operator (which owns caches and queue)."""
+
+    def __init__(
+        self,
+        rest: Rest,
+        metrics: OperatorMetrics,
+        events: EventRecorder,
+        nodes: Any,
+        policies: Any,
+        active_policy: ActivePolicy,
+        requeue_after: Callable[[str, float], None],
+        drain: Drain,
+    ) -> None:
+        self.rest = rest
+        self.metrics = metrics
+        self.events = events
+        self._nodes = nodes
+        self._policies = policies
+        self._active_policy = active_policy
+        self._requeue_after = requeue_after
+        self._drain = drain
+        #: Dry run: what was already reported, so each would-be action is told once
+        #: (memory only: a restarted operator reports it once more, changing nothing).
+        self._reported: set[tuple[str, str]] = set()
+        #: The pause as last written: if a concurrent status write drops the
+        #: condition, the next pass restores it instead of taking the pause as lifted.
+        self._paused_written = False
+        #: Whether the last pass had remediation on. Off (the default), node events
+        #: wake nothing unless a node still carries our quarantine: a fleet pass per
+        #: node event would cost thousands of passes during a large upgrade.
+        self._enabled = True
+
+    def wants_node(self, old: Obj | None, new: Obj | None) -> bool:
+        """Whether a node event changes anything the next pass would read."""
+        if not self._enabled and not any(
+            QUARANTINED_ANNOTATION in (n["metadata"].get("annotations") or {})
+            for n in (old, new)
+            if n is not None
+        ):
+            return False
+        return bool(node_facts(old) != node_facts(new))
+
+    async def reconcile(self) -> None:
+        raw, model, problems = self._active_policy()
+        if raw is not None and (model is None or problems):
+            return  # an invalid policy changes nothing; its status says why
+        spec = model.spec if model is not None else None
+        policy = policy_view(spec)
+        self._enabled = policy.enabled
+        if raw is None:
+            self._paused_written = False
+        views = tuple(
+            node_view(n)
+            for n in self._nodes.values()
+            if is_gpu_node(labels(n))
+            or QUARANTINED_ANNOTATION in (n["metadata"].get("annotations") or {})
+        )
+        paused_cond = _paused_condition(raw) if raw is not None else None
+        paused = (paused_cond or {}).get("status") == "True" or (
+            self._paused_written and paused_cond is None
+        )
+        resume = raw is not None and RESUME_ANNOTATION in (raw["metadata"].get("annotations") or {})
+        now = datetime.now(UTC)
+        fleet = FleetHealthView(views, now.timestamp(), paused=paused, resume_requested=resume)
+        plan = plan_remediation(fleet, policy)
+        self.metrics.health_unhealthy.set(plan.unhealthy)
+        if plan.dry_run:
+            await self._report_dry_run(plan, policy, raw)
+            self.metrics.health_quarantined.set(sum(1 for v in views if v.quarantined))
+            return
+        self.metrics.health_would_quarantine.set(0)
+        self._reported.clear()
+        by_name = {n["metadata"]["name"]: n for n in self._nodes.values()}
+        for release in plan.release:
+            await self._release(by_name[release.node], release)
+        for quarantine in plan.quarantine:
+            await self._quarantine(by_name[quarantine.node], quarantine, policy, spec)
+        if raw is not None and policy.enabled:
+            await self._policy_state(raw, plan, policy, now)
+        elif raw is not None and paused_cond is not None:
+            await self._write_paused(raw, None, now)
+        self.metrics.health_quarantined.set(plan.quarantined if policy.enabled else 0)
+        self.metrics.health_paused.set(1 if plan.paused and policy.enabled else 0)
+        if plan.requeue_after is not None:
+            self._requeue_after(REMEDIATION_KEY, settle_delay(plan.requeue_after))
+
+    # ------------------------------------------------------------------ nodes
+    async def _patch_node(self, node: Obj, patch: dict[str, Any]) -> None:
+        meta = node["metadata"]
+        patch.setdefault("metadata", {})["resourceVersion"] = meta.get("resourceVersion")
+        patched = await self.rest.merge_patch(NODE, meta["name"], patch)
+        self._nodes.observe(patched)
+
+    async def _quarantine(
+        self,
+        node: Obj,
+        step: Quarantine,
+        policy: RemediationPolicyView,
+        spec: ClusterPolicySpec | None,
+    ) -> None:
+        annotations = {
+            QUARANTINED_ANNOTATION: step.why[:1024],
+            QUARANTINED_AT_ANNOTATION: format_condition_time(datetime.now(UTC)),
+            ACTION_ANNOTATION: policy.action.value,
+        }
+        patch: dict[str, Any] = {
+            "spec": {"taints": quarantined_taints(node["spec"].get("taints") or [])}
+        }
+        if step.cordon:
+            annotations[CORDONED_ANNOTATION] = "true"
+            patch["spec"]["unschedulable"] = True
+        patch["metadata"] = {"annotations": annotations}
+        await self._patch_node(node, patch)
+        self.metrics.health_quarantines.labels(policy.action.value).inc()
+        did = (
+            "tainted"
+            + (", cordoned" if step.cordon else "")
+            + (" and drained" if step.drain else "")
+        )
+        log.warning(
+            "gpu node quarantined", node=step.node, action=policy.action.value, why=step.why
+        )
+        await self.events.record(
+            _node_ref(node),
+            "GPUUnhealthyQuarantined",
+            f"{did} ({TAINT_KEY}={TAINT_VALUE}:{TAINT_EFFECT}): {step.why}",
+            warning=True,
+        )
+        if step.drain and spec is not None:
+            await self._drain(step.node, spec)
+
+    async def _release(self, node: Obj, step: Release) -> None:
+        patch: dict[str, Any] = {
+            "metadata": {"annotations": dict.fromkeys(MANAGED_ANNOTATIONS)},
+        }
+        taints = node["spec"].get("taints") or []
+        if any(t.get("key") == TAINT_KEY for t in taints):
+            patch["spec"] = {"taints": released_taints(taints) or None}
+        if step.uncordon and node["spec"].get("unschedulable"):
+            patch.setdefault("spec", {})["unschedulable"] = None
+        await self._patch_node(node, patch)
+        self.metrics.health_releases.inc()
+        log.info("gpu node quarantine lifted", node=step.node, why=step.why)
+        uncordoned = " and uncordoned" if step.uncordon else ""
+        await self.events.record(
+            _node_ref(node),
+            "GPUHealthyQuarantineLifted",
+            f"taint {TAINT_KEY} removed{uncordoned}: {step.why}",
+        )
+
+    # ----------------------------------------------------------------- policy
+    async def _policy_state(
+        self, raw: Obj, plan: RemediationPlan, policy: RemediationPolicyView, now: datetime
+    ) -> None:
+        involved = _policy_ref(raw)
+        if plan.resumed:
+            patched = await self.rest.merge_patch(
+                POLICY,
+                raw["metadata"]["name"],
+                {"metadata": {"annotations": {RESUME_ANNOTATION: None}}},
+            )
+            self._policies.observe(patched)
+            raw = patched
+            log.info("gpu health remediation resumed", policy=raw["metadata"]["name"])
+            await self.events.record(
+                involved, "RemediationResumed", "GPU health remediation resumed by annotation"
+            )
+        if plan.paused:
+            message = plan.pause_message(policy.max_unhealthy)
+            condition = ("True", REASON_CIRCUIT_BREAKER, message)
+        elif plan.resumed or _paused_condition(raw) is not None:
+            condition = ("False", REASON_RESUMED, "GPU health remediation is active")
+        else:
+            return  # never paused: no condition at all, the status stays upstream's
+        if plan.tripped:
+            log.warning("gpu health remediation paused", reason=message, held=list(plan.held))
+            await self.events.record(involved, "RemediationPaused", message, warning=True)
+        await self._write_paused(raw, condition, now)
+
+    async def _write_paused(
+        self, raw: Obj, condition: tuple[str, str, str] | None, now: datetime
+    ) -> None:
+        """Set (or with None remove) RemediationPaused, guarded by resourceVersion."""
+        previous = _status(raw)
+        if previous is None and (raw.get("status") or {}).get("conditions"):
+            # Unreadable status: writing ours alone would drop Ready and Error.
+            log.warning("policy status unreadable; RemediationPaused not written")
+            return
+        conditions = list(previous.conditions or []) if previous is not None else []
+        if condition is None:
+            wanted = [c for c in conditions if c.type != CONDITION_REMEDIATION_PAUSED]
+        else:
+            status, reason, message = condition
+            new = Condition(
+                type=CONDITION_REMEDIATION_PAUSED,
+                status=status,  # type: ignore[arg-type]
+                reason=reason,
+                message=message,
+                observed_generation=raw["metadata"].get("generation"),
+                last_transition_time=format_condition_time(now),
+            )
+            wanted = set_condition(conditions, new)
+        self._paused_written = condition is not None and condition[0] == "True"
+        if wanted == conditions:
+            return
+        dumped = [c.model_dump(by_alias=True, exclude_none=True, mode="json") for c in wanted]
+        patched = await self.rest.merge_patch(
+            POLICY,
+            raw["metadata"]["name"],
+            {
+                "metadata": {"resourceVersion": raw["metadata"].get("resourceVersion")},
+                "status": {"conditions": dumped or None},
+            },
+            subresource="status",
+        )
+        self._policies.observe(patched)
+
+    # ---------------------------------------------------------------- dry run
+    async def _report_dry_run(
+        self, plan: RemediationPlan, policy: RemediationPolicyView, raw: Obj | None
+    ) -> None:
+        """Tell once what would be done; write nothing but Events."""
+        self.metrics.health_would_quarantine.set(len(plan.quarantine))
+        self.metrics.health_paused.set(0)
+        current: set[tuple[str, str]] = set()
+        by_name = {n["metadata"]["name"]: n for n in self._nodes.values()}
+        for q in plan.quarantine:
+            current.add(("quarantine", q.node))
+            if ("quarantine", q.node) not in self._reported:
+                text = f"dry run: would quarantine ({policy.action.value}): {q.why}"
+                log.warning("gpu health dry run", node=q.node, would=policy.action.value)
+                await self.events.record(
+                    _node_ref(by_name[q.node]), "GPUUnhealthyDryRun", text, warning=True
+                )
+        for r in plan.release:
+            current.add(("release", r.node))
+            if ("release", r.node) not in self._reported:
+                log.info("gpu health dry run", node=r.node, would="release")
+                await self.events.record(
+                    _node_ref(by_name[r.node]),
+                    "GPUHealthyDryRun",
+                    f"dry run: would lift the quarantine: {r.why}",
+                )
+        if plan.tripped and raw is not None:
+            current.add(("pause", ""))
+            if ("pause", "") not in self._reported:
+                message = "dry run: would pause: " + plan.pause_message(policy.max_unhealthy)
+                log.warning("gpu health dry run", would="pause", held=list(plan.held))
+                await self.events.record(
+                    _policy_ref(raw), "RemediationPausedDryRun", message, warning=True
+                )
+        self._reported = current
+
+
+def _status(raw: Obj) -> ClusterPolicyStatus | None:
+    data = raw.get("status")
+    if not data:
+        return None
+    try:
+        return ClusterPolicyStatus.model_validate(data)
+    except ValueError:
+        return None
+
+
+def _node_ref(node: Obj) -> Obj:
+    return {"apiVersion": "v1", "kind": "Node", "metadata": node["metadata"]}
+
+
+def _policy_ref(raw: Obj) -> Obj:
+    return {"apiVersion": POLICY.api_version, "kind": POLICY.kind, "metadata": raw["metadata"]}
+
+
+def settle_delay(seconds: float) -> float:
+    """Rounded up to whole seconds plus slack (condition times have whole seconds)."""
+    return math.ceil(seconds) + _SETTLE_SLACK_SECONDS
+
+
+def upgrade_drain(upgrades: Upgrades) -> Drain:
+    """Drain a quarantined node by the rules of ``driver.upgradePolicy.drain``, with the
+    upgrade code's own drain (one implementation of kubectl-drain semantics)."""
+
+    async def drain(node: str, spec: ClusterPolicySpec) -> None:
+        view = upgrade_policy_view(spec)
+        await upgrades._drain(node, view, view.drain.force)
+
+    return drain

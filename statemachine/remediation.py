@@ -1,0 +1,279 @@
+"""GPU health remediation: which nodes to quarantine and release, and the circuit breaker.
+
+Pure: the controller builds a :class:`FleetHealthView` from its caches (the node agent's
+`GPUHealthy` condition, our taint and annotations, the policy's `RemediationPaused`
+condition) and carries out the :class:`RemediationPlan`. Every input is cluster state,
+so a restarted operator computes the same plan.
+
+Safety limits, after the systems that remediate GPU fleets today:
+
+- Circuit breaker (NVSentinel, EKS node repair, NodeHealthCheck ``minHealthy``): if
+  quarantining every unhealthy node would put more than ``maxUnhealthy`` of the GPU
+  nodes in quarantine, only the oldest failures up to the limit are quarantined and
+  remediation pauses. While paused nothing more is quarantined (a mass failure usually
+  means a systemic cause: a bad driver, a broken exporter), until an administrator
+  resumes; releases of recovered nodes go on.
+- Settle time: a node is released only after `GPUHealthy` has been True for
+  ``settleSeconds`` (its condition's lastTransitionTime), so a flapping GPU stays out.
+- Driver upgrades own their nodes: a node in an upgrade is neither quarantined nor
+  released here.
+- Dry run: the plan is the same; the caller only reports it.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+#: Node condition the node agent reports (True healthy, False a fault, Unknown no NVML).
+CONDITION_GPU_HEALTHY = "GPUHealthy"
+#: ClusterPolicy condition: True while the circuit breaker holds remediation.
+CONDITION_REMEDIATION_PAUSED = "RemediationPaused"
+REASON_CIRCUIT_BREAKER = "CircuitBreakerOpen"
+REASON_RESUMED = "Resumed"
+
+#: The taint a quarantined node carries (``key=value:effect``).
+TAINT_KEY = "nvidia.com/gpu.health"
+TAINT_VALUE = "unhealthy"
+TAINT_EFFECT = "NoSchedule"
+
+# Our bookkeeping on the node: present exactly while we hold it in quarantine.
+QUARANTINED_ANNOTATION = "gpuop.io/gpu-health-quarantined"
+"""Why (the condition's reason and message) and, with it, that we quarantined the node."""
+QUARANTINED_AT_ANNOTATION = "gpuop.io/gpu-health-quarantined-at"
+CORDONED_ANNOTATION = "gpuop.io/gpu-health-cordoned"
+"""Set only when we cordoned: an administrator's cordon is never lifted by us."""
+ACTION_ANNOTATION = "gpuop.io/gpu-health-action"
+MANAGED_ANNOTATIONS = (
+    QUARANTINED_ANNOTATION,
+    QUARANTINED_AT_ANNOTATION,
+    CORDONED_ANNOTATION,
+    ACTION_ANNOTATION,
+)
+#: On the ClusterPolicy: an administrator resumes a paused remediation with it.
+RESUME_ANNOTATION = "gpuop.io/health-remediation-resume"
+
+_PERCENT = re.compile(r"^\s*(\d+)\s*%\s*$")
+
+
+class Health(enum.StrEnum):
+    """The `GPUHealthy` condition's status; UNKNOWN also when the node has none."""
+
+    HEALTHY = "True"
+    UNHEALTHY = "False"
+    UNKNOWN = "Unknown"
+
+    @classmethod
+    def parse(cls, status: str | None) -> Health:
+        return cls(status) if status in ("True", "False") else cls.UNKNOWN
+
+
+class RemediationAction(enum.StrEnum):
+    TAINT = "taint"
+    CORDON = "cordon"
+    DRAIN = "drain"
+
+
+@dataclass(frozen=True)
+class RemediationPolicyView:
+    """`spec.healthRemediation`, with the off state for a missing section."""
+
+    enabled: bool = False
+    dry_run: bool = False
+    action: RemediationAction = RemediationAction.TAINT
+    max_unhealthy: int | str = "10%"
+    settle_seconds: int = 300
+
+
+@dataclass(frozen=True)
+class HealthNodeView:
+    """One node as remediation sees it (only nodes with GPUs matter)."""
+
+    name: str
+    health: Health = Health.UNKNOWN
+    since: float | None = None
+    """lastTransitionTime of `GPUHealthy` (epoch seconds); None when unknown."""
+    reason: str = ""
+    message: str = ""
+    gpu: bool = True
+    quarantined: bool = False
+    """Carries our quarantine annotation."""
+    cordoned_by_us: bool = False
+    unschedulable: bool = False
+    in_upgrade: bool = False
+
+
+@dataclass(frozen=True)
+class FleetHealthView:
+    nodes: tuple[HealthNodeView, ...]
+    now: float
+    paused: bool = False
+    """RemediationPaused is True on the policy."""
+    resume_requested: bool = False
+    """The policy carries the resume annotation."""
+
+
+@dataclass(frozen=True)
+class Quarantine:
+    node: str
+    why: str
+    """`<reason>: <message>` of the node's `GPUHealthy` condition."""
+    cordon: bool
+    """Cordon it too (cordon or drain, and the node is not already unschedulable)."""
+    drain: bool
+
+
+@dataclass(frozen=True)
+class Release:
+    node: str
+    uncordon: bool
+    """We cordoned it; an administrator's cordon stays."""
+    why: str
+
+
+@dataclass(frozen=True)
+class RemediationPlan:
+    quarantine: tuple[Quarantine, ...] = ()
+    release: tuple[Release, ...] = ()
+    held: tuple[str, ...] = ()
+    """Unhealthy nodes left in service by the circuit breaker."""
+    paused: bool = False
+    """Whether remediation is paused after this pass (the condition to hold)."""
+    tripped: bool = False
+    """The breaker opened in this pass."""
+    resumed: bool = False
+    """An administrator's resume was taken in this pass."""
+    limit: int = 0
+    unhealthy: int = 0
+    quarantined: int = 0
+    """Nodes in quarantine after this plan is carried out."""
+    gpu_nodes: int = 0
+    requeue_after: float | None = None
+    """Seconds until the earliest settle time ends; the only timed wake-up."""
+    dry_run: bool = False
+
+    @property
+    def changes_nodes(self) -> bool:
+        return bool(self.quarantine or self.release)
+
+    def pause_message(self, max_unhealthy: int | str) -> str:
+        held = ", ".join(self.held[:10]) + (" ..." if len(self.held) > 10 else "")
+        return (
+            f"{self.unhealthy} of {self.gpu_nodes} GPU nodes report GPUHealthy=False; "
+            f"maxUnhealthy {max_unhealthy} allows {self.limit} in quarantine, "
+            f"{self.quarantined} are. Not quarantined: {held or 'none'}. "
+            f"Resume: annotate the ClusterPolicy with {RESUME_ANNOTATION}=true"
+        )
+
+
+def resolve_max_unhealthy(value: int | str, gpu_nodes: int) -> int:
+    """`maxUnhealthy` as a node count. Percentages round down: a safety limit never
+    allows more than the share written (10% of 4 nodes is 0: use a count there)."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ValueError(f"maxUnhealthy must be an int or a percent string, got {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"maxUnhealthy must not be negative, got {value}")
+        return value
+    match = _PERCENT.match(value)
+    if match is None:
+        raise ValueError(f"maxUnhealthy must be an int or a percent like '10%', got {value!r}")
+    return math.floor(int(match.group(1)) * max(gpu_nodes, 0) / 100)
+
+
+def _why(node: HealthNodeView) -> str:
+    text = f"{node.reason or 'Unhealthy'}: {node.message}" if node.message else node.reason
+    return text or "GPUHealthy is False"
+
+
+def plan_remediation(view: FleetHealthView, policy: RemediationPolicyView) -> RemediationPlan:
+    """What to do now. Deterministic: the oldest failures (then names) go first."""
+    nodes = sorted(view.nodes, key=lambda n: n.name)
+    gpu_nodes = [n for n in nodes if n.gpu]
+    if not policy.enabled:
+        # Off (or the policy is gone): lift everything we hold, pause nothing.
+        off = tuple(
+            Release(n.name, n.cordoned_by_us, "health remediation is off")
+            for n in nodes
+            if n.quarantined and not n.in_upgrade
+        )
+        return RemediationPlan(release=off, gpu_nodes=len(gpu_nodes))
+
+    limit = resolve_max_unhealthy(policy.max_unhealthy, len(gpu_nodes))
+    releases: list[Release] = []
+    deadlines: list[float] = []
+    held_in_quarantine = 0
+    for node in nodes:
+        if not node.quarantined:
+            continue
+        if node.in_upgrade:
+            held_in_quarantine += 1
+            continue
+        if not node.gpu:
+            releases.append(Release(node.name, node.cordoned_by_us, "no longer a GPU node"))
+            continue
+        if node.health is not Health.HEALTHY:
+            held_in_quarantine += 1
+            continue
+        settled_at = (node.since or 0.0) + policy.settle_seconds
+        if view.now >= settled_at:
+            why = f"GPUHealthy True for {policy.settle_seconds}s or more"
+            releases.append(Release(node.name, node.cordoned_by_us, why))
+        else:
+            held_in_quarantine += 1
+            deadlines.append(settled_at - view.now)
+
+    candidates = sorted(
+        (
+            n
+            for n in gpu_nodes
+            if n.health is Health.UNHEALTHY and not n.quarantined and not n.in_upgrade
+        ),
+        key=lambda n: (n.since if n.since is not None else view.now, n.name),
+    )
+    resumed = view.paused and view.resume_requested
+    paused = view.paused and not resumed
+    if paused:
+        chosen, held = [], candidates
+    else:
+        room = max(0, limit - held_in_quarantine)
+        chosen, held = candidates[:room], candidates[room:]
+    tripped = not paused and bool(held)
+    cordon = policy.action in (RemediationAction.CORDON, RemediationAction.DRAIN)
+    quarantine = tuple(
+        Quarantine(
+            n.name,
+            _why(n),
+            cordon=cordon and not n.unschedulable,
+            drain=policy.action is RemediationAction.DRAIN,
+        )
+        for n in chosen
+    )
+    return RemediationPlan(
+        quarantine=quarantine,
+        release=tuple(releases),
+        held=tuple(n.name for n in held),
+        paused=paused or tripped,
+        tripped=tripped,
+        resumed=resumed,
+        limit=limit,
+        unhealthy=sum(1 for n in gpu_nodes if n.health is Health.UNHEALTHY),
+        quarantined=held_in_quarantine + len(quarantine),
+        gpu_nodes=len(gpu_nodes),
+        requeue_after=min(deadlines) if deadlines else None,
+        dry_run=policy.dry_run,
+    )
+
+
+def quarantined_taints(taints: Iterable[dict[str, str]]) -> list[dict[str, str]]:
+    """``taints`` with ours added (once)."""
+    kept = [t for t in taints if t.get("key") != TAINT_KEY]
+    return [*kept, {"key": TAINT_KEY, "value": TAINT_VALUE, "effect": TAINT_EFFECT}]
+
+
+def released_taints(taints: Iterable[dict[str, str]]) -> list[dict[str, str]]:
+    """``taints`` without ours."""
+    return [t for t in taints if t.get("key") != TAINT_KEY]

@@ -1,0 +1,128 @@
+"""What the operator reads for remediation: the trimmed node keeps GPUHealthy without
+its heartbeat, and only changes the planner reads wake the remediation key."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import crd
+from gpuop.controller._nodes import node_fingerprint, trim_node
+from gpuop.controller._remediation import (
+    Remediation,
+    node_facts,
+    node_view,
+    policy_facts,
+    policy_view,
+)
+from statemachine.remediation import (
+    CORDONED_ANNOTATION,
+    QUARANTINED_ANNOTATION,
+    RESUME_ANNOTATION,
+    Health,
+    RemediationAction,
+)
+from statemachine.upgrade_keys import STATE_LABEL
+
+
+def _node(status: str = "False", heartbeat: str = "2026-01-01T00:00:00Z") -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": "gpu-node-0001",
+            "resourceVersion": "7",
+            "labels": {
+                "feature.node.kubernetes.io/pci-10de.present": "true",
+                "kubernetes.io/hostname": "gpu-node-0001",
+                STATE_LABEL: "drain-required",
+            },
+            "annotations": {QUARANTINED_ANNOTATION: "XidCritical: x", CORDONED_ANNOTATION: "true"},
+        },
+        "spec": {"unschedulable": True},
+        "status": {
+            "conditions": [
+                {"type": "Ready", "status": "True", "lastHeartbeatTime": heartbeat},
+                {"type": "MemoryPressure", "status": "False"},
+                {
+                    "type": "GPUHealthy",
+                    "status": status,
+                    "reason": "XidCritical",
+                    "message": "GPU 0: XID 79",
+                    "lastHeartbeatTime": heartbeat,
+                    "lastTransitionTime": "2026-01-01T00:00:00Z",
+                },
+            ]
+        },
+    }
+
+
+def test_trimmed_node_keeps_gpu_healthy_and_what_remediation_reads() -> None:
+    view = node_view(trim_node(_node()))
+    assert view.health is Health.UNHEALTHY
+    assert view.since == 1767225600.0
+    assert (view.reason, view.message) == ("XidCritical", "GPU 0: XID 79")
+    assert view.gpu
+    assert view.quarantined
+    assert view.cordoned_by_us
+    assert view.unschedulable
+    assert view.in_upgrade
+
+
+def test_heartbeats_wake_nothing_a_status_flip_does() -> None:
+    a = trim_node(_node(heartbeat="2026-01-01T00:00:00Z"))
+    b = trim_node(_node(heartbeat="2026-01-01T00:10:00Z"))
+    assert node_fingerprint(a) == node_fingerprint(b)
+    assert node_facts(a) == node_facts(b)
+    c = trim_node(_node(status="True"))
+    assert node_fingerprint(a) != node_fingerprint(c)
+    assert node_facts(a) != node_facts(c)
+
+
+def test_a_node_without_the_condition_is_unknown() -> None:
+    raw = _node()
+    raw["status"]["conditions"] = raw["status"]["conditions"][:1]
+    assert node_view(trim_node(raw)).health is Health.UNKNOWN
+
+
+def _policy(**meta: Any) -> dict[str, Any]:
+    policy = copy.deepcopy(crd.sample_policy())
+    policy["metadata"].update({"generation": 1, **meta})
+    return policy
+
+
+def test_policy_wakes_remediation_on_resume_and_pause_not_on_other_status() -> None:
+    base = _policy()
+    other_status = {**base, "status": {"state": "ready"}}
+    assert policy_facts(base) == policy_facts(other_status)
+    resumed = _policy(annotations={RESUME_ANNOTATION: "true"})
+    assert policy_facts(base) != policy_facts(resumed)
+    paused = {
+        **base,
+        "status": {"conditions": [{"type": "RemediationPaused", "status": "True"}]},
+    }
+    assert policy_facts(base) != policy_facts(paused)
+    assert policy_facts(base) != policy_facts(_policy(generation=2))
+
+
+def test_policy_view_is_off_without_the_section() -> None:
+    assert not policy_view(crd.default_policy().spec).enabled
+    assert not policy_view(None).enabled
+    spec = crd.ClusterPolicySpec.model_validate(
+        {"healthRemediation": {"enabled": True, "action": "drain", "maxUnhealthy": 2}}
+    )
+    view = policy_view(spec)
+    assert (view.enabled, view.action, view.max_unhealthy) == (True, RemediationAction.DRAIN, 2)
+    assert (view.dry_run, view.settle_seconds) == (False, 300)
+
+
+def test_with_remediation_off_only_quarantined_nodes_wake_it() -> None:
+    none: Any = None
+    remediation = Remediation(none, none, none, none, none, none, none, none)
+    plain = _node()
+    plain["metadata"]["annotations"] = {}
+    flipped = _node(status="True")
+    flipped["metadata"]["annotations"] = {}
+    assert remediation.wants_node(trim_node(plain), trim_node(flipped))
+    remediation._enabled = False
+    assert not remediation.wants_node(trim_node(plain), trim_node(flipped))
+    # A node we still hold must be released even with remediation off.
+    assert remediation.wants_node(trim_node(_node()), trim_node(_node(status="True")))
