@@ -85,6 +85,7 @@ from crd._policy import (
     SandboxWorkloadsSpec,
 )
 from crd._render import (
+    CHART_CHOICES,
     CHART_CRD_FILE,
     CRD_FILE,
     SAMPLE_POLICY_FILE,
@@ -135,6 +136,7 @@ from crd._validate import (
 
 __all__ = [
     "API_VERSION",
+    "CHART_CHOICES",
     "CHART_CRD_FILE",
     "CONDITION_ERROR",
     "CONDITION_READY",

@@ -83,10 +83,10 @@ def test_upstream_spellings_that_are_not_camel_case() -> None:
     assert spec.validator.vfio_pci is not None
 
 
-def test_defaults_match_the_upstream_chart() -> None:
+def test_defaults_match_upstream() -> None:
     spec = crd.ClusterPolicySpec()
     policy = spec.driver.upgrade_policy
-    assert policy.auto_upgrade is True
+    assert policy.auto_upgrade is False  # upstream's CRD default; its chart sets true
     assert policy.max_parallel_upgrades == 1
     assert policy.max_unavailable == "25%"
     assert policy.pod_deletion.timeout_seconds == 300
@@ -144,7 +144,9 @@ def test_defaults_match_the_upstream_chart() -> None:
         ({"drivers": {}}, "drivers"),
         ({"dcgm": {"hostPort": 70000}}, "hostPort"),
         ({"driver": {"env": [{"value": "x"}]}}, "name"),
-        ({"hostPaths": {"rootFS": "relative"}}, "rootFS"),
+        ({"sandboxWorkloads": {"mode": "vm"}}, "mode"),
+        ({"dcgmExporter": {"serviceMonitor": {"scrapeTimeout": "10 seconds"}}}, "scrapeTimeout"),
+        ({"kataManager": {"config": {"runtimeClasses": [{"name": "k"}]}}}, "artifacts"),
     ],
 )
 def test_invalid_specs_are_refused_naming_the_field(spec: dict[str, Any], field: str) -> None:

@@ -22,11 +22,11 @@ def test_defaults_have_no_problems() -> None:
     ("spec", "path"),
     [
         (
-            {"driver": {"upgradePolicy": {"maxUnavailable": 0}}},
+            {"driver": {"upgradePolicy": {"autoUpgrade": True, "maxUnavailable": 0}}},
             "spec.driver.upgradePolicy.maxUnavailable",
         ),
         (
-            {"driver": {"upgradePolicy": {"maxUnavailable": "0%"}}},
+            {"driver": {"upgradePolicy": {"autoUpgrade": True, "maxUnavailable": "0%"}}},
             "spec.driver.upgradePolicy.maxUnavailable",
         ),
         (
@@ -37,18 +37,17 @@ def test_defaults_have_no_problems() -> None:
             {"driver": {"upgradePolicy": {"waitForCompletion": {"podSelector": "a b"}}}},
             "spec.driver.upgradePolicy.waitForCompletion.podSelector",
         ),
-        (
-            {"driver": {"useOpenKernelModules": True, "kernelModuleType": "proprietary"}},
-            "spec.driver.kernelModuleType",
-        ),
         ({"driver": {"enabled": False}, "gds": {"enabled": True}}, "spec.gds.enabled"),
         ({"driver": {"enabled": False}, "gdrcopy": {"enabled": True}}, "spec.gdrcopy.enabled"),
         (
             {"driver": {"enabled": False, "rdma": {"enabled": True}}},
             "spec.driver.rdma.enabled",
         ),
-        ({"devicePlugin": {"config": {"default": "a"}}}, "spec.devicePlugin.config.name"),
-        ({"cdi": {"enabled": False, "default": True}}, "spec.cdi.default"),
+        ({"cdi": {"enabled": False, "nriPluginEnabled": True}}, "spec.cdi.nriPluginEnabled"),
+        (
+            {"toolkit": {"enabled": False}, "cdi": {"nriPluginEnabled": True}},
+            "spec.cdi.nriPluginEnabled",
+        ),
         (
             {"daemonsets": {"rollingUpdate": {"maxUnavailable": "0"}}},
             "spec.daemonsets.rollingUpdate.maxUnavailable",
@@ -161,7 +160,7 @@ def test_parse_policy_reports_schema_errors_with_paths() -> None:
 
 def test_parse_policy_reports_semantic_problems() -> None:
     policy, found = crd.parse_policy(
-        {"kind": "ClusterPolicy", "spec": {"cdi": {"enabled": False, "default": True}}}
+        {"kind": "ClusterPolicy", "spec": {"cdi": {"enabled": False, "nriPluginEnabled": True}}}
     )
     assert policy is not None
-    assert [p.path for p in found] == ["spec.cdi.default"]
+    assert [p.path for p in found] == ["spec.cdi.nriPluginEnabled"]

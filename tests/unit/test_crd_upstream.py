@@ -1,0 +1,199 @@
+"""Our ClusterPolicy CRD accepts everything upstream v26.7's CRD accepts.
+
+Walks upstream's openAPIV3Schema (tests/data/upstream, a copy of NVIDIA/gpu-operator's
+deployments/gpu-operator/crds/nvidia.com_clusterpolicies.yaml at v26.7.0) and checks that
+each of its property paths exists in ours with the same type, a superset of its enum and
+its default. Every place where ours is stricter, or fills a default upstream's schema
+does not, is listed below with the reason; an entry that no longer matches anything fails
+too, so the lists stay honest.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+import crd
+from tests.unit.test_crd_schema import walk
+
+DATA = Path(__file__).resolve().parent.parent / "data"
+ROOT = Path(__file__).resolve().parents[2]
+UPSTREAM_CRD = yaml.safe_load((DATA / "upstream" / "nvidia.com_clusterpolicies.yaml").read_text())
+UPSTREAM = dict(walk(UPSTREAM_CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]))
+OURS = dict(walk(crd.openapi_schema()))
+CONFORMANCE = sorted((ROOT.parent / "shared" / "conformance").glob("*/policy.yaml"))
+
+STRICTER: dict[str, str] = {
+    "": (
+        "spec is required. KNOWN GAP: upstream's schema takes an object without spec"
+        " (though not an empty spec: that misses the nine sections its spec requires)"
+    ),
+    ".spec.**.imagePullPolicy": (
+        "enum Always/IfNotPresent/Never. KNOWN GAP: upstream turns any other value into"
+        " IfNotPresent; our renderers copy the value into pods, so it stays refused"
+    ),
+    ".spec.operator.defaultRuntime": (
+        "enum docker/crio/containerd. KNOWN GAP: upstream ignores the field; our toolkit"
+        " renderer looks the runtime up in a table of these three"
+    ),
+    ".spec.dcgm.hostPort": (
+        "1-65535. KNOWN GAP: upstream ignores hostPort (always 5555); ours renders it as a"
+        " pod hostPort, which the API server refuses outside that range"
+    ),
+    ".spec.daemonsets.tolerations[].operator": "a pod refuses any other operator",
+    ".spec.daemonsets.tolerations[].effect": "a pod refuses any other effect",
+    ".spec.dcgmExporter.service.type": (
+        "ClusterIP/NodePort/LoadBalancer: a Service refuses unknown types, and ExternalName"
+        " without externalName (which the spec has no field for)"
+    ),
+    ".spec.dcgmExporter.service.internalTrafficPolicy": "a Service refuses other values",
+    ".spec.driver.*Probe.initialDelaySeconds": "a pod refuses a negative delay",
+    ".spec.daemonsets.rollingUpdate.maxUnavailable": (
+        "a whole number (int or string) or a percentage: any other string is refused by"
+        " the DaemonSets upstream would create (ours also takes an integer, a widening)"
+    ),
+    ".spec.driver.upgradePolicy.maxUnavailable": (
+        "non-negative, strings only as percentages: upstream fails the upgrade pass on"
+        " anything else (intstr scaling refuses non-percent strings)"
+    ),
+    ".spec.**.env[].name": "minLength 1: a pod refuses an empty variable name",
+}
+"""Constraints (enum, pattern, bounds, required, CEL) ours adds, with why upstream would
+refuse the same value at some point anyway, or why it is a known gap."""
+
+ADDED_DEFAULTS: dict[str, str] = {
+    ".spec.**.enabled": "what upstream's IsEnabled() returns for an unset switch",
+    ".spec.dcgm.enabled": (
+        "KNOWN GAP: false, while upstream's DCGMSpec.IsEnabled() treats unset as true; its"
+        " chart always writes false, and ours keeps the chart's value"
+    ),
+    ".spec.**.imagePullPolicy": "upstream's ImagePullPolicy() uses IfNotPresent when unset",
+    ".spec.daemonsets.priorityClassName": "the class upstream's operand manifests carry",
+    ".spec.daemonsets.tolerations": "the nvidia.com/gpu toleration upstream's manifests carry",
+    ".spec.daemonsets.rollingUpdate.maxUnavailable": "the DaemonSet default (1)",
+    ".spec.dcgm.hostPort": "5555, the port upstream's DCGM manifests use",
+    ".spec.dcgmExporter.serviceMonitor.honorLabels": "unset is false in the ServiceMonitor",
+    ".spec.operator.metrics.serviceMonitor.honorLabels": "unset is false in the ServiceMonitor",
+    ".spec.driver.useNvidiaDriverCRD": "upstream's UseNvidiaDriverCRDType(): unset is false",
+    ".spec.driver.usePrecompiled": "upstream's UsePrecompiledDrivers(): unset is false",
+    ".spec.driver.useOpenKernelModules": "deprecated and unread upstream; false is inert",
+    ".spec.driver.rdma.useHostMofed": "upstream's IsHostMOFED(): unset is false",
+    ".spec.driver.licensingConfig.nlsEnabled": "upstream's IsNLSEnabled(): unset is false",
+    ".spec.hostPaths.rootFS": "upstream's default host root",
+    ".spec.hostPaths.driverInstallDir": "upstream's default driver install directory",
+    ".spec.mig.strategy": (
+        "single, the value upstream's chart always writes (unset upstream lets each"
+        " plugin pick none)"
+    ),
+    ".spec.operator.defaultRuntime": "docker, upstream's historical default runtime",
+    ".spec.operator.use_ocp_driver_toolkit": "unset is false upstream",
+    ".spec.ccManager.defaultMode": "off: no CC mode is forced on nodes without the label",
+}
+"""Leaf defaults ours fills where upstream's schema has none. Objects defaulting to `{}`
+need no entry: they only make nested defaults apply, which are checked themselves."""
+
+OTHER_DEFAULTS: dict[str, str] = {
+    ".spec.**.relabelings[].action": (
+        "no schema default: relabel rules stay exactly as written, and the Prometheus"
+        " Operator treats an omitted action as replace, so the outcome is the same"
+    ),
+}
+"""Upstream defaults ours does not fill, with why that changes nothing."""
+
+SCALAR_KEYS = ("pattern", "minimum", "maximum", "minLength", "maxLength")
+
+
+def _regex(pattern: str) -> re.Pattern[str]:
+    """`**` is any run of path, `*` one name part."""
+    parts = [re.escape(p).replace(r"\*", "[^.]*") for p in pattern.split("**")]
+    return re.compile(".*".join(parts) + "$")
+
+
+def _listed(table: dict[str, str], path: str, used: set[str]) -> bool:
+    hits = {pattern for pattern in table if _regex(pattern).match(path)}
+    used |= hits
+    return bool(hits)
+
+
+def _kind(node: dict[str, Any]) -> str | None:
+    return "int-or-string" if node.get("x-kubernetes-int-or-string") else node.get("type")
+
+
+def _differences() -> tuple[list[str], set[str], set[str]]:
+    problems: list[str] = []
+    stricter: set[str] = set()
+    defaults: set[str] = set()
+    for path, theirs in UPSTREAM.items():
+        ours = OURS.get(path)
+        if ours is None:
+            problems.append(f"{path}: missing")
+            continue
+        if _kind(ours) != _kind(theirs) and not (
+            _kind(theirs) == "string" and _kind(ours) == "int-or-string"
+        ):
+            problems.append(f"{path}: type {_kind(ours)} != {_kind(theirs)}")
+        if theirs.get("x-kubernetes-preserve-unknown-fields") and not ours.get(
+            "x-kubernetes-preserve-unknown-fields"
+        ):
+            problems.append(f"{path}: upstream keeps unknown fields, ours prunes them")
+        if "enum" in ours and "enum" in theirs and not set(theirs["enum"]) <= set(ours["enum"]):
+            problems.append(f"{path}: enum {ours['enum']} refuses part of {theirs['enum']}")
+        elif "enum" in ours and "enum" not in theirs and not _listed(STRICTER, path, stricter):
+            problems.append(f"{path}: enum {ours['enum']} where upstream takes any value")
+        added = [k for k in SCALAR_KEYS if k in ours and ours[k] != theirs.get(k)]
+        added += [r for r in ours.get("required", []) if r not in theirs.get("required", [])]
+        added += ["CEL"] * bool(ours.get("x-kubernetes-validations"))
+        if added and not _listed(STRICTER, path, stricter):
+            problems.append(f"{path}: stricter than upstream ({', '.join(added)})")
+        if "default" in theirs:
+            if ours.get("default") != theirs["default"] and not _listed(
+                OTHER_DEFAULTS, path, defaults
+            ):
+                problems.append(f"{path}: default {ours.get('default')!r} != {theirs['default']!r}")
+        elif (
+            "default" in ours
+            and ours["default"] != {}
+            and not _listed(ADDED_DEFAULTS, path, defaults)
+        ):
+            problems.append(f"{path}: default {ours['default']!r} where upstream has none")
+    return problems, stricter, defaults
+
+
+def test_every_upstream_field_is_accepted_alike() -> None:
+    problems, _, _ = _differences()
+    assert problems == []
+
+
+def test_every_listed_difference_is_still_needed() -> None:
+    _, stricter, defaults = _differences()
+    assert set(STRICTER) - stricter == set()
+    assert set(ADDED_DEFAULTS) - defaults == set()
+    assert set(OTHER_DEFAULTS) - defaults == set()
+
+
+def test_upstream_copy_is_the_v26_7_crd() -> None:
+    """The stored copy is upstream's CRD, not something edited to make the test pass."""
+    assert UPSTREAM_CRD["metadata"]["name"] == crd.CRD_NAME
+    spec = UPSTREAM[".spec"]
+    assert "kataSandboxDevicePlugin" in spec["properties"]
+    assert UPSTREAM[".spec.sandboxWorkloads.mode"]["enum"] == ["kubevirt", "kata"]
+
+
+def test_upstream_has_no_path_ours_only_keeps_unknown() -> None:
+    """Ours keeps unknown fields only under env[].valueFrom, which upstream lacks."""
+    preserved = [p for p, n in OURS.items() if n.get("x-kubernetes-preserve-unknown-fields")]
+    assert not [p for p in preserved if p in UPSTREAM]
+
+
+@pytest.mark.parametrize("path", CONFORMANCE, ids=[p.parent.name for p in CONFORMANCE])
+def test_upstream_chart_policies_parse_without_problems(path: Path) -> None:
+    document = yaml.safe_load(path.read_text())
+    policy, problems = crd.parse_policy(document)
+    assert policy is not None
+    assert problems == []
+    dumped = policy.model_dump(mode="json", by_alias=True, exclude_unset=True)
+    assert dumped["spec"] == document["spec"]
