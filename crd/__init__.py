@@ -98,6 +98,8 @@ from crd._schema import apply_defaults, crd_manifest, model_schema, openapi_sche
 from crd._status import (
     CONDITION_ERROR,
     CONDITION_READY,
+    CONDITION_UNSUPPORTED_FIELDS,
+    REASON_FIELDS_NOT_ACTED_ON,
     REASON_IGNORED,
     REASON_INVALID_SPEC,
     REASON_NFD_LABELS_MISSING,
@@ -119,7 +121,9 @@ from crd._status import (
     ready_status,
     set_condition,
     set_conditions,
+    with_unsupported_fields,
 )
+from crd._unsupported import UnsupportedField, unsupported_fields
 from crd._upgrade import (
     DrainSpec,
     DriverUpgradePolicySpec,
@@ -140,6 +144,7 @@ __all__ = [
     "CHART_CRD_FILE",
     "CONDITION_ERROR",
     "CONDITION_READY",
+    "CONDITION_UNSUPPORTED_FIELDS",
     "CRD_FILE",
     "CRD_NAME",
     "CUDA_SAMPLE_IMAGE",
@@ -148,6 +153,7 @@ __all__ = [
     "GROUP",
     "KIND",
     "PLURAL",
+    "REASON_FIELDS_NOT_ACTED_ON",
     "REASON_IGNORED",
     "REASON_INVALID_SPEC",
     "REASON_NFD_LABELS_MISSING",
@@ -220,6 +226,7 @@ __all__ = [
     "State",
     "Toleration",
     "ToolkitSpec",
+    "UnsupportedField",
     "VFIOManagerSpec",
     "VGPUDeviceManagerSpec",
     "VGPUDevicesConfigSpec",
@@ -249,5 +256,7 @@ __all__ = [
     "sample_policy",
     "set_condition",
     "set_conditions",
+    "unsupported_fields",
     "validate_spec",
+    "with_unsupported_fields",
 ]

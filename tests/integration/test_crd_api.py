@@ -8,6 +8,7 @@ and that generated specs survive model -> YAML -> API server -> model.
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import uuid
 from datetime import UTC, datetime
@@ -21,6 +22,8 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 import crd
+from gpuop.rest import Rest, by_kind
+from tests.integration.harness import POLICY, Running, eventually
 from tests.unit.test_crd_strategies import SPEC_SCHEMA, specs
 
 pytestmark = pytest.mark.integration
@@ -284,3 +287,54 @@ async def test_generated_specs_survive_the_api_server(
     body = yaml.safe_load(text)
     stored = await _round_trip(policies, body)
     _check_stored(spec, stored)
+
+
+async def test_fields_not_acted_on_get_a_warning_condition_and_event(
+    rest: Rest, api_client: client.ApiClient
+) -> None:
+    """A policy setting fields gpuop ignores says so on its status and in one Warning
+    Event per generation; dropping the fields drops the condition."""
+    policy = copy.deepcopy(crd.sample_policy())
+    spec = policy["spec"]
+    spec["sandboxWorkloads"]["enabled"] = True
+    spec["devicePlugin"]["hostNetwork"] = True
+    spec["dcgmExporter"]["serviceMonitor"].pop("scrapeTimeout", None)
+
+    async def unsupported() -> dict[str, Any] | None:
+        status = ((await rest.get(POLICY, crd.DEFAULT_POLICY_NAME)) or {}).get("status") or {}
+        found = [c for c in status.get("conditions", []) if c["type"] == "UnsupportedFields"]
+        return found[0] if found else None
+
+    async def warnings() -> list[dict[str, Any]]:
+        return [
+            e
+            for e in await rest.list(by_kind("v1", "Event"), "default")
+            if e["involvedObject"].get("name") == crd.DEFAULT_POLICY_NAME
+            and e["reason"] == crd.REASON_FIELDS_NOT_ACTED_ON
+        ]
+
+    before = len(await warnings())
+    applied = await rest.apply(policy)
+    async with Running(api_client) as run:
+        condition = await eventually(unsupported)
+        assert condition["status"] == "True"
+        assert condition["observedGeneration"] == applied["metadata"]["generation"]
+        assert "spec.sandboxWorkloads.enabled" in condition["message"]
+        assert "spec.devicePlugin.hostNetwork" in condition["message"]
+        await run.settle()
+        events = await warnings()
+        assert len(events) == before + 1
+        assert events[-1]["type"] == "Warning"
+        assert "spec.devicePlugin.hostNetwork" in events[-1]["message"]
+
+        spec["sandboxWorkloads"]["enabled"] = False
+        spec["devicePlugin"]["hostNetwork"] = False
+        await rest.apply(policy)
+
+        async def cleared() -> bool:
+            return await unsupported() is None
+
+        assert await eventually(cleared)
+        await run.settle()
+        assert len(await warnings()) == before + 1
+    await rest.apply(crd.sample_policy())
