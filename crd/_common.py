@@ -72,6 +72,12 @@ JsonObject = dict[str, Any]
 """Free-form object kept as written (schema: `x-kubernetes-preserve-unknown-fields`)."""
 
 ImagePullPolicy = Literal["Always", "IfNotPresent", "Never"]
+PULL_POLICIES: dict[str, ImagePullPolicy] = {p: p for p in ("Always", "IfNotPresent", "Never")}
+"""The pull policies Kubernetes knows, by name."""
+
+Runtime = Literal["docker", "crio", "containerd"]
+RUNTIMES: dict[str, Runtime] = {r: r for r in ("docker", "crio", "containerd")}
+"""The container runtimes the toolkit can configure, by name."""
 
 
 class K8sModel(BaseModel):

@@ -13,12 +13,15 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from crd._common import (
+    PULL_POLICIES,
+    RUNTIMES,
     Duration,
     EnvVar,
     ImagePullPolicy,
     K8sModel,
     Relabelings,
     ResourceRequirements,
+    Runtime,
 )
 from crd._upgrade import DriverUpgradePolicySpec
 
@@ -32,10 +35,16 @@ class ImageSpec(K8sModel):
     """Image name, or a full reference with registry and tag (then used as is)."""
     version: str | None = None
     """Image tag (or a `sha256:` digest)."""
-    image_pull_policy: ImagePullPolicy = "IfNotPresent"
-    """When the kubelet pulls the image."""
+    pull_policy_as_written: str = Field(default="IfNotPresent", alias="imagePullPolicy")
+    """When the kubelet pulls the image: Always, IfNotPresent or Never (any other value
+    is kept as written but means IfNotPresent, as upstream treats it)."""
     image_pull_secrets: list[str] | None = None
     """Names of Secrets in the operator namespace used to pull the image."""
+
+    @property
+    def image_pull_policy(self) -> ImagePullPolicy:
+        """The pull policy operand pods get."""
+        return PULL_POLICIES.get(self.pull_policy_as_written, "IfNotPresent")
 
 
 class _Switch(K8sModel):
@@ -96,14 +105,21 @@ class OperatorMetricsSpec(K8sModel):
 class OperatorSpec(K8sModel):
     """Settings of the operator itself that shape every operand."""
 
-    default_runtime: Literal["docker", "crio", "containerd"] = "docker"
-    """Container runtime assumed on nodes that do not report one."""
+    runtime_as_written: str = Field(default="docker", alias="defaultRuntime")
+    """Container runtime assumed on nodes that do not report one: docker, crio or
+    containerd (upstream ignores the field; any other value is kept but means docker)."""
     runtime_class: str = "nvidia"
     """Name of the RuntimeClass operand and GPU pods use."""
     init_container: InitContainerSpec | None = None
     """Image for operands' init containers."""
     use_ocp_driver_toolkit: bool = Field(default=False, alias="use_ocp_driver_toolkit")
     """OpenShift only: build drivers with the Driver Toolkit image."""
+
+    @property
+    def default_runtime(self) -> Runtime:
+        """The runtime the toolkit configures on nodes that report none."""
+        return RUNTIMES.get(self.runtime_as_written, "docker")
+
     labels: dict[str, str] | None = None
     """Extra labels on the operator's own objects."""
     annotations: dict[str, str] | None = None

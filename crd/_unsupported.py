@@ -12,7 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from crd._components import ComponentSpec
+from pydantic import BaseModel
+
+from crd._common import PULL_POLICIES, RUNTIMES
+from crd._components import ComponentSpec, ImageSpec
 from crd._policy import ClusterPolicySpec
 
 _DEFAULT_KUBELET_ROOT = "/var/lib/kubelet"
@@ -152,6 +155,23 @@ def _host_network(spec: ClusterPolicySpec) -> Iterator[UnsupportedField]:
             )
 
 
+def _image_specs(model: BaseModel, path: str) -> Iterator[tuple[str, ImageSpec]]:
+    if isinstance(model, ImageSpec):
+        yield path, model
+    for name, info in type(model).model_fields.items():
+        child = getattr(model, name)
+        if isinstance(child, BaseModel):
+            yield from _image_specs(child, f"{path}.{info.alias or name}")
+
+
+def _unknown_values(spec: ClusterPolicySpec) -> Iterator[UnsupportedField]:
+    for path, section in _image_specs(spec, "spec"):
+        if section.pull_policy_as_written not in PULL_POLICIES:
+            yield UnsupportedField(f"{path}.imagePullPolicy", "unknown policy: IfNotPresent used")
+    if spec.operator.runtime_as_written not in RUNTIMES:
+        yield UnsupportedField("spec.operator.defaultRuntime", "unknown runtime: docker assumed")
+
+
 def unsupported_fields(spec: ClusterPolicySpec) -> list[UnsupportedField]:
     """The fields of `spec` that ask for something this operator does not do, in a
     stable order; empty when the operator honours the whole spec."""
@@ -159,4 +179,5 @@ def unsupported_fields(spec: ClusterPolicySpec) -> list[UnsupportedField]:
         UnsupportedField(f"spec.{path}", reason) for path, check, reason in _FIELDS if check(spec)
     ]
     found.extend(_host_network(spec))
+    found.extend(_unknown_values(spec))
     return found

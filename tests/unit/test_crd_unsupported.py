@@ -58,6 +58,10 @@ ASKS: dict[str, dict[str, Any]] = {
     },
     "spec.devicePlugin.hostNetwork": {"devicePlugin": {"hostNetwork": True}},
     "spec.kataSandboxDevicePlugin.hostNetwork": {"kataSandboxDevicePlugin": {"hostNetwork": True}},
+    "spec.driver.manager.imagePullPolicy": {
+        "driver": {"manager": {"imagePullPolicy": "Sometimes"}}
+    },
+    "spec.operator.defaultRuntime": {"operator": {"defaultRuntime": "podman"}},
 }
 
 
@@ -141,3 +145,13 @@ def test_the_condition_goes_when_the_fields_do() -> None:
     cleared = crd.with_unsupported_fields(_ready(first), [], generation=4, now=LATER)
     assert crd.find_condition(cleared.conditions, crd.CONDITION_UNSUPPORTED_FIELDS) is None
     assert [c.type for c in cleared.conditions or []] == ["Ready", "Error"]
+
+
+def test_unknown_values_are_kept_but_mean_what_upstream_makes_of_them() -> None:
+    document = {"gfd": {"imagePullPolicy": "always"}, "operator": {"defaultRuntime": "cri-o"}}
+    spec = crd.ClusterPolicySpec.model_validate(document)
+    assert spec.gfd.image_pull_policy == "IfNotPresent"
+    assert spec.operator.default_runtime == "docker"
+    assert spec.model_dump(by_alias=True, exclude_unset=True) == document
+    known = crd.ClusterPolicySpec.model_validate({"gfd": {"imagePullPolicy": "Always"}})
+    assert known.gfd.image_pull_policy == "Always"

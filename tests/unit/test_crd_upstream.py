@@ -32,14 +32,6 @@ STRICTER: dict[str, str] = {
         "spec is required. KNOWN GAP: upstream's schema takes an object without spec"
         " (though not an empty spec: that misses the nine sections its spec requires)"
     ),
-    ".spec.**.imagePullPolicy": (
-        "enum Always/IfNotPresent/Never. KNOWN GAP: upstream turns any other value into"
-        " IfNotPresent; our renderers copy the value into pods, so it stays refused"
-    ),
-    ".spec.operator.defaultRuntime": (
-        "enum docker/crio/containerd. KNOWN GAP: upstream ignores the field; our toolkit"
-        " renderer looks the runtime up in a table of these three"
-    ),
     ".spec.dcgm.hostPort": (
         "1-65535. KNOWN GAP: upstream ignores hostPort (always 5555); ours renders it as a"
         " pod hostPort, which the API server refuses outside that range"
