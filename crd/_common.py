@@ -182,19 +182,15 @@ class RelabelConfig(K8sModel):
     """Label the result is written to."""
 
 
-def _checked_relabelings(items: list[JsonObject]) -> list[JsonObject]:
-    """Validate each rule like the API server would, but keep the plain dicts.
-
-    Renderers pass relabel rules into the ServiceMonitor as written, so they stay dicts.
-    """
-    for item in items:
-        RelabelConfig.model_validate(item)
-    return items
+def _checked_rule(rule: JsonObject) -> JsonObject:
+    """Validate a rule like the API server would, but keep the plain dict: renderers pass
+    relabel rules into the ServiceMonitor as written."""
+    RelabelConfig.model_validate(rule)
+    return rule
 
 
 Relabelings = Annotated[
-    list[JsonObject],
-    AfterValidator(_checked_relabelings),
+    list[Annotated[JsonObject, AfterValidator(_checked_rule)]],
     WithJsonSchema({"type": "array", "items": RelabelConfig.model_json_schema(by_alias=True)}),
 ]
 """Prometheus relabel rules: schema and checks of :class:`RelabelConfig`, values as dicts."""

@@ -25,6 +25,7 @@ import crd
 from gpuop.rest import Rest, by_kind
 from tests.integration.harness import POLICY, Running, eventually
 from tests.unit.test_crd_strategies import SPEC_SCHEMA, specs
+from tests.unit.test_crd_upstream import UPSTREAM_SPECS
 
 pytestmark = pytest.mark.integration
 
@@ -338,3 +339,18 @@ async def test_fields_not_acted_on_get_a_warning_condition_and_event(
         await run.settle()
         assert len(await warnings()) == before + 1
     await rest.apply(crd.sample_policy())
+
+
+@settings(
+    max_examples=15,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(spec=UPSTREAM_SPECS)
+async def test_specs_upstream_accepts_are_stored_here(
+    policies: client.CustomObjectsApi, spec: dict[str, Any]
+) -> None:
+    """Specs generated from upstream v26.7's schema (minus the narrowings listed in
+    tests/unit/test_crd_upstream.py) are accepted by the API server with our CRD."""
+    stored = await _round_trip(policies, _policy(spec))
+    _check_stored(spec, stored)

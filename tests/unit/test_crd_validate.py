@@ -164,3 +164,26 @@ def test_parse_policy_reports_semantic_problems() -> None:
     )
     assert policy is not None
     assert [p.path for p in found] == ["spec.cdi.nriPluginEnabled"]
+
+
+def test_relabel_rules_are_checked_but_kept_as_written() -> None:
+    rules = [{"action": "bogus"}, {"sourceLabels": "x"}]
+    _, found = crd.parse_policy(
+        {
+            "kind": "ClusterPolicy",
+            "spec": {"dcgmExporter": {"serviceMonitor": {"relabelings": rules}}},
+        }
+    )
+    monitor = "spec.dcgmExporter.serviceMonitor.relabelings"
+    assert [p.path for p in found] == [f"{monitor}[0].action", f"{monitor}[1].sourceLabels"]
+    good = [{"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "instance"}]
+    policy, found = crd.parse_policy(
+        {
+            "kind": "ClusterPolicy",
+            "spec": {"dcgmExporter": {"serviceMonitor": {"relabelings": good}}},
+        }
+    )
+    assert found == []
+    assert policy is not None
+    assert policy.spec.dcgm_exporter.service_monitor is not None
+    assert policy.spec.dcgm_exporter.service_monitor.relabelings == good
