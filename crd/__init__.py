@@ -1,7 +1,8 @@
 """Pure ClusterPolicy models and the CRD generated from them. No I/O.
 
 Public surface: the models (``ClusterPolicy`` and its sections), status helpers, semantic
-validation, operand image resolution, and the generated CRD / sample YAML. See
+validation, the fields a spec sets that the operator does not act on
+(``unsupported_fields``), operand image resolution, and the generated CRD / sample YAML. See
 ``crd._schema`` for which sections keep unknown fields and which reject them.
 """
 

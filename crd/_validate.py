@@ -225,12 +225,8 @@ def _section_problems(spec: ClusterPolicySpec) -> Iterator[Problem]:
     ):
         if selector and (problem := label_selector_problem(selector)):
             yield Problem(path, problem)
-    sidecars = (("gds", spec.gds.enabled), ("gdrcopy", spec.gdrcopy.enabled))
-    for name, enabled in sidecars:
-        if enabled and not driver.enabled:
-            yield Problem(f"spec.{name}.enabled", "needs spec.driver.enabled (a driver sidecar)")
-    if driver.rdma is not None and driver.rdma.enabled and not driver.enabled:
-        yield Problem("spec.driver.rdma.enabled", "needs spec.driver.enabled")
+    # GDS, GDRCopy and RDMA without a driver of ours: upstream accepts and ignores them,
+    # so they are reported as not acted on (crd._unsupported), not refused.
     # Upstream refuses these two at reconcile time (validateClusterPolicySpec).
     if spec.cdi.nri_plugin_enabled and not spec.cdi.enabled:
         yield Problem("spec.cdi.nriPluginEnabled", "the NRI plugin needs spec.cdi.enabled")

@@ -37,12 +37,6 @@ def test_defaults_have_no_problems() -> None:
             {"driver": {"upgradePolicy": {"waitForCompletion": {"podSelector": "a b"}}}},
             "spec.driver.upgradePolicy.waitForCompletion.podSelector",
         ),
-        ({"driver": {"enabled": False}, "gds": {"enabled": True}}, "spec.gds.enabled"),
-        ({"driver": {"enabled": False}, "gdrcopy": {"enabled": True}}, "spec.gdrcopy.enabled"),
-        (
-            {"driver": {"enabled": False, "rdma": {"enabled": True}}},
-            "spec.driver.rdma.enabled",
-        ),
         ({"cdi": {"enabled": False, "nriPluginEnabled": True}}, "spec.cdi.nriPluginEnabled"),
         (
             {"toolkit": {"enabled": False}, "cdi": {"nriPluginEnabled": True}},
@@ -187,3 +181,16 @@ def test_relabel_rules_are_checked_but_kept_as_written() -> None:
     assert policy is not None
     assert policy.spec.dcgm_exporter.service_monitor is not None
     assert policy.spec.dcgm_exporter.service_monitor.relabelings == good
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"driver": {"enabled": False}, "gds": {"enabled": True}},
+        {"driver": {"enabled": False}, "gdrcopy": {"enabled": True}},
+        {"driver": {"enabled": False, "rdma": {"enabled": True}}},
+    ],
+)
+def test_driver_sidecars_without_a_driver_are_not_refused(spec: dict[str, Any]) -> None:
+    """Upstream accepts these and does nothing; refusing would stop the whole rollout."""
+    assert problems(spec) == []
