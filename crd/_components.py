@@ -260,13 +260,24 @@ class DevicePluginSpec(ComponentSpec):
     """MPS settings."""
 
 
+DEFAULT_DCGM_PORT = 5555
+_MAX_PORT = 65535
+
+
 class DCGMSpec(ComponentSpec):
     """Standalone DCGM host engine (the exporter embeds one when this is off)."""
 
     enabled: bool = False
     """Deploy a standalone DCGM host engine."""
-    host_port: Annotated[int, Field(ge=1, le=65535)] = 5555
-    """Host port the engine listens on."""
+    host_port_as_written: int = Field(default=5555, alias="hostPort")
+    """Host port the engine listens on (upstream ignores the field and always uses 5555;
+    a value outside 1-65535 is kept as written but means 5555)."""
+
+    @property
+    def host_port(self) -> int:
+        """The host port the engine gets."""
+        port = self.host_port_as_written
+        return port if 1 <= port <= _MAX_PORT else DEFAULT_DCGM_PORT
 
 
 class DCGMExporterMetricsConfig(K8sModel):

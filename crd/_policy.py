@@ -194,8 +194,8 @@ class ClusterPolicy(K8sModel):
     """Always ClusterPolicy."""
     metadata: JsonObject = Field(default_factory=dict)
     """Object metadata, owned by the API server and kept as is."""
-    spec: ClusterPolicySpec
-    """Desired state."""
+    spec: ClusterPolicySpec = Field(default_factory=ClusterPolicySpec)
+    """Desired state (upstream's schema takes an object without one: all defaults)."""
     status: ClusterPolicyStatus | None = None
     """Observed state, written by the operator."""
 

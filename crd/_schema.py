@@ -182,12 +182,11 @@ def openapi_schema() -> Schema:
     return {
         "description": "ClusterPolicy configures the GPU software stack on every GPU node.",
         "type": "object",
-        "required": ["spec"],
         "properties": {
             "apiVersion": {"type": "string", "description": "Always nvidia.com/v1."},
             "kind": {"type": "string", "description": "Always ClusterPolicy."},
             "metadata": {"type": "object"},
-            "spec": model_schema(ClusterPolicySpec),
+            "spec": {**model_schema(ClusterPolicySpec), "default": {}},
             "status": model_schema(ClusterPolicyStatus),
         },
     }

@@ -142,7 +142,6 @@ def test_defaults_match_upstream() -> None:
         ({"driver": {"enabled": "true"}}, "enabled"),
         ({"driver": {"enabled": True, "enabeld": False}}, "enabeld"),
         ({"drivers": {}}, "drivers"),
-        ({"dcgm": {"hostPort": 70000}}, "hostPort"),
         ({"driver": {"env": [{"value": "x"}]}}, "name"),
         ({"sandboxWorkloads": {"mode": "vm"}}, "mode"),
         ({"dcgmExporter": {"serviceMonitor": {"scrapeTimeout": "10 seconds"}}}, "scrapeTimeout"),
@@ -155,10 +154,12 @@ def test_invalid_specs_are_refused_naming_the_field(spec: dict[str, Any], field:
     assert any(field in item["loc"] for item in error.value.errors())
 
 
-def test_policy_requires_a_spec() -> None:
+def test_policy_without_a_spec_has_every_default() -> None:
+    """Upstream's schema takes an object without spec, so ours does: all defaults."""
     policy, problems = crd.parse_policy({"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy"})
-    assert policy is None
-    assert [p.path for p in problems] == ["spec"]
+    assert problems == []
+    assert policy is not None
+    assert policy.spec == crd.ClusterPolicySpec()
 
 
 def test_int_or_percent_keeps_its_type() -> None:
