@@ -48,8 +48,9 @@ STRICTER: dict[str, str] = {
     ),
     ".spec.**.env[].name": "minLength 1: a pod refuses an empty variable name",
 }
-"""Constraints (enum, pattern, bounds, required, CEL) ours adds, with why upstream would
-refuse the same value at some point anyway, or why it is a known gap."""
+"""Constraints (enum, pattern, bounds, required, CEL) ours adds, each with why upstream
+would refuse or fail on the same value anyway (a pod, Service or DaemonSet it renders
+is refused, or its reconcile fails)."""
 
 ADDED_DEFAULTS: dict[str, str] = {
     ".spec.**.enabled": "what upstream's IsEnabled() returns for an unset switch",
@@ -72,8 +73,8 @@ ADDED_DEFAULTS: dict[str, str] = {
     ".spec.hostPaths.rootFS": "upstream's default host root",
     ".spec.hostPaths.driverInstallDir": "upstream's default driver install directory",
     ".spec.mig.strategy": (
-        "single, the value upstream's chart always writes (unset upstream lets each"
-        " plugin pick none)"
+        "KNOWN GAP: single, the value upstream's chart always writes; unset upstream"
+        " passes no MIG_STRATEGY, so its plugins fall back to none"
     ),
     ".spec.operator.defaultRuntime": "docker, upstream's historical default runtime",
     ".spec.operator.use_ocp_driver_toolkit": "unset is false upstream",
