@@ -466,3 +466,46 @@ def test_upstream_values_file_installs_a_policy_without_problems() -> None:
     assert [getattr(ours_monitor, f) for f in fields] == [getattr(their_monitor, f) for f in fields]
     assert policy.spec.sandbox_workloads == theirs.sandbox_workloads
     assert policy.spec.kata_sandbox_device_plugin.enabled
+
+
+def test_upstream_only_values_reach_the_policy() -> None:
+    """The v26.7 values keys our chart gained go to the ClusterPolicy where upstream's
+    template puts them."""
+    values = [
+        "hostPaths.kubeletRootDir=/data/kubelet",
+        "sandboxWorkloads.mode=kata",
+        "cdi.nriPluginEnabled=true",
+        "driver.secretEnv=driver-secrets",
+        "driver.hostNetwork=true",
+        "validator.hostNetwork=true",
+        "dcgmExporter.hostPID=true",
+        "dcgmExporter.enablePodLabels=true",
+        "dcgmExporter.enablePodUID=true",
+        "dcgmExporter.annotations.team=gpu",
+        "dcgmExporter.serviceMonitor.scrapeTimeout=20s",
+        "vgpuManager.kernelModuleConfig.name=vgpu-modules",
+        "kataSandboxDevicePlugin.hostNetwork=true",
+        "operator.metrics.serviceMonitor.enabled=true",
+    ]
+    spec = _policy(documents(template(*_set(values)))).spec
+    assert spec.host_paths.kubelet_root_dir == "/data/kubelet"
+    assert spec.sandbox_workloads.mode == "kata"
+    assert spec.cdi.nri_plugin_enabled
+    assert spec.driver.secret_env == "driver-secrets"
+    assert spec.driver.host_network
+    assert spec.validator.host_network
+    exporter = spec.dcgm_exporter
+    assert exporter.host_pid
+    assert exporter.enable_pod_labels
+    assert exporter.enable_pod_uid
+    assert exporter.annotations == {"team": "gpu"}
+    assert exporter.service_monitor is not None
+    assert exporter.service_monitor.scrape_timeout == "20s"
+    assert spec.vgpu_manager.kernel_module_config is not None
+    assert spec.vgpu_manager.kernel_module_config.name == "vgpu-modules"
+    assert spec.kata_sandbox_device_plugin.host_network
+    assert spec.operator.metrics is not None
+    assert spec.operator.metrics.service_monitor is not None
+    assert spec.operator.metrics.service_monitor.enabled
+    fields = {f.path for f in crd.unsupported_fields(spec)}
+    assert {"spec.driver.secretEnv", "spec.cdi.nriPluginEnabled"} <= fields
