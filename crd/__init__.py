@@ -1,7 +1,8 @@
 """Pure ClusterPolicy models and the CRD generated from them. No I/O.
 
 Public surface: the models (``ClusterPolicy`` and its sections), status helpers, semantic
-validation, operand image resolution, and the generated CRD / sample YAML. See
+validation, the fields a spec sets that the operator does not act on
+(``unsupported_fields``), operand image resolution, and the generated CRD / sample YAML. See
 ``crd._schema`` for which sections keep unknown fields and which reject them.
 """
 
@@ -86,6 +87,7 @@ from crd._policy import (
     SandboxWorkloadsSpec,
 )
 from crd._render import (
+    CHART_CHOICES,
     CHART_CRD_FILE,
     CRD_FILE,
     SAMPLE_POLICY_FILE,
@@ -98,6 +100,8 @@ from crd._schema import apply_defaults, crd_manifest, model_schema, openapi_sche
 from crd._status import (
     CONDITION_ERROR,
     CONDITION_READY,
+    CONDITION_UNSUPPORTED_FIELDS,
+    REASON_FIELDS_NOT_ACTED_ON,
     REASON_IGNORED,
     REASON_INVALID_SPEC,
     REASON_NFD_LABELS_MISSING,
@@ -119,7 +123,9 @@ from crd._status import (
     ready_status,
     set_condition,
     set_conditions,
+    with_unsupported_fields,
 )
+from crd._unsupported import UnsupportedField, unsupported_fields
 from crd._upgrade import (
     DrainSpec,
     DriverUpgradePolicySpec,
@@ -136,9 +142,11 @@ from crd._validate import (
 
 __all__ = [
     "API_VERSION",
+    "CHART_CHOICES",
     "CHART_CRD_FILE",
     "CONDITION_ERROR",
     "CONDITION_READY",
+    "CONDITION_UNSUPPORTED_FIELDS",
     "CRD_FILE",
     "CRD_NAME",
     "CUDA_SAMPLE_IMAGE",
@@ -147,6 +155,7 @@ __all__ = [
     "GROUP",
     "KIND",
     "PLURAL",
+    "REASON_FIELDS_NOT_ACTED_ON",
     "REASON_IGNORED",
     "REASON_INVALID_SPEC",
     "REASON_NFD_LABELS_MISSING",
@@ -221,6 +230,7 @@ __all__ = [
     "State",
     "Toleration",
     "ToolkitSpec",
+    "UnsupportedField",
     "VFIOManagerSpec",
     "VGPUDeviceManagerSpec",
     "VGPUDevicesConfigSpec",
@@ -250,5 +260,7 @@ __all__ = [
     "sample_policy",
     "set_condition",
     "set_conditions",
+    "unsupported_fields",
     "validate_spec",
+    "with_unsupported_fields",
 ]

@@ -10,14 +10,18 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import Field
 
 from crd._common import (
+    PULL_POLICIES,
+    RUNTIMES,
+    Duration,
     EnvVar,
     ImagePullPolicy,
-    JsonObject,
     K8sModel,
+    Relabelings,
     ResourceRequirements,
+    Runtime,
 )
 from crd._upgrade import DriverUpgradePolicySpec
 
@@ -31,10 +35,16 @@ class ImageSpec(K8sModel):
     """Image name, or a full reference with registry and tag (then used as is)."""
     version: str | None = None
     """Image tag (or a `sha256:` digest)."""
-    image_pull_policy: ImagePullPolicy = "IfNotPresent"
-    """When the kubelet pulls the image."""
+    pull_policy_as_written: str = Field(default="IfNotPresent", alias="imagePullPolicy")
+    """When the kubelet pulls the image: Always, IfNotPresent or Never (any other value
+    is kept as written but means IfNotPresent, as upstream treats it)."""
     image_pull_secrets: list[str] | None = None
     """Names of Secrets in the operator namespace used to pull the image."""
+
+    @property
+    def image_pull_policy(self) -> ImagePullPolicy:
+        """The pull policy operand pods get."""
+        return PULL_POLICIES.get(self.pull_policy_as_written, "IfNotPresent")
 
 
 class _Switch(K8sModel):
@@ -53,6 +63,8 @@ class ComponentSpec(ImageSpec, _Switch):
     """Extra arguments for the operand's main container."""
     env: list[EnvVar] | None = None
     """Extra environment variables for the operand's main container."""
+    host_network: bool | None = None
+    """Run the operand's pods in the host network namespace."""
 
 
 class InitContainerSpec(ImageSpec):
@@ -66,17 +78,54 @@ class DriverManagerSpec(ImageSpec):
     """Environment of the driver manager (e.g. `ENABLE_GPU_POD_EVICTION`)."""
 
 
+class ServiceMonitorSpec(K8sModel):
+    """A Prometheus Operator ServiceMonitor for a metrics endpoint."""
+
+    enabled: bool = False
+    """Create a ServiceMonitor."""
+    interval: Duration | None = None
+    """Scrape interval, e.g. `15s`."""
+    scrape_timeout: Duration | None = None
+    """Scrape timeout, e.g. `10s`; at most the interval."""
+    honor_labels: bool = False
+    """Keep the target's labels when they clash with server-side ones."""
+    additional_labels: dict[str, str] | None = None
+    """Extra labels on the ServiceMonitor (to match a Prometheus selector)."""
+    relabelings: Relabelings | None = None
+    """Prometheus relabel rules for the scraped targets."""
+
+
+class OperatorMetricsSpec(K8sModel):
+    """Scraping of the operator's own metrics."""
+
+    service_monitor: ServiceMonitorSpec | None = None
+    """ServiceMonitor for the operator's metrics Service."""
+
+
 class OperatorSpec(K8sModel):
     """Settings of the operator itself that shape every operand."""
 
-    default_runtime: Literal["docker", "crio", "containerd"] = "docker"
-    """Container runtime assumed on nodes that do not report one."""
+    runtime_as_written: str = Field(default="docker", alias="defaultRuntime")
+    """Container runtime assumed on nodes that do not report one: docker, crio or
+    containerd (upstream ignores the field; any other value is kept but means docker)."""
     runtime_class: str = "nvidia"
     """Name of the RuntimeClass operand and GPU pods use."""
     init_container: InitContainerSpec | None = None
     """Image for operands' init containers."""
     use_ocp_driver_toolkit: bool = Field(default=False, alias="use_ocp_driver_toolkit")
     """OpenShift only: build drivers with the Driver Toolkit image."""
+
+    @property
+    def default_runtime(self) -> Runtime:
+        """The runtime the toolkit configures on nodes that report none."""
+        return RUNTIMES.get(self.runtime_as_written, "docker")
+
+    labels: dict[str, str] | None = None
+    """Extra labels on the operator's own objects."""
+    annotations: dict[str, str] | None = None
+    """Extra annotations on the operator's own objects."""
+    metrics: OperatorMetricsSpec | None = None
+    """The operator's own metrics endpoint."""
 
 
 class ContainerProbeSpec(K8sModel):
@@ -124,8 +173,8 @@ class DriverLicensingConfigSpec(K8sModel):
     """ConfigMap holding gridd.conf."""
     secret_name: str | None = None
     """Secret holding the client configuration token."""
-    nls_enabled: bool = True
-    """Use NVIDIA License System (rather than legacy licensing)."""
+    nls_enabled: bool = False
+    """Use NVIDIA License System (rather than legacy licensing); upstream treats unset as off."""
 
 
 class VirtualTopologyConfigSpec(K8sModel):
@@ -144,20 +193,6 @@ class KernelModuleConfigSpec(K8sModel):
 
 class DriverSpec(ComponentSpec):
     """The containerised NVIDIA driver and how it is upgraded."""
-
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                {
-                    "rule": "!(has(self.useOpenKernelModules) && self.useOpenKernelModules"
-                    " && has(self.kernelModuleType) && self.kernelModuleType == 'proprietary')",
-                    "message": "useOpenKernelModules=true contradicts kernelModuleType=proprietary",
-                    "fieldPath": ".kernelModuleType",
-                    "reason": "FieldValueInvalid",
-                }
-            ]
-        }
-    )
 
     use_nvidia_driver_crd: bool = Field(default=False, alias="useNvidiaDriverCRD")
     """Manage drivers with NVIDIADriver resources instead of this section."""
@@ -189,6 +224,8 @@ class DriverSpec(ComponentSpec):
     """Virtual topology configuration."""
     kernel_module_config: KernelModuleConfigSpec | None = None
     """Kernel module parameters."""
+    secret_env: str | None = None
+    """Secret whose keys become environment variables of the driver container."""
 
 
 class ToolkitSpec(ComponentSpec):
@@ -200,20 +237,6 @@ class ToolkitSpec(ComponentSpec):
 
 class DevicePluginConfig(K8sModel):
     """Device plugin configuration files held in a ConfigMap."""
-
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                {
-                    "rule": "!has(self.default) || self.default == ''"
-                    " || (has(self.name) && self.name != '')",
-                    "message": "a default configuration needs the ConfigMap name that holds it",
-                    "fieldPath": ".name",
-                    "reason": "FieldValueRequired",
-                }
-            ]
-        }
-    )
 
     name: str | None = None
     """ConfigMap holding one configuration file per key."""
@@ -237,13 +260,24 @@ class DevicePluginSpec(ComponentSpec):
     """MPS settings."""
 
 
+DEFAULT_DCGM_PORT = 5555
+_MAX_PORT = 65535
+
+
 class DCGMSpec(ComponentSpec):
     """Standalone DCGM host engine (the exporter embeds one when this is off)."""
 
     enabled: bool = False
     """Deploy a standalone DCGM host engine."""
-    host_port: Annotated[int, Field(ge=1, le=65535)] = 5555
-    """Host port the engine listens on."""
+    host_port_as_written: int = Field(default=5555, alias="hostPort")
+    """Host port the engine listens on (upstream ignores the field and always uses 5555;
+    a value outside 1-65535 is kept as written but means 5555)."""
+
+    @property
+    def host_port(self) -> int:
+        """The host port the engine gets."""
+        port = self.host_port_as_written
+        return port if 1 <= port <= _MAX_PORT else DEFAULT_DCGM_PORT
 
 
 class DCGMExporterMetricsConfig(K8sModel):
@@ -253,19 +287,8 @@ class DCGMExporterMetricsConfig(K8sModel):
     """ConfigMap holding the metrics CSV."""
 
 
-class DCGMExporterServiceMonitorConfig(K8sModel):
+class DCGMExporterServiceMonitorConfig(ServiceMonitorSpec):
     """Prometheus Operator ServiceMonitor for the exporter."""
-
-    enabled: bool = False
-    """Create a ServiceMonitor."""
-    interval: Annotated[str, Field(pattern=r"^([0-9]+(ms|s|m|h|d|w|y))+$")] | None = None
-    """Scrape interval, e.g. `15s`."""
-    honor_labels: bool = False
-    """Keep the exporter's labels when they clash with target labels."""
-    additional_labels: dict[str, str] | None = None
-    """Extra labels on the ServiceMonitor (to match a Prometheus selector)."""
-    relabelings: list[JsonObject] | None = None
-    """Prometheus relabel configs, passed through unchanged."""
 
 
 class DCGMExporterServiceConfig(K8sModel):
@@ -277,6 +300,15 @@ class DCGMExporterServiceConfig(K8sModel):
     """Route in-cluster traffic to any node (Cluster) or only the local one (Local)."""
 
 
+class HPCJobMappingConfig(K8sModel):
+    """HPC job mapping of the DCGM exporter."""
+
+    enabled: bool | None = None
+    """Read the job mapping files."""
+    directory: str | None = None
+    """Directory of the mapping files (the exporter's default when empty)."""
+
+
 class DCGMExporterSpec(ComponentSpec):
     """DCGM exporter: GPU metrics for Prometheus."""
 
@@ -286,6 +318,18 @@ class DCGMExporterSpec(ComponentSpec):
     """ServiceMonitor for the Prometheus Operator."""
     service: DCGMExporterServiceConfig | None = None
     """Service settings."""
+    host_pid: bool | None = Field(default=None, alias="hostPID")
+    """Share the host PID namespace (to map GPU processes to pods)."""
+    annotations: dict[str, str] | None = None
+    """Extra annotations on the exporter's pods."""
+    enable_pod_labels: bool | None = None
+    """Add the labels of the pod using a GPU to its metrics."""
+    enable_pod_uid: bool | None = Field(default=None, alias="enablePodUID")
+    """Add the UID of the pod using a GPU to its metrics."""
+    pod_label_allowlist_regex: list[str] | None = None
+    """Only pod labels matching one of these regexes are added."""
+    hpc_job_mapping: HPCJobMappingConfig | None = None
+    """Map GPU metrics to HPC jobs from files a workload manager writes."""
 
 
 class GPUFeatureDiscoverySpec(ComponentSpec):
@@ -357,6 +401,8 @@ class VGPUManagerSpec(ComponentSpec):
     """Deploy the vGPU manager."""
     driver_manager: DriverManagerSpec | None = None
     """Driver manager sidecar for the vGPU manager."""
+    kernel_module_config: KernelModuleConfigSpec | None = None
+    """Kernel module parameters for the vGPU manager."""
 
 
 class VGPUDevicesConfigSpec(K8sModel):
@@ -371,12 +417,18 @@ class VGPUDevicesConfigSpec(K8sModel):
 class VGPUDeviceManagerSpec(ComponentSpec):
     """vGPU device manager: creates vGPU devices on vm-vgpu nodes."""
 
+    enabled: bool = False
+    """Deploy the vGPU device manager (upstream treats unset as off)."""
+
     config: VGPUDevicesConfigSpec | None = None
     """vGPU device layouts."""
 
 
 class VFIOManagerSpec(ComponentSpec):
     """VFIO manager: binds GPUs to vfio-pci on vm-passthrough nodes."""
+
+    enabled: bool = False
+    """Deploy the VFIO manager (upstream treats unset as off)."""
 
     driver_manager: DriverManagerSpec | None = None
     """Driver manager sidecar that unloads the NVIDIA driver first."""
@@ -385,14 +437,53 @@ class VFIOManagerSpec(ComponentSpec):
 class SandboxDevicePluginSpec(ComponentSpec):
     """Device plugin advertising passthrough/vGPU devices to KubeVirt VMs."""
 
+    enabled: bool = False
+    """Deploy the sandbox device plugin (upstream treats unset as off)."""
+
+
+class KataSandboxDevicePluginSpec(ComponentSpec):
+    """Device plugin advertising GPUs to Kata containers (sandboxWorkloads.mode kata)."""
+
+    enabled: bool = False
+    """Deploy the Kata sandbox device plugin (upstream treats unset as off)."""
+
+
+class KataArtifacts(K8sModel):
+    """Where the artifacts of one Kata runtime class come from."""
+
+    url: str
+    """OCI artifact holding kernel, guest image and configuration."""
+    pull_secret: str | None = None
+    """Secret used to pull the artifact."""
+
+
+class KataRuntimeClass(K8sModel):
+    """One Kata RuntimeClass the Kata manager sets up."""
+
+    name: str
+    """RuntimeClass name."""
+    artifacts: KataArtifacts
+    """Its artifacts."""
+    node_selector: dict[str, str] | None = None
+    """Nodes the RuntimeClass schedules onto."""
+
+
+class KataManagerConfig(K8sModel):
+    """Kata manager configuration."""
+
+    artifacts_dir: str = "/opt/nvidia-gpu-operator/artifacts/runtimeclasses"
+    """Host directory the artifacts are unpacked into."""
+    runtime_classes: list[KataRuntimeClass] | None = None
+    """Runtime classes to configure."""
+
 
 class KataManagerSpec(ComponentSpec):
     """Kata manager: installs Kata runtime artifacts for confidential containers."""
 
     enabled: bool = False
     """Deploy the Kata manager."""
-    config: JsonObject | None = None
-    """Kata manager configuration (its own format), passed through unchanged."""
+    config: KataManagerConfig | None = None
+    """Kata manager configuration."""
 
 
 class CCManagerSpec(ComponentSpec):
@@ -400,8 +491,8 @@ class CCManagerSpec(ComponentSpec):
 
     enabled: bool = False
     """Deploy the CC manager."""
-    default_mode: str = "off"
-    """CC mode applied to nodes without `nvidia.com/cc.mode` (on, off, devtools)."""
+    default_mode: Literal["on", "off", "devtools"] = "off"
+    """CC mode applied to nodes without `nvidia.com/cc.mode`."""
 
 
 class GPUDirectStorageSpec(ComponentSpec):

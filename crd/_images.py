@@ -53,6 +53,9 @@ DEFAULT_IMAGES: dict[str, DefaultImage] = {
     "vfioManager": _DRIVER_MANAGER,
     "vfioManager.driverManager": _DRIVER_MANAGER,
     "sandboxDevicePlugin": DefaultImage(_NVIDIA, "kubevirt-gpu-device-plugin", "v1.5.0"),
+    "kataSandboxDevicePlugin": DefaultImage(
+        _CLOUD_NATIVE, "nvidia-sandbox-device-plugin", "v0.0.5"
+    ),
     "kataManager": DefaultImage(_CLOUD_NATIVE, "k8s-kata-manager", "v0.2.3"),
     "ccManager": DefaultImage(_CLOUD_NATIVE, "k8s-cc-manager", "v0.4.0"),
     "gds": DefaultImage(_CLOUD_NATIVE, "nvidia-fs", "2.26.6"),

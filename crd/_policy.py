@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import Field
 
-from crd._common import IntOrCountOrPercent, JsonObject, K8sModel, Toleration
+from crd._common import IntOrCountOrPercent, JsonObject, K8sModel, PodSecurityContext, Toleration
 from crd._components import (
     CCManagerSpec,
     DCGMExporterSpec,
@@ -17,6 +17,7 @@ from crd._components import (
     GPUDirectStorageSpec,
     GPUFeatureDiscoverySpec,
     KataManagerSpec,
+    KataSandboxDevicePluginSpec,
     MIGManagerSpec,
     NodeStatusExporterSpec,
     OperatorSpec,
@@ -68,6 +69,8 @@ class DaemonsetsSpec(K8sModel):
     """How operand DaemonSets replace their pods when their template changes."""
     rolling_update: RollingUpdateSpec = Field(default_factory=RollingUpdateSpec)
     """Rolling update parameters (used with RollingUpdate)."""
+    pod_security_context: PodSecurityContext | None = None
+    """Pod-level security context of every operand pod."""
 
 
 class MIGSpec(K8sModel):
@@ -94,33 +97,23 @@ class PSASpec(K8sModel):
 class CDIConfigSpec(K8sModel):
     """Container Device Interface support in the toolkit and device plugin."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                {
-                    "rule": "!has(self.default) || !self.default"
-                    " || !has(self.enabled) || self.enabled",
-                    "message": "CDI cannot be the default mode while CDI is disabled",
-                    "fieldPath": ".default",
-                    "reason": "FieldValueInvalid",
-                }
-            ]
-        }
-    )
-
     enabled: bool = True
     """Generate CDI specs and let the device plugin hand devices out through CDI."""
     default: bool = False
     """Make CDI the default way containers get GPUs (needs enabled)."""
+    nri_plugin_enabled: bool = False
+    """Inject CDI devices into management containers through an NRI plugin."""
 
 
 class HostPathsSpec(K8sModel):
     """Host paths operands mount."""
 
-    root_fs: str = Field(default="/", alias="rootFS", pattern=r"^/")
+    root_fs: str = Field(default="/", alias="rootFS")
     """The host's root filesystem."""
-    driver_install_dir: str = Field(default="/run/nvidia/driver", pattern=r"^/")
+    driver_install_dir: str = "/run/nvidia/driver"
     """Where the driver container exposes the driver's files on the host."""
+    kubelet_root_dir: str = "/var/lib/kubelet"
+    """The kubelet's root directory (device plugin and pod-resources sockets live under it)."""
 
 
 class SandboxWorkloadsSpec(K8sModel):
@@ -130,6 +123,8 @@ class SandboxWorkloadsSpec(K8sModel):
     """Honour `nvidia.com/gpu.workload.config` node labels."""
     default_workload: Literal["container", "vm-passthrough", "vm-vgpu"] = "container"
     """Workload of nodes without the label."""
+    mode: Literal["kubevirt", "kata"] = "kubevirt"
+    """How VMs get GPUs: KubeVirt (passthrough/vGPU devices) or Kata containers."""
 
 
 class ClusterPolicySpec(K8sModel):
@@ -177,6 +172,10 @@ class ClusterPolicySpec(K8sModel):
     """VFIO manager."""
     sandbox_device_plugin: SandboxDevicePluginSpec = Field(default_factory=SandboxDevicePluginSpec)
     """Sandbox device plugin."""
+    kata_sandbox_device_plugin: KataSandboxDevicePluginSpec = Field(
+        default_factory=KataSandboxDevicePluginSpec
+    )
+    """Kata sandbox device plugin."""
     kata_manager: KataManagerSpec = Field(default_factory=KataManagerSpec)
     """Kata manager."""
     cc_manager: CCManagerSpec = Field(default_factory=CCManagerSpec)
@@ -198,8 +197,8 @@ class ClusterPolicy(K8sModel):
     """Always ClusterPolicy."""
     metadata: JsonObject = Field(default_factory=dict)
     """Object metadata, owned by the API server and kept as is."""
-    spec: ClusterPolicySpec
-    """Desired state."""
+    spec: ClusterPolicySpec = Field(default_factory=ClusterPolicySpec)
+    """Desired state (upstream's schema takes an object without one: all defaults)."""
     status: ClusterPolicyStatus | None = None
     """Observed state, written by the operator."""
 

@@ -22,7 +22,8 @@ _CRD_HEADER = (
     " (and copy it to deploy/crds/)\n"
 )
 _SAMPLE_HEADER = (
-    "# The ClusterPolicy the chart's defaults produce: every field at its default.\n"
+    "# The ClusterPolicy the chart's defaults produce: every field at its default, but for\n"
+    "# the values upstream's chart writes over its CRD defaults (crd.CHART_CHOICES).\n"
     "# Operand images are left out on purpose: unset parts fall back to the operator's\n"
     "# built-in images, so upgrading the operator upgrades operands you did not pin.\n"
     "# Generated from the models in crd/ (crd.render_sample_policy_yaml) -- do not edit.\n"
@@ -38,14 +39,53 @@ def render_crd_yaml() -> str:
     return _CRD_HEADER + _dump(crd_manifest())
 
 
+CHART_CHOICES: dict[str, Any] = {
+    "driver": {
+        "startupProbe": {
+            "initialDelaySeconds": 60,
+            "periodSeconds": 10,
+            "timeoutSeconds": 60,
+            "failureThreshold": 120,
+        },
+        "upgradePolicy": {"autoUpgrade": True},
+    },
+    "dcgmExporter": {
+        "service": {"internalTrafficPolicy": "Cluster"},
+        "serviceMonitor": {"enabled": True, "interval": "15s", "scrapeTimeout": "10s"},
+    },
+    "vgpuDeviceManager": {"enabled": True},
+    "vfioManager": {"enabled": True},
+    "sandboxDevicePlugin": {"enabled": True},
+    "kataSandboxDevicePlugin": {"enabled": True},
+    "ccManager": {"enabled": True, "defaultMode": "on"},
+}
+"""Where upstream v26.7's chart-default policy differs from its CRD's (and our models')
+defaults, apart from images: driver auto-upgrade is on, the driver has a startup probe,
+the exporter gets a ServiceMonitor (created only where its CRD is served), and the sandbox
+operands are switched on (inert while sandboxWorkloads is off)."""
+
+
+def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    result = dict(base)
+    for key, value in over.items():
+        old = result.get(key)
+        result[key] = (
+            _merged(old, value) if isinstance(old, dict) and isinstance(value, dict) else value
+        )
+    return result
+
+
 def default_policy(name: str = DEFAULT_POLICY_NAME) -> ClusterPolicy:
     """A ClusterPolicy with every field at its model default."""
     return ClusterPolicy(metadata={"name": name}, spec=ClusterPolicySpec())
 
 
 def sample_policy() -> dict[str, Any]:
-    """The default policy as a plain object, every defaulted field written out."""
-    spec = ClusterPolicySpec().model_dump(mode="json", by_alias=True, exclude_none=True)
+    """The chart's default policy as a plain object, every defaulted field written out."""
+    defaults = ClusterPolicySpec().model_dump(mode="json", by_alias=True, exclude_none=True)
+    spec = ClusterPolicySpec.model_validate(_merged(defaults, CHART_CHOICES)).model_dump(
+        mode="json", by_alias=True, exclude_none=True
+    )
     return {
         "apiVersion": API_VERSION,
         "kind": KIND,

@@ -11,11 +11,9 @@ Unknown fields, per section:
   validation refuses them): the spec itself and every typed section. A misspelt section or
   field must not silently fall back to a default, and every field upstream's ClusterPolicy
   defines is modelled, so migrating policies apply unchanged.
-* Preserved (``x-kubernetes-preserve-unknown-fields``): objects owned by other projects
-  that we only pass through and whose format evolves without us, namely
-  ``kataManager.config`` (the Kata manager's own configuration),
-  ``dcgmExporter.serviceMonitor.relabelings[]`` (Prometheus relabel configs) and
-  ``env[].valueFrom`` (core/v1 EnvVarSource), plus ``metadata``.
+* Preserved (``x-kubernetes-preserve-unknown-fields``): ``env[].valueFrom`` (core/v1
+  EnvVarSource, passed through as is; upstream has no such field, so this only widens),
+  plus ``metadata``. Relabel rules and the Kata manager config are typed, as upstream's are.
 """
 
 from __future__ import annotations
@@ -184,12 +182,11 @@ def openapi_schema() -> Schema:
     return {
         "description": "ClusterPolicy configures the GPU software stack on every GPU node.",
         "type": "object",
-        "required": ["spec"],
         "properties": {
             "apiVersion": {"type": "string", "description": "Always nvidia.com/v1."},
             "kind": {"type": "string", "description": "Always ClusterPolicy."},
             "metadata": {"type": "object"},
-            "spec": model_schema(ClusterPolicySpec),
+            "spec": {**model_schema(ClusterPolicySpec), "default": {}},
             "status": model_schema(ClusterPolicyStatus),
         },
     }

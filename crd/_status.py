@@ -23,6 +23,9 @@ STATE_IGNORED: State = "ignored"
 
 CONDITION_READY = "Ready"
 CONDITION_ERROR = "Error"
+CONDITION_UNSUPPORTED_FIELDS = "UnsupportedFields"
+"""gpuop's own condition type (upstream has only Ready and Error): True while the spec
+sets fields the operator accepts but does not act on; absent otherwise."""
 
 REASON_RECONCILED = "Reconciled"
 """Every enabled operand is deployed and ready."""
@@ -38,6 +41,8 @@ REASON_IGNORED = "Ignored"
 """Another ClusterPolicy is the active one."""
 REASON_NO_ERROR = "NoError"
 """Reason of an Error condition that is False."""
+REASON_FIELDS_NOT_ACTED_ON = "FieldsNotActedOn"
+"""Reason of the UnsupportedFields condition (and of its Warning Event)."""
 
 _REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
 _TYPE_PATTERN = (
@@ -243,3 +248,27 @@ def ignored_status(
         now,
         previous,
     )
+
+
+def with_unsupported_fields(
+    status: ClusterPolicyStatus,
+    fields: Sequence[str],
+    *,
+    generation: int | None,
+    now: datetime,
+) -> ClusterPolicyStatus:
+    """`status` with the UnsupportedFields condition naming `fields`, or without it when
+    there are none. Re-asserting the same fields keeps the condition equal (no write)."""
+    others = [c for c in status.conditions or () if c.type != CONDITION_UNSUPPORTED_FIELDS]
+    if not fields:
+        return status.model_copy(update={"conditions": others or None})
+    message = "accepted but not acted on: " + "; ".join(fields)
+    condition = Condition(
+        type=CONDITION_UNSUPPORTED_FIELDS,
+        status="True",
+        reason=REASON_FIELDS_NOT_ACTED_ON,
+        message=message[:32768],
+        observed_generation=generation,
+        last_transition_time=format_time(now),
+    )
+    return status.model_copy(update={"conditions": set_condition(status.conditions, condition)})

@@ -52,8 +52,9 @@ class DrainSpec(K8sModel):
 class DriverUpgradePolicySpec(K8sModel):
     """Rolling driver upgrades: how many nodes at once and how each node is emptied."""
 
-    auto_upgrade: bool = True
-    """Let the operator upgrade drivers node by node; off leaves upgrades to the admin."""
+    auto_upgrade: bool = False
+    """Let the operator upgrade drivers node by node; off (upstream's default) leaves them
+    to the admin."""
     max_parallel_upgrades: Annotated[int, Field(ge=0)] = 1
     """Nodes upgraded at the same time; 0 means no limit."""
     max_unavailable: IntOrPercent = "25%"

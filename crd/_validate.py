@@ -225,21 +225,13 @@ def _section_problems(spec: ClusterPolicySpec) -> Iterator[Problem]:
     ):
         if selector and (problem := label_selector_problem(selector)):
             yield Problem(path, problem)
-    if driver.use_open_kernel_modules and driver.kernel_module_type == "proprietary":
-        yield Problem(
-            "spec.driver.kernelModuleType", "useOpenKernelModules=true contradicts proprietary"
-        )
-    sidecars = (("gds", spec.gds.enabled), ("gdrcopy", spec.gdrcopy.enabled))
-    for name, enabled in sidecars:
-        if enabled and not driver.enabled:
-            yield Problem(f"spec.{name}.enabled", "needs spec.driver.enabled (a driver sidecar)")
-    if driver.rdma is not None and driver.rdma.enabled and not driver.enabled:
-        yield Problem("spec.driver.rdma.enabled", "needs spec.driver.enabled")
-    config = spec.device_plugin.config
-    if config is not None and config.default and not config.name:
-        yield Problem("spec.devicePlugin.config.name", "required when config.default is set")
-    if spec.cdi.default and not spec.cdi.enabled:
-        yield Problem("spec.cdi.default", "CDI cannot be the default while cdi.enabled=false")
+    # GDS, GDRCopy and RDMA without a driver of ours: upstream accepts and ignores them,
+    # so they are reported as not acted on (crd._unsupported), not refused.
+    # Upstream refuses these two at reconcile time (validateClusterPolicySpec).
+    if spec.cdi.nri_plugin_enabled and not spec.cdi.enabled:
+        yield Problem("spec.cdi.nriPluginEnabled", "the NRI plugin needs spec.cdi.enabled")
+    if spec.cdi.nri_plugin_enabled and not spec.toolkit.enabled:
+        yield Problem("spec.cdi.nriPluginEnabled", "the NRI plugin needs spec.toolkit.enabled")
     daemonsets = spec.daemonsets
     if daemonsets.update_strategy == "RollingUpdate" and _zero(
         daemonsets.rolling_update.max_unavailable

@@ -16,6 +16,8 @@ from components.hashing import applied_hash, needs_apply, with_hash
 from components.labels import any_mig_capable, is_gpu_node, node_label_changes
 from components.readiness import component_ready
 from crd import (
+    CONDITION_UNSUPPORTED_FIELDS,
+    REASON_FIELDS_NOT_ACTED_ON,
     REASON_INVALID_SPEC,
     REASON_NFD_LABELS_MISSING,
     REASON_OPERAND_NOT_READY,
@@ -28,6 +30,8 @@ from crd import (
     not_ready_status,
     parse_policy,
     ready_status,
+    unsupported_fields,
+    with_unsupported_fields,
 )
 from gpuop.controller._config import OperatorConfig
 from gpuop.controller._nodes import is_ready, labels, node_fingerprint, trim_node
@@ -321,7 +325,7 @@ class Operator:
                 now=_now(),
                 previous=previous,
             )
-            await self._write_status(raw, status)
+            await self._write_status(raw, _flag_unsupported(status, model, generation))
             self.metrics.reconciliation_status.set(STATUS_ERROR)
             log.warning(
                 "ClusterPolicy is invalid", policy=raw["metadata"]["name"], problems=problems
@@ -417,7 +421,7 @@ class Operator:
             )
             self.metrics.reconciliation_status.set(STATUS_NOT_READY)
         status = status.model_copy(update={"rollout_state": plan.state, "components": components})
-        await self._write_status(raw, status)
+        await self._write_status(raw, _flag_unsupported(status, model, generation))
 
     async def _has_service_monitors(self, raw: Obj) -> bool:
         """Whether the Prometheus operator's ServiceMonitor API is served (discovery,
@@ -481,7 +485,7 @@ class Operator:
             status = ignored_status(
                 active, generation=_gen(raw), now=_now(), previous=_parse_status(raw)
             )
-            await self._write_status(raw, status)
+            await self._write_status(raw, _flag_unsupported(status, None, _gen(raw)))
 
     async def _write_status(self, raw: Obj, status: ClusterPolicyStatus) -> None:
         desired = status_dict(status)
@@ -497,6 +501,7 @@ class Operator:
             return
         if status.state != (raw.get("status") or {}).get("state"):
             await self._record_state_change(raw, status)
+        await self._record_unsupported_fields(raw, status)
         try:
             patched = await self.rest.merge_patch(
                 POLICY, raw["metadata"]["name"], patch, subresource="status"
@@ -507,6 +512,39 @@ class Operator:
             raise
         self.policies.observe(patched)
         self._status_written[name] = time.monotonic()
+
+    async def _record_unsupported_fields(self, raw: Obj, status: ClusterPolicyStatus) -> None:
+        """A Warning Event naming the fields set but not acted on, once per change of the
+        UnsupportedFields condition (so once per policy generation that sets them)."""
+        new = find_condition(status.conditions, CONDITION_UNSUPPORTED_FIELDS)
+        if new is None:
+            return
+        old: Obj = next(
+            (
+                c
+                for c in (raw.get("status") or {}).get("conditions") or []
+                if c.get("type") == CONDITION_UNSUPPORTED_FIELDS
+            ),
+            {},
+        )
+        if (old.get("message"), old.get("observedGeneration")) == (
+            new.message,
+            new.observed_generation,
+        ):
+            return
+        involved = {
+            "apiVersion": POLICY.api_version,
+            "kind": POLICY.kind,
+            "metadata": raw["metadata"],
+        }
+        await self.upgrades.events.record(
+            involved, REASON_FIELDS_NOT_ACTED_ON, new.message, warning=True
+        )
+        log.warning(
+            "ClusterPolicy sets fields gpuop does not act on",
+            policy=raw["metadata"]["name"],
+            message=new.message,
+        )
 
     async def _record_state_change(self, raw: Obj, status: ClusterPolicyStatus) -> None:
         """An Event on the policy when its state changes (ready, notReady, ignored)."""
@@ -571,6 +609,14 @@ class Operator:
         newest = self.upgrades.newest_driver_revision()
         for name in self.upgrades.select(self.nodes.values(), policy, newest):
             self.queue.add(NODE_PREFIX + name)
+
+
+def _flag_unsupported(
+    status: ClusterPolicyStatus, model: ClusterPolicy | None, generation: int | None
+) -> ClusterPolicyStatus:
+    """Add the UnsupportedFields condition for what the policy sets but we ignore."""
+    fields = [str(f) for f in unsupported_fields(model.spec)] if model is not None else []
+    return with_unsupported_fields(status, fields, generation=generation, now=_now())
 
 
 def _without_messages(value: Any) -> Any:

@@ -20,6 +20,7 @@ from tests.integration.helm_chart import (
     DATA,
     MANIFESTS,
     NAMESPACE,
+    ROOT,
     by_kind,
     documents,
     helm,
@@ -125,9 +126,9 @@ def test_default_values_render_the_operator_and_a_default_policy(
     assert "Service" not in kinds
     policy = _policy(default_docs)
     assert policy.name == crd.DEFAULT_POLICY_NAME
-    # The chart's defaults are the models' defaults (docker as the fallback runtime,
-    # as in upstream's chart and CRD).
-    expected = crd.default_policy().spec
+    # The chart's defaults are the models' defaults but for the values upstream's chart
+    # writes over its CRD defaults (docker as the fallback runtime, as in both).
+    expected = crd.ClusterPolicy.model_validate(crd.sample_policy()).spec
     assert policy.spec.model_dump(exclude_none=True) == expected.model_dump(exclude_none=True)
     for doc in default_docs:
         if doc["kind"] not in _CLUSTER_SCOPED:
@@ -464,3 +465,95 @@ def test_chart_default_policy_equals_the_sample_in_deploy(
     rendered = one(default_docs, "ClusterPolicy")
     assert rendered["metadata"]["name"] == sample["metadata"]["name"]
     assert rendered["spec"] == sample["spec"]
+
+
+# ------------------------------------------------------------ upstream values
+UPSTREAM_VALUES = DATA / "upstream" / "values.yaml"
+
+
+def _value_paths(value: Any, path: str = "") -> set[str]:
+    if isinstance(value, dict) and value:
+        return {p for key, item in value.items() for p in _value_paths(item, f"{path}.{key}")}
+    return {path}
+
+
+def test_every_upstream_values_key_is_in_ours() -> None:
+    """Each key of upstream v26.7's values.yaml is a key of ours too (with a value or a
+    sub-tree), so `helm show values` documents everything an upstream values file sets."""
+    theirs = _value_paths(yaml.safe_load(UPSTREAM_VALUES.read_text()))
+    ours = _value_paths(yaml.safe_load((CHART / "values.yaml").read_text()))
+    node_feature_discovery = ".node-feature-discovery."  # our own NFD bundle, not a subchart
+    missing = sorted(
+        path
+        for path in theirs - ours
+        if not path.startswith(node_feature_discovery)
+        and not any(mine.startswith(f"{path}.") or path.startswith(f"{mine}.") for mine in ours)
+    )
+    assert missing == []
+
+
+def test_upstream_values_file_installs_a_policy_without_problems() -> None:
+    """Upstream's own values.yaml, given to our chart, yields a policy with upstream's
+    chart-default settings (and its pinned images) that parses with no problem."""
+    docs = documents(template(values=[UPSTREAM_VALUES]))
+    raw = one(docs, "ClusterPolicy")
+    policy, problems = crd.parse_policy(raw)
+    assert problems == []
+    assert policy is not None
+    upstream = yaml.safe_load(
+        (ROOT.parent / "shared" / "conformance" / "default" / "policy.yaml").read_text()
+    )
+    theirs = crd.ClusterPolicy.model_validate(upstream).spec
+    for section in ("driver", "toolkit", "devicePlugin", "dcgmExporter", "gfd", "migManager"):
+        assert crd.component_image(policy.spec, section) == crd.component_image(theirs, section)
+    ours_monitor = policy.spec.dcgm_exporter.service_monitor
+    their_monitor = theirs.dcgm_exporter.service_monitor
+    assert ours_monitor is not None
+    assert their_monitor is not None
+    fields = ("enabled", "interval", "scrape_timeout", "honor_labels")
+    assert [getattr(ours_monitor, f) for f in fields] == [getattr(their_monitor, f) for f in fields]
+    assert policy.spec.sandbox_workloads == theirs.sandbox_workloads
+    assert policy.spec.kata_sandbox_device_plugin.enabled
+
+
+def test_upstream_only_values_reach_the_policy() -> None:
+    """The v26.7 values keys our chart gained go to the ClusterPolicy where upstream's
+    template puts them."""
+    values = [
+        "hostPaths.kubeletRootDir=/data/kubelet",
+        "sandboxWorkloads.mode=kata",
+        "cdi.nriPluginEnabled=true",
+        "driver.secretEnv=driver-secrets",
+        "driver.hostNetwork=true",
+        "validator.hostNetwork=true",
+        "dcgmExporter.hostPID=true",
+        "dcgmExporter.enablePodLabels=true",
+        "dcgmExporter.enablePodUID=true",
+        "dcgmExporter.annotations.team=gpu",
+        "dcgmExporter.serviceMonitor.scrapeTimeout=20s",
+        "vgpuManager.kernelModuleConfig.name=vgpu-modules",
+        "kataSandboxDevicePlugin.hostNetwork=true",
+        "operator.metrics.serviceMonitor.enabled=true",
+    ]
+    spec = _policy(documents(template(*_set(values)))).spec
+    assert spec.host_paths.kubelet_root_dir == "/data/kubelet"
+    assert spec.sandbox_workloads.mode == "kata"
+    assert spec.cdi.nri_plugin_enabled
+    assert spec.driver.secret_env == "driver-secrets"
+    assert spec.driver.host_network
+    assert spec.validator.host_network
+    exporter = spec.dcgm_exporter
+    assert exporter.host_pid
+    assert exporter.enable_pod_labels
+    assert exporter.enable_pod_uid
+    assert exporter.annotations == {"team": "gpu"}
+    assert exporter.service_monitor is not None
+    assert exporter.service_monitor.scrape_timeout == "20s"
+    assert spec.vgpu_manager.kernel_module_config is not None
+    assert spec.vgpu_manager.kernel_module_config.name == "vgpu-modules"
+    assert spec.kata_sandbox_device_plugin.host_network
+    assert spec.operator.metrics is not None
+    assert spec.operator.metrics.service_monitor is not None
+    assert spec.operator.metrics.service_monitor.enabled
+    fields = {f.path for f in crd.unsupported_fields(spec)}
+    assert {"spec.driver.secretEnv", "spec.cdi.nriPluginEnabled"} <= fields

@@ -354,7 +354,7 @@ def test_driver_daemonset() -> None:
 
 
 def test_driver_update_strategy_follows_auto_upgrade() -> None:
-    auto = only_daemonset("driver", spec())
+    auto = only_daemonset("driver", spec(driver={"upgradePolicy": {"autoUpgrade": True}}))
     assert auto["spec"]["updateStrategy"] == {"type": "OnDelete"}
     manual = only_daemonset(
         "driver",

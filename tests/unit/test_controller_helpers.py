@@ -127,7 +127,7 @@ def test_drain_skips_daemonset_mirror_finished_and_opted_out_pods() -> None:
 
 
 def test_policy_view_follows_the_spec() -> None:
-    spec = crd.default_policy().spec
+    spec = crd.ClusterPolicy.model_validate(crd.sample_policy()).spec  # auto-upgrade on
     view = policy_view(spec)
     assert view.auto_upgrade is True
     assert view.max_parallel_upgrades == 1

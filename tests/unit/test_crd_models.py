@@ -83,10 +83,10 @@ def test_upstream_spellings_that_are_not_camel_case() -> None:
     assert spec.validator.vfio_pci is not None
 
 
-def test_defaults_match_the_upstream_chart() -> None:
+def test_defaults_match_upstream() -> None:
     spec = crd.ClusterPolicySpec()
     policy = spec.driver.upgrade_policy
-    assert policy.auto_upgrade is True
+    assert policy.auto_upgrade is False  # upstream's CRD default; its chart sets true
     assert policy.max_parallel_upgrades == 1
     assert policy.max_unavailable == "25%"
     assert policy.pod_deletion.timeout_seconds == 300
@@ -142,9 +142,10 @@ def test_defaults_match_the_upstream_chart() -> None:
         ({"driver": {"enabled": "true"}}, "enabled"),
         ({"driver": {"enabled": True, "enabeld": False}}, "enabeld"),
         ({"drivers": {}}, "drivers"),
-        ({"dcgm": {"hostPort": 70000}}, "hostPort"),
         ({"driver": {"env": [{"value": "x"}]}}, "name"),
-        ({"hostPaths": {"rootFS": "relative"}}, "rootFS"),
+        ({"sandboxWorkloads": {"mode": "vm"}}, "mode"),
+        ({"dcgmExporter": {"serviceMonitor": {"scrapeTimeout": "10 seconds"}}}, "scrapeTimeout"),
+        ({"kataManager": {"config": {"runtimeClasses": [{"name": "k"}]}}}, "artifacts"),
     ],
 )
 def test_invalid_specs_are_refused_naming_the_field(spec: dict[str, Any], field: str) -> None:
@@ -153,10 +154,12 @@ def test_invalid_specs_are_refused_naming_the_field(spec: dict[str, Any], field:
     assert any(field in item["loc"] for item in error.value.errors())
 
 
-def test_policy_requires_a_spec() -> None:
+def test_policy_without_a_spec_has_every_default() -> None:
+    """Upstream's schema takes an object without spec, so ours does: all defaults."""
     policy, problems = crd.parse_policy({"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy"})
-    assert policy is None
-    assert [p.path for p in problems] == ["spec"]
+    assert problems == []
+    assert policy is not None
+    assert policy.spec == crd.ClusterPolicySpec()
 
 
 def test_int_or_percent_keeps_its_type() -> None:

@@ -22,11 +22,11 @@ def test_defaults_have_no_problems() -> None:
     ("spec", "path"),
     [
         (
-            {"driver": {"upgradePolicy": {"maxUnavailable": 0}}},
+            {"driver": {"upgradePolicy": {"autoUpgrade": True, "maxUnavailable": 0}}},
             "spec.driver.upgradePolicy.maxUnavailable",
         ),
         (
-            {"driver": {"upgradePolicy": {"maxUnavailable": "0%"}}},
+            {"driver": {"upgradePolicy": {"autoUpgrade": True, "maxUnavailable": "0%"}}},
             "spec.driver.upgradePolicy.maxUnavailable",
         ),
         (
@@ -37,18 +37,11 @@ def test_defaults_have_no_problems() -> None:
             {"driver": {"upgradePolicy": {"waitForCompletion": {"podSelector": "a b"}}}},
             "spec.driver.upgradePolicy.waitForCompletion.podSelector",
         ),
+        ({"cdi": {"enabled": False, "nriPluginEnabled": True}}, "spec.cdi.nriPluginEnabled"),
         (
-            {"driver": {"useOpenKernelModules": True, "kernelModuleType": "proprietary"}},
-            "spec.driver.kernelModuleType",
+            {"toolkit": {"enabled": False}, "cdi": {"nriPluginEnabled": True}},
+            "spec.cdi.nriPluginEnabled",
         ),
-        ({"driver": {"enabled": False}, "gds": {"enabled": True}}, "spec.gds.enabled"),
-        ({"driver": {"enabled": False}, "gdrcopy": {"enabled": True}}, "spec.gdrcopy.enabled"),
-        (
-            {"driver": {"enabled": False, "rdma": {"enabled": True}}},
-            "spec.driver.rdma.enabled",
-        ),
-        ({"devicePlugin": {"config": {"default": "a"}}}, "spec.devicePlugin.config.name"),
-        ({"cdi": {"enabled": False, "default": True}}, "spec.cdi.default"),
         (
             {"daemonsets": {"rollingUpdate": {"maxUnavailable": "0"}}},
             "spec.daemonsets.rollingUpdate.maxUnavailable",
@@ -161,7 +154,43 @@ def test_parse_policy_reports_schema_errors_with_paths() -> None:
 
 def test_parse_policy_reports_semantic_problems() -> None:
     policy, found = crd.parse_policy(
-        {"kind": "ClusterPolicy", "spec": {"cdi": {"enabled": False, "default": True}}}
+        {"kind": "ClusterPolicy", "spec": {"cdi": {"enabled": False, "nriPluginEnabled": True}}}
     )
     assert policy is not None
-    assert [p.path for p in found] == ["spec.cdi.default"]
+    assert [p.path for p in found] == ["spec.cdi.nriPluginEnabled"]
+
+
+def test_relabel_rules_are_checked_but_kept_as_written() -> None:
+    rules = [{"action": "bogus"}, {"sourceLabels": "x"}]
+    _, found = crd.parse_policy(
+        {
+            "kind": "ClusterPolicy",
+            "spec": {"dcgmExporter": {"serviceMonitor": {"relabelings": rules}}},
+        }
+    )
+    monitor = "spec.dcgmExporter.serviceMonitor.relabelings"
+    assert [p.path for p in found] == [f"{monitor}[0].action", f"{monitor}[1].sourceLabels"]
+    good = [{"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "instance"}]
+    policy, found = crd.parse_policy(
+        {
+            "kind": "ClusterPolicy",
+            "spec": {"dcgmExporter": {"serviceMonitor": {"relabelings": good}}},
+        }
+    )
+    assert found == []
+    assert policy is not None
+    assert policy.spec.dcgm_exporter.service_monitor is not None
+    assert policy.spec.dcgm_exporter.service_monitor.relabelings == good
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"driver": {"enabled": False}, "gds": {"enabled": True}},
+        {"driver": {"enabled": False}, "gdrcopy": {"enabled": True}},
+        {"driver": {"enabled": False, "rdma": {"enabled": True}}},
+    ],
+)
+def test_driver_sidecars_without_a_driver_are_not_refused(spec: dict[str, Any]) -> None:
+    """Upstream accepts these and does nothing; refusing would stop the whole rollout."""
+    assert problems(spec) == []

@@ -91,6 +91,9 @@ args:
 env:
 {{- toYaml . | nindent 2 }}
 {{- end }}
+{{- if .hostNetwork }}
+hostNetwork: true
+{{- end }}
 {{- end -}}
 
 {{/* A section with an on/off switch: enabled plus componentFields. */}}

@@ -1,0 +1,158 @@
+"""Fields accepted but not acted on: which a spec sets, and the condition naming them."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+import crd
+from crd._unsupported import _FIELDS
+
+NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+LATER = datetime(2026, 1, 2, 4, 0, 0, tzinfo=UTC)
+
+
+def paths(spec: dict[str, Any]) -> list[str]:
+    return [f.path for f in crd.unsupported_fields(crd.ClusterPolicySpec.model_validate(spec))]
+
+
+ASKS: dict[str, dict[str, Any]] = {
+    "spec.sandboxWorkloads.enabled": {"sandboxWorkloads": {"enabled": True}},
+    "spec.kataManager.enabled": {"kataManager": {"enabled": True}},
+    "spec.psp.enabled": {"psp": {"enabled": True}},
+    "spec.psa.enabled": {"psa": {"enabled": True}},
+    "spec.cdi.default": {"cdi": {"default": True}},
+    "spec.cdi.nriPluginEnabled": {"cdi": {"nriPluginEnabled": True}},
+    "spec.hostPaths.kubeletRootDir": {"hostPaths": {"kubeletRootDir": "/data/kubelet"}},
+    "spec.operator.use_ocp_driver_toolkit": {"operator": {"use_ocp_driver_toolkit": True}},
+    "spec.operator.labels": {"operator": {"labels": {"team": "gpu"}}},
+    "spec.operator.annotations": {"operator": {"annotations": {"a": "b"}}},
+    "spec.operator.metrics.serviceMonitor.enabled": {
+        "operator": {"metrics": {"serviceMonitor": {"enabled": True}}}
+    },
+    "spec.daemonsets.podSecurityContext": {"daemonsets": {"podSecurityContext": {"fsGroup": 1}}},
+    "spec.driver.usePrecompiled": {"driver": {"usePrecompiled": True}},
+    "spec.driver.rdma.enabled": {"driver": {"rdma": {"enabled": True}}},
+    "spec.driver.repoConfig.configMapName": {"driver": {"repoConfig": {"configMapName": "r"}}},
+    "spec.driver.certConfig.name": {"driver": {"certConfig": {"name": "c"}}},
+    "spec.driver.licensingConfig": {"driver": {"licensingConfig": {"secretName": "s"}}},
+    "spec.driver.virtualTopology.config": {"driver": {"virtualTopology": {"config": "t"}}},
+    "spec.driver.kernelModuleConfig.name": {"driver": {"kernelModuleConfig": {"name": "k"}}},
+    "spec.driver.secretEnv": {"driver": {"secretEnv": "driver-env"}},
+    "spec.gds.enabled": {"gds": {"enabled": True}},
+    "spec.gdrcopy.enabled": {"gdrcopy": {"enabled": True}},
+    "spec.dcgmExporter.serviceMonitor.scrapeTimeout": {
+        "dcgmExporter": {"serviceMonitor": {"scrapeTimeout": "10s"}}
+    },
+    "spec.dcgmExporter.hostPID": {"dcgmExporter": {"hostPID": True}},
+    "spec.dcgmExporter.annotations": {"dcgmExporter": {"annotations": {"a": "b"}}},
+    "spec.dcgmExporter.enablePodLabels": {"dcgmExporter": {"enablePodLabels": True}},
+    "spec.dcgmExporter.enablePodUID": {"dcgmExporter": {"enablePodUID": True}},
+    "spec.dcgmExporter.podLabelAllowlistRegex": {
+        "dcgmExporter": {"podLabelAllowlistRegex": ["^app$"]}
+    },
+    "spec.dcgmExporter.hpcJobMapping.enabled": {
+        "dcgmExporter": {"hpcJobMapping": {"enabled": True}}
+    },
+    "spec.devicePlugin.hostNetwork": {"devicePlugin": {"hostNetwork": True}},
+    "spec.kataSandboxDevicePlugin.hostNetwork": {"kataSandboxDevicePlugin": {"hostNetwork": True}},
+    "spec.driver.manager.imagePullPolicy": {
+        "driver": {"manager": {"imagePullPolicy": "Sometimes"}}
+    },
+    "spec.operator.defaultRuntime": {"operator": {"defaultRuntime": "podman"}},
+    "spec.dcgm.hostPort": {"dcgm": {"hostPort": 0}},
+}
+
+
+@pytest.mark.parametrize(("path", "spec"), ASKS.items(), ids=list(ASKS))
+def test_a_set_field_is_named_alone(path: str, spec: dict[str, Any]) -> None:
+    assert paths(spec) == [path]
+
+
+def test_every_listed_field_has_a_case() -> None:
+    assert {f"spec.{path}" for path, _, _ in _FIELDS} <= set(ASKS)
+
+
+def test_model_defaults_ask_for_nothing_unsupported() -> None:
+    assert paths({}) == []
+
+
+INERT: dict[str, dict[str, Any]] = {
+    # Sandbox operands only run with sandboxWorkloads on, upstream too; upstream's own
+    # chart switches them all on by default.
+    "sandbox-operands-without-sandbox": {
+        "vfioManager": {"enabled": True},
+        "vgpuDeviceManager": {"enabled": True},
+        "sandboxDevicePlugin": {"enabled": True},
+        "kataSandboxDevicePlugin": {"enabled": True},
+        "ccManager": {"enabled": True, "defaultMode": "on"},
+        "vgpuManager": {"kernelModuleConfig": {"name": ""}},
+    },
+    # Upstream's chart writes these empty: nothing is asked for.
+    "empty-names-and-off-switches": {
+        "driver": {
+            "repoConfig": {"configMapName": ""},
+            "certConfig": {"name": ""},
+            "licensingConfig": {"nlsEnabled": True, "secretName": ""},
+            "virtualTopology": {"config": ""},
+            "kernelModuleConfig": {"name": ""},
+            "secretEnv": "",
+            "hostNetwork": False,
+            "rdma": {"enabled": False, "useHostMofed": False},
+        },
+        "dcgmExporter": {"hostPID": False, "enablePodLabels": False, "annotations": {}},
+        "hostPaths": {"kubeletRootDir": "/var/lib/kubelet"},
+        "daemonsets": {"podSecurityContext": {}},
+        "kataManager": {"enabled": False, "config": {"artifactsDir": "/opt/a"}},
+    },
+}
+
+
+@pytest.mark.parametrize("spec", INERT.values(), ids=list(INERT))
+def test_values_that_change_nothing_upstream_are_not_reported(spec: dict[str, Any]) -> None:
+    assert paths(spec) == []
+
+
+def test_reasons_say_what_is_not_done() -> None:
+    found = crd.unsupported_fields(crd.ClusterPolicySpec.model_validate({"gds": {"enabled": True}}))
+    assert str(found[0]) == "spec.gds.enabled (the nvidia-fs sidecar is not deployed)"
+
+
+def _ready(previous: crd.ClusterPolicyStatus | None = None) -> crd.ClusterPolicyStatus:
+    return crd.ready_status("gpu-operator", generation=3, now=NOW, previous=previous)
+
+
+def test_condition_names_the_fields_next_to_ready_and_error() -> None:
+    status = crd.with_unsupported_fields(_ready(), ["spec.gds.enabled (x)"], generation=3, now=NOW)
+    condition = crd.find_condition(status.conditions, crd.CONDITION_UNSUPPORTED_FIELDS)
+    assert condition is not None
+    assert condition.status == "True"
+    assert condition.reason == crd.REASON_FIELDS_NOT_ACTED_ON
+    assert condition.observed_generation == 3
+    assert "spec.gds.enabled" in condition.message
+    assert [c.type for c in status.conditions or []] == ["Ready", "Error", "UnsupportedFields"]
+
+
+def test_reasserting_the_same_fields_yields_an_equal_status() -> None:
+    first = crd.with_unsupported_fields(_ready(), ["spec.a (x)"], generation=3, now=NOW)
+    again = crd.with_unsupported_fields(_ready(first), ["spec.a (x)"], generation=3, now=LATER)
+    assert again == first
+
+
+def test_the_condition_goes_when_the_fields_do() -> None:
+    first = crd.with_unsupported_fields(_ready(), ["spec.a (x)"], generation=3, now=NOW)
+    cleared = crd.with_unsupported_fields(_ready(first), [], generation=4, now=LATER)
+    assert crd.find_condition(cleared.conditions, crd.CONDITION_UNSUPPORTED_FIELDS) is None
+    assert [c.type for c in cleared.conditions or []] == ["Ready", "Error"]
+
+
+def test_unknown_values_are_kept_but_mean_what_upstream_makes_of_them() -> None:
+    document = {"gfd": {"imagePullPolicy": "always"}, "operator": {"defaultRuntime": "cri-o"}}
+    spec = crd.ClusterPolicySpec.model_validate(document)
+    assert spec.gfd.image_pull_policy == "IfNotPresent"
+    assert spec.operator.default_runtime == "docker"
+    assert spec.model_dump(by_alias=True, exclude_unset=True) == document
+    known = crd.ClusterPolicySpec.model_validate({"gfd": {"imagePullPolicy": "Always"}})
+    assert known.gfd.image_pull_policy == "Always"
