@@ -141,6 +141,8 @@ def _service_monitor(spec: ClusterPolicySpec, ctx: RenderContext) -> Manifest | 
     }
     if monitor.interval:
         endpoint["interval"] = monitor.interval
+    if monitor.scrape_timeout:
+        endpoint["scrapeTimeout"] = monitor.scrape_timeout
     if monitor.relabelings:
         endpoint["relabelings"] = monitor.relabelings
     meta = metadata(SERVICE_NAME, NAME, spec, ctx)

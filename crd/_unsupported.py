@@ -77,11 +77,11 @@ _FIELDS: tuple[tuple[str, _Check, str], ...] = (
         ),
         "operand pods keep their own security context",
     ),
-    ("driver.usePrecompiled", lambda s: s.driver.use_precompiled, "precompiled drivers"),
     (
-        "driver.rdma.enabled",
-        lambda s: bool(s.driver.rdma and s.driver.rdma.enabled),
-        "nvidia-peermem is not loaded",
+        "driver.usePrecompiled",
+        lambda s: s.driver.use_precompiled,
+        "precompiled driver DaemonSets are rendered per kernel, but driver upgrades are"
+        " managed only for nvidia-driver-daemonset",
     ),
     (
         "driver.repoConfig.configMapName",
@@ -112,15 +112,6 @@ _FIELDS: tuple[tuple[str, _Check, str], ...] = (
         "module parameters are not mounted",
     ),
     ("driver.secretEnv", lambda s: bool(s.driver.secret_env), "not passed to the driver"),
-    ("gds.enabled", lambda s: s.gds.enabled, "the nvidia-fs sidecar is not deployed"),
-    ("gdrcopy.enabled", lambda s: s.gdrcopy.enabled, "the gdrdrv sidecar is not deployed"),
-    (
-        "dcgmExporter.serviceMonitor.scrapeTimeout",
-        lambda s: bool(
-            s.dcgm_exporter.service_monitor and s.dcgm_exporter.service_monitor.scrape_timeout
-        ),
-        "the ServiceMonitor keeps Prometheus' default timeout",
-    ),
     ("dcgmExporter.hostPID", lambda s: bool(s.dcgm_exporter.host_pid), "not applied"),
     ("dcgmExporter.annotations", lambda s: bool(s.dcgm_exporter.annotations), "not applied"),
     (

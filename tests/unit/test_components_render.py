@@ -534,6 +534,7 @@ def test_dcgm_exporter_service_and_service_monitor() -> None:
             "serviceMonitor": {
                 "enabled": True,
                 "interval": "15s",
+                "scrapeTimeout": "10s",
                 "honorLabels": True,
                 "additionalLabels": {"release": "prom"},
             }
@@ -550,6 +551,7 @@ def test_dcgm_exporter_service_and_service_monitor() -> None:
         "path": "/metrics",
         "honorLabels": True,
         "interval": "15s",
+        "scrapeTimeout": "10s",
     }
     assert monitor["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
     # No CRD in the cluster: no ServiceMonitor.

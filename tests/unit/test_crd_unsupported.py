@@ -34,18 +34,12 @@ ASKS: dict[str, dict[str, Any]] = {
     },
     "spec.daemonsets.podSecurityContext": {"daemonsets": {"podSecurityContext": {"fsGroup": 1}}},
     "spec.driver.usePrecompiled": {"driver": {"usePrecompiled": True}},
-    "spec.driver.rdma.enabled": {"driver": {"rdma": {"enabled": True}}},
     "spec.driver.repoConfig.configMapName": {"driver": {"repoConfig": {"configMapName": "r"}}},
     "spec.driver.certConfig.name": {"driver": {"certConfig": {"name": "c"}}},
     "spec.driver.licensingConfig": {"driver": {"licensingConfig": {"secretName": "s"}}},
     "spec.driver.virtualTopology.config": {"driver": {"virtualTopology": {"config": "t"}}},
     "spec.driver.kernelModuleConfig.name": {"driver": {"kernelModuleConfig": {"name": "k"}}},
     "spec.driver.secretEnv": {"driver": {"secretEnv": "driver-env"}},
-    "spec.gds.enabled": {"gds": {"enabled": True}},
-    "spec.gdrcopy.enabled": {"gdrcopy": {"enabled": True}},
-    "spec.dcgmExporter.serviceMonitor.scrapeTimeout": {
-        "dcgmExporter": {"serviceMonitor": {"scrapeTimeout": "10s"}}
-    },
     "spec.dcgmExporter.hostPID": {"dcgmExporter": {"hostPID": True}},
     "spec.dcgmExporter.annotations": {"dcgmExporter": {"annotations": {"a": "b"}}},
     "spec.dcgmExporter.enablePodLabels": {"dcgmExporter": {"enablePodLabels": True}},
@@ -90,6 +84,14 @@ INERT: dict[str, dict[str, Any]] = {
         "ccManager": {"enabled": True, "defaultMode": "on"},
         "vgpuManager": {"kernelModuleConfig": {"name": ""}},
     },
+    # Implemented here (components/driver.py sidecars and peermem, the exporter's
+    # ServiceMonitor): asked for, and done, so not reported.
+    "implemented": {
+        "driver": {"rdma": {"enabled": True}},
+        "gds": {"enabled": True},
+        "gdrcopy": {"enabled": True},
+        "dcgmExporter": {"serviceMonitor": {"enabled": True, "scrapeTimeout": "10s"}},
+    },
     # Upstream's chart writes these empty: nothing is asked for.
     "empty-names-and-off-switches": {
         "driver": {
@@ -116,8 +118,8 @@ def test_values_that_change_nothing_upstream_are_not_reported(spec: dict[str, An
 
 
 def test_reasons_say_what_is_not_done() -> None:
-    found = crd.unsupported_fields(crd.ClusterPolicySpec.model_validate({"gds": {"enabled": True}}))
-    assert str(found[0]) == "spec.gds.enabled (the nvidia-fs sidecar is not deployed)"
+    found = crd.unsupported_fields(crd.ClusterPolicySpec.model_validate({"psa": {"enabled": True}}))
+    assert str(found[0]) == "spec.psa.enabled (the namespace gets no Pod Security labels)"
 
 
 def _ready(previous: crd.ClusterPolicyStatus | None = None) -> crd.ClusterPolicyStatus:
