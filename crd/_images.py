@@ -33,7 +33,7 @@ CUDA_SAMPLE_IMAGE = "nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda11.7.1-ubuntu2
 _NVIDIA = "nvcr.io/nvidia"
 _CLOUD_NATIVE = "nvcr.io/nvidia/cloud-native"
 _DEVICE_PLUGIN = DefaultImage(_NVIDIA, "k8s-device-plugin", "v0.20.0")
-_DRIVER_MANAGER = DefaultImage(_CLOUD_NATIVE, "k8s-driver-manager", "v0.10.0")
+_DRIVER_MANAGER = DefaultImage(_CLOUD_NATIVE, "k8s-driver-manager", "v0.12.0")
 _VALIDATOR = DefaultImage(_CLOUD_NATIVE, "gpu-operator-validator", "v25.10.0")
 
 DEFAULT_IMAGES: dict[str, DefaultImage] = {
@@ -49,17 +49,17 @@ DEFAULT_IMAGES: dict[str, DefaultImage] = {
     "nodeStatusExporter": _VALIDATOR,
     "operator.initContainer": DefaultImage(_NVIDIA, "cuda", "13.0.1-base-ubi9"),
     "vgpuManager.driverManager": _DRIVER_MANAGER,
-    "vgpuDeviceManager": DefaultImage(_CLOUD_NATIVE, "vgpu-device-manager", "v0.4.1"),
+    "vgpuDeviceManager": DefaultImage(_CLOUD_NATIVE, "vgpu-device-manager", "v0.5.0"),
     "vfioManager": _DRIVER_MANAGER,
     "vfioManager.driverManager": _DRIVER_MANAGER,
-    "sandboxDevicePlugin": DefaultImage(_NVIDIA, "kubevirt-gpu-device-plugin", "v1.5.0"),
+    "sandboxDevicePlugin": DefaultImage(_NVIDIA, "kubevirt-gpu-device-plugin", "v1.6.0"),
     "kataSandboxDevicePlugin": DefaultImage(
         _CLOUD_NATIVE, "nvidia-sandbox-device-plugin", "v0.0.5"
     ),
     "kataManager": DefaultImage(_CLOUD_NATIVE, "k8s-kata-manager", "v0.2.3"),
-    "ccManager": DefaultImage(_CLOUD_NATIVE, "k8s-cc-manager", "v0.4.0"),
-    "gds": DefaultImage(_CLOUD_NATIVE, "nvidia-fs", "2.26.6"),
-    "gdrcopy": DefaultImage(_CLOUD_NATIVE, "gdrdrv", "v2.5.1"),
+    "ccManager": DefaultImage(_CLOUD_NATIVE, "k8s-cc-manager", "v0.4.3"),
+    "gds": DefaultImage(_CLOUD_NATIVE, "nvidia-fs", "2.29.4"),
+    "gdrcopy": DefaultImage(_CLOUD_NATIVE, "gdrdrv", "v2.6"),
 }
 """Default image per section path (wire names). vgpuManager has none: its image is
 built by the user from NVIDIA's licensed vGPU host driver."""

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 import components as c
 import crd
+from components.keys import MIG_CONFIG_LABEL
 
 NFD = "feature.node.kubernetes.io/pci-10de.present"
 ALL_DEFAULT = {
@@ -239,4 +240,7 @@ def test_changes_reach_a_fixed_point(
         assert not (old or "").startswith("paused-for-")
         if value is None:
             assert old == "true"
-    assert set(changes) <= {c.GPU_PRESENT_LABEL, *c.DEPLOY_LABELS}
+    assert set(changes) <= {c.GPU_PRESENT_LABEL, MIG_CONFIG_LABEL, *c.DEPLOY_LABELS}
+    # The default MIG layout is only ever added: a layout already asked for is the user's.
+    if MIG_CONFIG_LABEL in changes:
+        assert MIG_CONFIG_LABEL not in labels

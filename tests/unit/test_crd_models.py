@@ -52,7 +52,7 @@ def test_seed_values_resolve_to_private_registry_images() -> None:
     assert crd.component_image(spec, "toolkit") == f"{registry}/k8s/container-toolkit:v1.20.0"
     assert (
         crd.component_image(spec, "driver.manager")
-        == f"{registry}/cloud-native/k8s-driver-manager:v0.10.0"
+        == f"{registry}/cloud-native/k8s-driver-manager:v0.12.0"
     )
     assert crd.component_image(spec, "dcgm") == f"{registry}/cloud-native/dcgm:4.6.0-1-ubuntu24.04"
 
