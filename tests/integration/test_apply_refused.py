@@ -104,3 +104,39 @@ async def test_refused_object_becomes_status_event_and_metric_without_retry_loop
 
         assert await eventually(one_more_warning)
     await rest.apply(crd.sample_policy())
+
+
+#: The issue's examples: (spec section, field, value, what the error names).
+_ISSUE_EXAMPLES = [
+    ("operator", "runtimeClass", "NVIDIA_Runtime", "NVIDIA_Runtime"),
+    ("daemonsets", "priorityClassName", "gpu critical", "priorityClassName"),
+    ("driver", "env", [{"name": "A=B", "value": "x"}], "A=B"),
+]
+
+
+async def test_the_issues_examples_end_not_ready_with_an_error_never_ready(
+    rest: Rest, api_client: client.ApiClient
+) -> None:
+    """Whichever side refuses them (our validation or the API server), each ends as
+    notReady with a true Error condition naming the culprit."""
+    async with Running(api_client):
+        for section, key, value, culprit in _ISSUE_EXAMPLES:
+            policy = copy.deepcopy(crd.sample_policy())
+            policy["spec"].setdefault(section, {})[key] = value
+            await rest.apply(policy)
+
+            async def error_naming_it(culprit: str = culprit) -> dict[str, Any] | None:
+                status = ((await rest.get(POLICY, "cluster-policy")) or {}).get("status") or {}
+                for cond in status.get("conditions") or []:
+                    if (
+                        cond["type"] == "Error"
+                        and cond["status"] == "True"
+                        and culprit in cond["message"]
+                    ):
+                        return cond
+                return None
+
+            error = await eventually(error_naming_it, timeout=90)
+            assert error["reason"] in ("ReconcileFailed", "InvalidSpec"), error
+            assert await policy_state_is(rest, "notReady")
+    await rest.apply(crd.sample_policy())
