@@ -40,6 +40,20 @@ from ._versions import BinaryPaths, Versions
 
 _STATE = "state.json"
 _START_TIMEOUT = 120.0
+#: Written first by ``up``: only a directory bearing it is ever deleted from.
+MARKER = ".gpuop-cluster"
+#: Everything ``up`` creates in the directory; ``down`` deletes these and nothing else.
+_CREATED = (
+    _STATE,
+    "state.tmp",
+    "pki",
+    "etcd",
+    "logs",
+    "kubeconfig",
+    "kwok.yaml",
+    "scheduler.yaml",
+    "audit-policy.yaml",
+)
 
 
 def default_dir() -> Path:
@@ -149,15 +163,82 @@ class LocalCluster:
             ports=ports,
         )
 
+    # ------------------------------------------------------------- directory
+    @property
+    def _marker(self) -> Path:
+        return self.directory / MARKER
+
+    def _ownership(self) -> dict[str, Any] | None:
+        """The marker's content when gpuop made this directory a cluster directory.
+
+        A directory from before the marker existed counts as ours only when it holds
+        a state file and nothing but what ``up`` creates."""
+        try:
+            data = json.loads(self._marker.read_text())
+            return data if isinstance(data, dict) else {}
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError):
+            return {}  # present but unreadable: still our marker
+        names = {p.name for p in self.directory.iterdir()}
+        if _STATE in names and names <= set(_CREATED):
+            return {"created_dir": False}
+        return None
+
+    def _refuse(self, action: str) -> ClusterError:
+        return ClusterError(
+            f"refusing to {action} {self.directory}: it is not a gpuop cluster directory "
+            f"(no {MARKER} in it)",
+            "pass --dir a new or empty directory",
+        )
+
+    def _claim(self) -> None:
+        """Make the directory ours before anything is written into it."""
+        created = not self.directory.exists()
+        if created:
+            self.directory.mkdir(parents=True)
+        elif not self.directory.is_dir():
+            raise ClusterError(f"{self.directory} is not a directory", "pass --dir a directory")
+        else:
+            owned = self._ownership()
+            if owned is None and any(self.directory.iterdir()):
+                raise self._refuse("use")
+            created = bool((owned or {}).get("created_dir", False))
+        marker = {"created_by": "gpuop cluster up", "created_dir": created}
+        self._marker.write_text(json.dumps(marker))
+
     # ------------------------------------------------------------------- down
     def down(self) -> list[str]:
-        """Stop every process this directory recorded and remove the directory."""
+        """Stop every process this directory recorded and delete what ``up`` created.
+
+        Only a directory bearing the marker is touched, and in it only the entries
+        ``up`` creates; the directory itself goes only if ``up`` created it and
+        nothing else was put into it meanwhile.
+        """
+        if not self.directory.is_dir():
+            stopped = _procs.terminate([], self._children)
+            self._children.clear()
+            self._records = []
+            return stopped
+        owned = self._ownership()
+        if owned is None:
+            if any(self.directory.iterdir()):
+                raise self._refuse("delete from")
+            return []  # an empty directory of someone else's: nothing of ours in it
         records, _ = _procs.load(self._state_file)
         stopped = _procs.terminate(records, self._children)
         self._children.clear()
         self._records = []
-        if self.directory.exists():
-            shutil.rmtree(self.directory, ignore_errors=True)
+        for name in _CREATED:
+            path = self.directory / name
+            if path.is_symlink() or path.is_file():
+                path.unlink()
+            elif path.is_dir():
+                shutil.rmtree(path)
+        if all(p.name == MARKER for p in self.directory.iterdir()):
+            self._marker.unlink(missing_ok=True)
+            if owned.get("created_dir"):
+                self.directory.rmdir()
         return stopped
 
     # --------------------------------------------------------------------- up
@@ -183,7 +264,7 @@ class LocalCluster:
         self.down()
         port = _check_port(apiserver_port) if apiserver_port else _free_port()
         bins = ensure_binaries(self.versions)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self._claim()
         try:
             info = self._start(bins, port, tie_to_parent)
             asyncio.run(self._populate(nodes, gpu_nodes))
@@ -416,8 +497,9 @@ class LocalCluster:
             ],
             "current-context": "gpuop-local",
         }
-        self.kubeconfig.write_text(yaml.safe_dump(config, sort_keys=False))
-        self.kubeconfig.chmod(0o600)
+        from ._pki import write_private
+
+        write_private(self.kubeconfig, yaml.safe_dump(config, sort_keys=False).encode())
 
     def _wait_http(self, name: str, url: str, ctx: ssl.SSLContext | None) -> None:
         deadline = time.monotonic() + _START_TIMEOUT

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,15 +38,24 @@ def _key() -> ec.EllipticCurvePrivateKey:
     return ec.generate_private_key(ec.SECP256R1())
 
 
+def write_private(path: Path, data: bytes) -> None:
+    """Write a file only its owner can ever read: created 0600 (O_EXCL, so never an
+    existing file or a planted symlink), not chmod'ed after a world-readable write."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(data)
+
+
 def _write_key(path: Path, key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey) -> None:
-    path.write_bytes(
+    write_private(
+        path,
         key.private_bytes(
             serialization.Encoding.PEM,
             serialization.PrivateFormat.PKCS8,
             serialization.NoEncryption(),
-        )
+        ),
     )
-    path.chmod(0o600)
 
 
 def _name(cn: str, org: str | None = None) -> x509.Name:
@@ -72,7 +82,7 @@ def _builder(
 
 def generate(directory: Path) -> Pki:
     """Write a fresh PKI into ``directory`` and return where each file is."""
-    directory.mkdir(parents=True, exist_ok=True)
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     pki = Pki(
         ca_cert=directory / "ca.crt",
         ca_key=directory / "ca.key",

@@ -21,6 +21,7 @@ from crd import (
     REASON_INVALID_SPEC,
     REASON_NFD_LABELS_MISSING,
     REASON_OPERAND_NOT_READY,
+    REASON_RECONCILE_FAILED,
     ClusterPolicy,
     ClusterPolicySpec,
     ClusterPolicyStatus,
@@ -42,7 +43,16 @@ from gpuop.controller._remediation import (
     policy_facts,
     upgrade_drain,
 )
-from gpuop.controller._status import status_dict, status_patch
+from gpuop.controller._status import (
+    REFUSAL_RETRY_BASE,
+    Refusal,
+    is_refusal,
+    refusal_delay,
+    refusals_message,
+    server_message,
+    status_dict,
+    status_patch,
+)
 from gpuop.controller._upgrade import Upgrades, policy_view, requeue_after
 from gpuop.informer import Informer, Obj, ResourceSpec, key_of
 from gpuop.log import get_logger
@@ -171,6 +181,10 @@ class Operator:
         #: Hashes we applied but whose watch event may not have arrived yet, so a
         #: pass right after a write does not write again. Keyed like the caches.
         self._applied: dict[tuple[str, str], str] = {}
+        #: Objects the API server refused (4xx), keyed like ``_applied``: reported in
+        #: the status and sent again only on their backoff timer or when they change.
+        self._refused: dict[tuple[str, str], Refusal] = {}
+        self.refusal_retry_base = REFUSAL_RETRY_BASE
         self._policy_cache: tuple[str, ClusterPolicy | None, list[str]] | None = None
         self._service_monitor_probe: tuple[str, bool] | None = None
         self._status_written: dict[str, float] = {}
@@ -369,11 +383,15 @@ class Operator:
             snapshot[comp.name] = ComponentStatus(enabled=True, ready=gate_ready, message=message)
 
         plan = plan_rollout(snapshot, previous.rollout_state if previous else None)
+        refused: list[Refusal] = []
         for name in plan.apply:
             for obj in desired[name]:
-                if self._needs_apply(obj):
-                    await self._apply(obj)
+                refusal = await self._apply_or_refusal(obj)
+                if refusal is not None:
+                    refused.append(refusal)
         wanted = {_cache_key(o) for objs in desired.values() for o in objs}
+        for key in [k for k in self._refused if k not in wanted]:
+            del self._refused[key]
         await self._cleanup(wanted)
 
         not_ready = [n for n, (ok, _) in actual.items() if not ok and n not in plan.pending]
@@ -388,7 +406,21 @@ class Operator:
             )
             for p in plan.progress
         ]
-        if not has_nfd:
+        if refused:
+            # The server's answer, not ours: an admin must see which object and why,
+            # and the state must not keep saying ready (issue 14, item 7).
+            status = not_ready_status(
+                self.config.namespace,
+                reason=REASON_RECONCILE_FAILED,
+                message=refusals_message(refused),
+                error=True,
+                generation=generation,
+                now=_now(),
+                previous=previous,
+            )
+            self.metrics.reconciliation_failed_total.inc()
+            self.metrics.reconciliation_status.set(STATUS_ERROR)
+        elif not has_nfd:
             status = not_ready_status(
                 self.config.namespace,
                 reason=REASON_NFD_LABELS_MISSING,
@@ -445,6 +477,55 @@ class Operator:
             return None
         return informer.get(key_of(obj))
 
+    async def _apply_or_refusal(self, obj: Obj) -> Refusal | None:
+        """Apply ``obj`` if it needs it; a refusal (4xx that would repeat) is returned,
+        not raised, so the remaining objects are still applied and the status says why.
+
+        A refused object is sent again when its backoff timer fires or when it
+        changes (the policy was edited), never on every event-driven pass.
+        """
+        key = _cache_key(obj)
+        if not self._needs_apply(obj):
+            self._refused.pop(key, None)
+            return None
+        wanted_hash = applied_hash(obj) or ""
+        known = self._refused.get(key)
+        if known is not None and known.applied_hash != wanted_hash:
+            known = None  # a different object now: send it at once
+        if known is not None and time.monotonic() < known.retry_at:
+            return known
+        try:
+            await self._apply(obj)
+        except ApiException as err:
+            if not is_refusal(err.status):
+                raise  # conflicts, throttling, 5xx: the work queue retries with backoff
+            attempts = known.attempts + 1 if known is not None else 1
+            delay = refusal_delay(attempts, self.refusal_retry_base)
+            meta = obj["metadata"]
+            refusal = Refusal(
+                kind=obj["kind"],
+                namespace=meta.get("namespace"),
+                name=meta["name"],
+                code=int(err.status),
+                message=server_message(err.reason),
+                applied_hash=wanted_hash,
+                attempts=attempts,
+                retry_at=time.monotonic() + delay,
+            )
+            self._refused[key] = refusal
+            self.queue.add_after(CLUSTER_KEY, delay)
+            log.warning(
+                "object refused by the API server",
+                kind=refusal.kind,
+                name=refusal.name,
+                code=refusal.code,
+                message=refusal.message,
+                retry_in=delay,
+            )
+            return refusal
+        self._refused.pop(key, None)
+        return None
+
     async def _apply(self, obj: Obj) -> None:
         if obj["kind"] not in self.owned:
             # Kinds we do not watch (ServiceMonitor): read once before writing, so
@@ -499,7 +580,8 @@ class Operator:
             # a rollout; write them at most every couple of seconds, not per pod.
             self.queue.add_after(CLUSTER_KEY, STATUS_COALESCE_SECONDS - since)
             return
-        if status.state != (raw.get("status") or {}).get("state"):
+        old = raw.get("status") or {}
+        if status.state != old.get("state") or _new_error(old, desired):
             await self._record_state_change(raw, status)
         await self._record_unsupported_fields(raw, status)
         try:
@@ -629,6 +711,20 @@ def _without_messages(value: Any) -> Any:
 
 def _only_messages_differ(observed: Obj | None, desired: Obj) -> bool:
     return bool(_without_messages(observed or {}) == _without_messages(desired))
+
+
+def _error_condition(status: Obj) -> tuple[str, str] | None:
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "Error" and cond.get("status") == "True":
+            return (str(cond.get("reason")), str(cond.get("message")))
+    return None
+
+
+def _new_error(observed: Obj, desired: Obj) -> bool:
+    """A different error than the one already reported (an Event is due even when
+    the state stays notReady, e.g. rolling out, then an object is refused)."""
+    error = _error_condition(desired)
+    return error is not None and error != _error_condition(observed)
 
 
 def _owner_reference(policy: Obj) -> Obj:

@@ -374,7 +374,12 @@ class Upgrades:
         if action is Action.DELETE_GPU_PODS:
             pods = [p for p in await self._node_pods(view.name) if not _terminal(p)]
             for pod in self._gpu_workloads(pods):
-                await self._delete_pod(pod, grace=0 if decision.force else None)
+                if decision.force:
+                    await self._delete_pod(pod, grace=0)
+                elif not pod["metadata"].get("deletionTimestamp"):
+                    # Evicted, like upstream's drain helper does here: a plain delete
+                    # would take GPU workloads below their PodDisruptionBudget.
+                    await self._evict(view.name, pod)
         elif action is Action.DRAIN:
             await self._drain(view.name, policy, decision.force)
         elif action is Action.RESTART_DRIVER_POD:
@@ -386,21 +391,24 @@ class Upgrades:
         for pod in await self._node_pods(node, selector):
             if not drainable(pod) or pod["metadata"].get("deletionTimestamp"):
                 continue
-            meta = pod["metadata"]
             if force:
                 await self._delete_pod(pod, grace=0)
                 continue
-            try:
-                await self.rest.evict(meta["name"], meta["namespace"])
-            except ApiException as err:
-                if err.status == 429:
-                    log.info(
-                        "eviction blocked by a PodDisruptionBudget, retrying",
-                        node=node,
-                        pod=f"{meta['namespace']}/{meta['name']}",
-                    )
-                elif err.status != 404:
-                    raise
+            await self._evict(node, pod)
+
+    async def _evict(self, node: str, pod: Obj) -> None:
+        meta = pod["metadata"]
+        try:
+            await self.rest.evict(meta["name"], meta["namespace"])
+        except ApiException as err:
+            if err.status == 429:
+                log.info(
+                    "eviction blocked by a PodDisruptionBudget, retrying",
+                    node=node,
+                    pod=f"{meta['namespace']}/{meta['name']}",
+                )
+            elif err.status != 404:
+                raise
 
     async def _delete_pod(self, pod: Obj, grace: int | None = None) -> None:
         meta = pod["metadata"]

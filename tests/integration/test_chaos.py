@@ -1,0 +1,467 @@
+"""Chaos: the operator as its own process, SIGKILLed at random moments during a
+12-node driver upgrade with a GPU workload under a PodDisruptionBudget.
+
+Progress lives in node labels, so every restart must resume where the last one
+stopped. A watcher (watches, not polls) checks every observed moment: nodes in
+progress within ``maxParallelUpgrades``, nodes made unavailable within
+``maxUnavailable``, the workload's healthy pods never below ``minAvailable``. In the
+end every node is ``upgrade-done`` on the new driver, none cordoned, the workload
+available. The seed is printed (``GPUOP_CHAOS_SEED`` replays one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from kubernetes_asyncio import client
+
+import crd
+from gpuop.cluster import NFD_GPU_LABEL, ClusterInfo, LocalCluster, cache_dir
+from gpuop.install import ensure_namespace, install_crd
+from gpuop.kube import api_client as make_api_client
+from gpuop.rest import Kind, Rest, by_kind
+from statemachine.upgrade_keys import IN_PROGRESS_STATES, STATE_LABEL, UpgradeState
+
+pytestmark = [pytest.mark.integration, pytest.mark.chaos]
+
+GPU_NODES = 12
+MAX_PARALLEL = 3
+MAX_UNAVAILABLE = "25%"
+BUDGET = 3  # 25% of 12
+KILLS = 10
+#: The first change, then more should an upgrade finish before the tenth kill.
+DRIVER_VERSIONS = ("600.10.01", "610.0.0", "620.0.0", "630.0.0", "640.0.0", "650.0.0")
+REPLICAS = 16
+MIN_AVAILABLE = REPLICAS - 1  # one disruption at a time: any two at once violate it
+OPERATOR_NS = "gpu-operator"
+WORKLOAD_NS = "chaos-workload"
+APP = "chaos-trainer"
+NODE = by_kind("v1", "Node")
+POD = by_kind("v1", "Pod")
+POLICY = by_kind("nvidia.com/v1", "ClusterPolicy")
+DEPLOYMENT = by_kind("apps/v1", "Deployment")
+#: Bounds of the whole test's phases (seconds); generous for 2 busy cores.
+ROLLOUT_TIMEOUT = 180.0
+#: A kill during an eviction request often leaves the PDB holding the pod in
+#: ``status.disruptedPods`` while the pod is never deleted (the server's pod delete is
+#: cancelled with the connection); the disruption controller forgets it only after
+#: two minutes, and with ``minAvailable = replicas - 1`` every eviction waits for that.
+#: Most runs take ~2.5 minutes for this reason; the bound leaves room for two such waits.
+UPGRADE_TIMEOUT = 300.0
+
+
+def _cluster_dir() -> Path:
+    base = os.environ.get("GPUOP_TEST_CLUSTER_DIR")
+    return Path(f"{base}-chaos") if base else cache_dir() / "test-cluster-chaos"
+
+
+@pytest.fixture(scope="module")
+def chaos_cluster() -> Iterator[ClusterInfo]:
+    """A cluster of its own: the session cluster has too few GPU nodes."""
+    cluster = LocalCluster(_cluster_dir())
+    cluster.down()
+    info = cluster.up(nodes=GPU_NODES + 1, gpu_nodes=GPU_NODES, tie_to_parent=True)
+    try:
+        yield info
+    finally:
+        cluster.down()
+
+
+@pytest.fixture(scope="module")
+async def chaos_rest(chaos_cluster: ClusterInfo) -> AsyncIterator[Rest]:
+    async with make_api_client(chaos_cluster.kubeconfig, user_agent="gpuop-chaos") as api:
+        rest = Rest(api)
+        await install_crd(rest)
+        await ensure_namespace(rest, OPERATOR_NS)
+        await ensure_namespace(rest, WORKLOAD_NS)
+        yield rest
+
+
+def _policy(version: str) -> dict[str, Any]:
+    policy = copy.deepcopy(crd.sample_policy())
+    policy["spec"]["driver"]["version"] = version
+    policy["spec"]["driver"]["upgradePolicy"] = {
+        "autoUpgrade": True,
+        "maxParallelUpgrades": MAX_PARALLEL,
+        "maxUnavailable": MAX_UNAVAILABLE,
+        # No time limits: a restart must not turn a slow step into a failure.
+        "podDeletion": {"timeoutSeconds": 0},
+        "drain": {"enable": True, "timeoutSeconds": 0},
+    }
+    return policy
+
+
+def _workload() -> tuple[dict[str, Any], dict[str, Any]]:
+    labels = {"app": APP}
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": APP, "namespace": WORKLOAD_NS},
+        "spec": {
+            "replicas": REPLICAS,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "nodeSelector": {NFD_GPU_LABEL: "true"},
+                    "terminationGracePeriodSeconds": 0,
+                    "topologySpreadConstraints": [
+                        {
+                            "maxSkew": 1,
+                            "topologyKey": "kubernetes.io/hostname",
+                            "whenUnsatisfiable": "ScheduleAnyway",
+                            "labelSelector": {"matchLabels": labels},
+                        }
+                    ],
+                    "containers": [
+                        {
+                            "name": "train",
+                            "image": "cuda-sample",
+                            "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                        }
+                    ],
+                },
+            },
+        },
+    }
+    pdb = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": APP, "namespace": WORKLOAD_NS},
+        "spec": {"minAvailable": MIN_AVAILABLE, "selector": {"matchLabels": labels}},
+    }
+    return deployment, pdb
+
+
+def _labels(obj: dict[str, Any]) -> dict[str, str]:
+    return obj["metadata"].get("labels") or {}
+
+
+def _ready(obj: dict[str, Any]) -> bool:
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (obj.get("status") or {}).get("conditions") or []
+    )
+
+
+def _in_progress(node: dict[str, Any]) -> bool:
+    try:
+        return UpgradeState(_labels(node).get(STATE_LABEL, "unknown")) in IN_PROGRESS_STATES
+    except ValueError:
+        return False
+
+
+# ---------------------------------------------------------------- watcher
+@dataclass
+class Watcher:
+    """Every event of two watches, each followed by a check of the invariants."""
+
+    rest: Rest
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    pods: dict[str, dict[str, Any]] = field(default_factory=dict)
+    violations: list[str] = field(default_factory=list)
+    observations: int = 0
+    peak_in_progress: int = 0
+    peak_unavailable: int = 0
+    lowest_healthy: int = REPLICAS
+    guard_pods: bool = False
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self._watch(NODE, None, self.nodes, ""))
+            group.create_task(self._watch(POD, WORKLOAD_NS, self.pods, f"app={APP}"))
+
+    async def _watch(
+        self, kind: Kind, namespace: str | None, store: dict[str, Any], selector: str
+    ) -> None:
+        call = self.rest.lister(kind, namespace)
+        resp = await call(label_selector=selector)
+        assert resp.status == 200, await resp.read()
+        body = json.loads(await resp.read())
+        store.update({o["metadata"]["name"]: o for o in body["items"]})
+        rv = body["metadata"]["resourceVersion"]
+        while True:
+            resp = await call(
+                label_selector=selector,
+                watch=True,
+                resource_version=rv,
+                allow_watch_bookmarks=True,
+                timeout_seconds=600,
+                _request_timeout=aiohttp.ClientTimeout(total=None, sock_read=None),
+            )
+            assert resp.status == 200, await resp.read()
+            async with resp:
+                while line := await resp.content.readline():
+                    event = json.loads(line)
+                    obj = event["object"]
+                    if event["type"] == "ERROR":
+                        raise AssertionError(f"watch of {kind.plural} failed: {obj}")
+                    rv = obj["metadata"]["resourceVersion"]
+                    if event["type"] == "BOOKMARK":
+                        continue
+                    name = obj["metadata"]["name"]
+                    if event["type"] == "DELETED":
+                        store.pop(name, None)
+                    else:
+                        store[name] = obj
+                    self.check(f"{event['type']} {kind.kind} {name} rv={rv}")
+
+    def check(self, what: str) -> None:
+        self.observations += 1
+        gpu = [n for n in self.nodes.values() if _labels(n).get(NFD_GPU_LABEL) == "true"]
+        in_progress = sorted(n["metadata"]["name"] for n in gpu if _in_progress(n))
+        unavailable = sorted(
+            n["metadata"]["name"]
+            for n in gpu
+            if _in_progress(n) or n.get("spec", {}).get("unschedulable")
+        )
+        self.peak_in_progress = max(self.peak_in_progress, len(in_progress))
+        self.peak_unavailable = max(self.peak_unavailable, len(unavailable))
+        if len(in_progress) > MAX_PARALLEL:
+            self.violations.append(f"{what}: {len(in_progress)} in progress {in_progress}")
+        if len(unavailable) > BUDGET:
+            self.violations.append(f"{what}: {len(unavailable)} unavailable {unavailable}")
+        if self.guard_pods:
+            healthy = sorted(
+                p["metadata"]["name"]
+                for p in self.pods.values()
+                if _ready(p) and not p["metadata"].get("deletionTimestamp")
+            )
+            self.lowest_healthy = min(self.lowest_healthy, len(healthy))
+            if len(healthy) < MIN_AVAILABLE:
+                self.violations.append(
+                    f"{what}: {len(healthy)} healthy pods < minAvailable {MIN_AVAILABLE}"
+                )
+
+
+# --------------------------------------------------------------- operator
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class OperatorProcess:
+    kubeconfig: Path
+    logs: Path
+    proc: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+
+    def start(self) -> None:
+        self.starts += 1
+        log = (self.logs / f"operator-{self.starts:02d}.log").open("wb")
+        env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG",)}
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gpuop",
+                "--log-format=json",
+                "run",
+                f"--kubeconfig={self.kubeconfig}",
+                f"--namespace={OPERATOR_NS}",
+                "--workers=4",
+                f"--metrics-port={_free_port()}",
+                f"--probe-port={_free_port()}",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+        log.close()
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def tail(self, lines: int = 15) -> str:
+        path = self.logs / f"operator-{self.starts:02d}.log"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+# ------------------------------------------------------------------ helpers
+async def _eventually(check: Any, timeout: float, what: str, interval: float = 0.5) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = await check()
+        if last:
+            return last
+        await asyncio.sleep(interval)
+    raise AssertionError(f"{what}: not within {timeout:.0f}s; last={last!r}")
+
+
+async def _driver_hashes(rest: Rest) -> dict[str, str]:
+    pods = await rest.list(POD, OPERATOR_NS, label_selector="app=nvidia-driver-daemonset")
+    return {
+        p["spec"]["nodeName"]: p["metadata"]["labels"]["controller-revision-hash"]
+        for p in pods
+        if not p["metadata"].get("deletionTimestamp") and p["spec"].get("nodeName")
+    }
+
+
+async def _gpu_nodes(rest: Rest) -> dict[str, dict[str, Any]]:
+    return {
+        n["metadata"]["name"]: n
+        for n in await rest.list(NODE)
+        if _labels(n).get(NFD_GPU_LABEL) == "true"
+    }
+
+
+async def _available(rest: Rest) -> bool:
+    got = await rest.get(DEPLOYMENT, APP, WORKLOAD_NS)
+    status = (got or {}).get("status") or {}
+    return bool(status.get("availableReplicas") == REPLICAS == status.get("updatedReplicas"))
+
+
+async def test_sigkilled_operator_upgrades_every_node_within_budget_and_pdb(
+    chaos_cluster: ClusterInfo, chaos_rest: Rest, tmp_path: Path
+) -> None:
+    rest = chaos_rest
+    seed = int(os.environ.get("GPUOP_CHAOS_SEED") or random.SystemRandom().randrange(2**32))
+    rng = random.Random(seed)
+    print(f"chaos seed: {seed} (replay with GPUOP_CHAOS_SEED={seed})")
+    operator = OperatorProcess(chaos_cluster.kubeconfig, tmp_path)
+    watcher = Watcher(rest)
+    watching: asyncio.Task[None] | None = None
+    try:
+        await rest.apply(_policy("595.91.07"))
+        operator.start()
+
+        async def policy_ready() -> bool:
+            got = await rest.get(POLICY, "cluster-policy")
+            return ((got or {}).get("status") or {}).get("state") == "ready"
+
+        await _eventually(policy_ready, ROLLOUT_TIMEOUT, "initial rollout")
+        before = await _driver_hashes(rest)
+        assert len(before) == GPU_NODES, before
+
+        deployment, pdb = _workload()
+        await rest.apply(deployment)
+        await client.PolicyV1Api(rest.api).create_namespaced_pod_disruption_budget(WORKLOAD_NS, pdb)
+        await _eventually(lambda: _available(rest), 120, "workload available")
+
+        watching = asyncio.create_task(watcher.run())
+        await _eventually(lambda: _seen(watcher), 30, "watcher synced")
+        watcher.guard_pods = True
+        watcher.check("baseline")
+
+        # Each kill must land mid-upgrade: should one finish between two kills, the
+        # next driver version starts another (all under the same watcher).
+        versions = iter(DRIVER_VERSIONS)
+        await rest.apply(_policy(next(versions)))
+        rounds = 1
+        # (seconds since the first change, upgrade round, nodes upgraded in it) per kill
+        kills: list[tuple[float, int, int]] = []
+        began = time.monotonic()
+        while len(kills) < KILLS:
+            # Up to 3 s: some kills land while it starts and syncs, most mid-step.
+            await asyncio.sleep(rng.uniform(0.3, 3.0))
+            if watching.done():
+                watching.result()
+            assert operator.alive(), f"operator exited by itself:\n{operator.tail()}"
+            done, upgraded, _ = await _upgrade_progress(rest, before)
+            if done:
+                before = await _driver_hashes(rest)
+                await rest.apply(_policy(next(versions)))
+                rounds += 1
+                continue
+            operator.kill()
+            kills.append((round(time.monotonic() - began, 1), rounds, upgraded))
+            operator.start()
+
+        async def finished() -> tuple[bool, str] | None:
+            if watching is not None and watching.done():
+                watching.result()
+            done, _, detail = await _upgrade_progress(rest, before)
+            return (done, detail) if done else None
+
+        try:
+            await _eventually(finished, UPGRADE_TIMEOUT, "upgrade after the kills", 1.0)
+        except AssertionError as err:
+            raise AssertionError(
+                f"{err}\nseed {seed}; kills {kills}; violations {watcher.violations[:5]}\n"
+                f"PDB status: {await _pdb_status(rest)}\n{operator.tail()}"
+            ) from err
+        await _eventually(lambda: _available(rest), 60, "workload available at the end")
+        assert operator.alive(), operator.tail()
+
+        if watcher.violations:
+            raise AssertionError(
+                f"seed {seed}, (s, round, nodes upgraded) at kills {kills}; "
+                f"{len(watcher.violations)} violations, first:\n"
+                + "\n".join(watcher.violations[:8])
+            )
+        assert watcher.peak_in_progress >= 1
+        nodes = await _gpu_nodes(rest)
+        assert all(_labels(n)[STATE_LABEL] == "upgrade-done" for n in nodes.values())
+        assert not [n for n, obj in nodes.items() if obj["spec"].get("unschedulable")]
+        print(
+            f"chaos: seed {seed}, {rounds} upgrade round(s), (s, round, nodes upgraded) at "
+            f"kills {kills}, {watcher.observations} observations, "
+            f"peak in progress {watcher.peak_in_progress}, peak unavailable "
+            f"{watcher.peak_unavailable}, lowest healthy {watcher.lowest_healthy}"
+        )
+    finally:
+        operator.stop()
+        if watching is not None:
+            watching.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await watching
+
+
+async def _pdb_status(rest: Rest) -> object:
+    pdb = await client.PolicyV1Api(rest.api).read_namespaced_pod_disruption_budget_status(
+        APP, WORKLOAD_NS
+    )
+    return pdb.status
+
+
+async def _seen(watcher: Watcher) -> bool:
+    gpu = [n for n in watcher.nodes.values() if _labels(n).get(NFD_GPU_LABEL) == "true"]
+    return len(gpu) == GPU_NODES and len(watcher.pods) >= REPLICAS
+
+
+async def _upgrade_progress(rest: Rest, before: dict[str, str]) -> tuple[bool, int, str]:
+    """Whether every GPU node runs a new driver pod and is upgrade-done and uncordoned;
+    how many nodes are (new driver, upgrade-done); the states for messages."""
+    nodes = await _gpu_nodes(rest)
+    hashes = await _driver_hashes(rest)
+    states = {name: _labels(n).get(STATE_LABEL, "") for name, n in nodes.items()}
+    cordoned = sorted(name for name, n in nodes.items() if n["spec"].get("unschedulable"))
+    upgraded = sum(
+        1 for n in nodes if states[n] == "upgrade-done" and hashes.get(n) not in (None, before[n])
+    )
+    done = upgraded == len(nodes) and not cordoned
+    failed = sorted(n for n, s in states.items() if s == "upgrade-failed")
+    assert not failed, f"upgrade failed on {failed}: {states}"
+    return done, upgraded, f"states={states} cordoned={cordoned}"
