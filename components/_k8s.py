@@ -12,6 +12,7 @@ from typing import Any
 
 from components.context import Manifest, RenderContext
 from crd import ClusterPolicySpec, ComponentSpec, EnvVar, ImageSpec
+from statemachine.remediation import TAINT_EFFECT, TAINT_KEY
 
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 PART_OF_LABEL = "app.kubernetes.io/part-of"
@@ -69,11 +70,26 @@ def rolling_update_strategy(spec: ClusterPolicySpec) -> dict[str, Any]:
     return {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": limit}}
 
 
+#: With health remediation on, operands must still run on a quarantined node: the node
+#: agent among them is what reports the GPU healthy again, and a driver or device plugin
+#: pod recreated there (an upgrade, a config change) would otherwise wait for a release
+#: that can then never come.
+QUARANTINE_TOLERATION = {"key": TAINT_KEY, "operator": "Exists", "effect": TAINT_EFFECT}
+
+
 def dump_tolerations(spec: ClusterPolicySpec) -> list[dict[str, Any]]:
-    return [
+    tolerations = [
         t.model_dump(mode="json", by_alias=True, exclude_none=True)
         for t in spec.daemonsets.tolerations
     ]
+    remediation = spec.health_remediation
+    if (
+        remediation is not None
+        and remediation.enabled
+        and not any(t.get("key") == TAINT_KEY for t in tolerations)
+    ):
+        tolerations.append(dict(QUARANTINE_TOLERATION))
+    return tolerations
 
 
 def unique(names: Iterable[str]) -> list[str]:

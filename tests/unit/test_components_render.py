@@ -648,3 +648,31 @@ def test_mig_manager_default_layouts_unless_the_policy_names_its_own() -> None:
     assert volumes["mig-parted-config"]["configMap"] == {"name": "my-layouts"}
     assert volumes["gpu-clients"]["configMap"] == {"name": "mine"}
     assert env_of(main_container(ds))["CONFIG_FILE"] == "/mig-parted-config/config.yaml"
+
+
+def _daemonset_tolerations(policy: crd.ClusterPolicySpec) -> dict[str, list[dict[str, Any]]]:
+    return {
+        o["metadata"]["name"]: o["spec"]["template"]["spec"]["tolerations"]
+        for objects in c.desired_objects(policy, ctx()).values()
+        for o in objects
+        if o["kind"] == "DaemonSet"
+    }
+
+
+QUARANTINE = {"key": "nvidia.com/gpu.health", "operator": "Exists", "effect": "NoSchedule"}
+
+
+def test_operands_tolerate_the_quarantine_taint_only_with_remediation_on() -> None:
+    off = _daemonset_tolerations(spec())
+    assert off
+    assert all(QUARANTINE not in t for t in off.values())
+    on = _daemonset_tolerations(spec(healthRemediation={"enabled": True}))
+    assert set(on) == set(off)
+    assert all(t == [*off[name], QUARANTINE] for name, t in on.items())
+
+
+def test_an_admins_toleration_for_the_quarantine_taint_is_kept_as_written() -> None:
+    own = {"key": "nvidia.com/gpu.health", "operator": "Equal", "value": "unhealthy"}
+    policy = spec(healthRemediation={"enabled": True}, daemonsets={"tolerations": [own]})
+    for tolerations in _daemonset_tolerations(policy).values():
+        assert [t for t in tolerations if t.get("key") == "nvidia.com/gpu.health"] == [own]
