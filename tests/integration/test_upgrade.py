@@ -17,6 +17,7 @@ import crd
 from gpuop.cluster import NFD_GPU_LABEL
 from gpuop.rest import Rest, by_kind
 from statemachine.upgrade_keys import (
+    DRAIN_SKIP_POD_LABEL,
     IN_PROGRESS_STATES,
     INITIAL_UNSCHEDULABLE_ANNOTATION,
     SKIP_LABEL,
@@ -436,7 +437,8 @@ async def test_pods_the_flags_do_not_cover_fail_their_node_and_stay(
 ) -> None:
     """With force and deleteEmptyDir off, a bare pod and an emptyDir pod are never
     removed (they used to be evicted, data and all): their nodes fail at once, naming
-    them, and the other nodes finish, their GPU DaemonSet pods left alone."""
+    them, and the other nodes finish, their GPU DaemonSet pods left alone, as are bare
+    pods the drain skips by label or by drain.podSelector."""
     core = client.CoreV1Api(api_client)
     apps = client.AppsV1Api(api_client)
     policy = _policy("595.91.07", max_parallel=0, max_unavailable="100%")
@@ -451,6 +453,13 @@ async def test_pods_the_flags_do_not_cover_fail_their_node_and_stay(
         await core.create_namespaced_pod(
             namespace, _bare_pod("scratch", scratch_node, empty_dir=True)
         )
+        # Left alone by the drain: one opted out by label, one outside drain.podSelector.
+        opted_out = _bare_pod("opted-out", healthy[0])
+        opted_out["metadata"]["labels"][DRAIN_SKIP_POD_LABEL] = "true"
+        await core.create_namespaced_pod(namespace, opted_out)
+        unselected = _bare_pod("unselected", healthy[-1])
+        unselected["metadata"]["labels"]["tier"] = "system"
+        await core.create_namespaced_pod(namespace, unselected)
 
         async def monitors_everywhere() -> bool:
             pods = await rest.list(POD, namespace, label_selector="app=gpu-monitor")
@@ -462,7 +471,7 @@ async def test_pods_the_flags_do_not_cover_fail_their_node_and_stay(
             for p in await rest.list(POD, namespace, label_selector="app=gpu-monitor")
         }
         since = _now()
-        drain = {"enable": True, "timeoutSeconds": 30}
+        drain = {"enable": True, "timeoutSeconds": 30, "podSelector": "tier!=system"}
         await rest.apply(_policy("600.10.01", max_parallel=0, max_unavailable="100%", drain=drain))
 
         async def settled() -> bool:
@@ -484,7 +493,7 @@ async def test_pods_the_flags_do_not_cover_fail_their_node_and_stay(
         for name in healthy:
             assert not (await _node_meta(rest, name))[2], name
 
-        for pod in ("bare-gpu", "scratch"):
+        for pod in ("bare-gpu", "scratch", "opted-out", "unselected"):
             still = await rest.get(POD, pod, namespace)
             assert still is not None, pod
             assert not still["metadata"].get("deletionTimestamp"), pod
@@ -503,7 +512,7 @@ async def test_pods_the_flags_do_not_cover_fail_their_node_and_stay(
         # refuses too); the setback is on record.
         fallback = await _events(rest, "DriverUpgradePodDeletionFailed", since)
         assert any("bare-gpu" in m for m in fallback[bare_node]), fallback
-    await _remove_pods(rest, namespace, "bare-gpu", "scratch")
+    await _remove_pods(rest, namespace, "bare-gpu", "scratch", "opted-out", "unselected")
     await rest.delete(by_kind("apps/v1", "DaemonSet"), "gpu-monitor", namespace)
     await rest.delete(POLICY, "cluster-policy")
 
