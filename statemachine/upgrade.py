@@ -67,6 +67,7 @@ class _NodeModel:
         keys = (*MANAGED_ANNOTATIONS, REQUESTED_ANNOTATION)
         self.annotations: dict[str, str | None] = {k: ctx.view.annotations.get(k) for k in keys}
         self.failure: str = ""
+        self.notice: str = ""
 
     def set(self, key: str, value: str | None) -> None:
         self.annotations[key] = value
@@ -138,22 +139,57 @@ def _on_enter_done(event: EventData) -> None:
     model.set(REPLACE_POD_ANNOTATION, None)
 
 
+def _listing(items: tuple[str, ...], limit: int = 5) -> str:
+    shown = "; ".join(items[:limit])
+    return shown + (f"; and {len(items) - limit} more" if len(items) > limit else "")
+
+
+def _pods_left(view_pods: tuple[str, ...], count: int) -> str:
+    return f"{count} pods left" + (f": {_listing(view_pods)}" if view_pods else "")
+
+
+def _pod_deletion_problem(ctx: g.GuardContext) -> str:
+    view, deletion = ctx.view, ctx.policy.pod_deletion
+    if view.gpu_pods_refused:
+        return f"GPU pods may not be deleted: {_listing(view.gpu_pods_refused)}"
+    timeout = deletion.timeout_seconds if deletion else 0
+    return f"GPU pod deletion timed out after {timeout}s with " + _pods_left(
+        view.pods_left, view.gpu_pods
+    )
+
+
+def _driver_not_ready(ctx: g.GuardContext) -> str:
+    pod = g.new_driver_pod(ctx)
+    if pod is None:
+        why = "no new driver pod on the node"
+    elif pod.waiting_reason:
+        why = f"new driver pod waiting: {pod.waiting_reason}"
+    else:
+        why = "new driver pod " + ("not Ready" if pod.running else "not running")
+    return f"new driver pod not ready after {ctx.policy.driver_ready_timeout_seconds}s ({why})"
+
+
 def _failure_reason(ctx: g.GuardContext, trigger: str) -> str:
     policy, view = ctx.policy, ctx.view
-    if trigger == "pod_deletion_timeout":
-        timeout = policy.pod_deletion.timeout_seconds if policy.pod_deletion else 0
-        return f"GPU pod deletion timed out after {timeout}s with {view.gpu_pods} pods left"
-    if trigger == "drain_timeout":
-        return (
-            f"drain timed out after {policy.drain.timeout_seconds}s "
-            f"with {view.drain_pods} pods left"
+    if trigger == "pod_deletion_failed":
+        return _pod_deletion_problem(ctx)
+    if trigger == "drain_failed":
+        if view.drain_refused:
+            return f"drain may not evict: {_listing(view.drain_refused)}"
+        return f"drain timed out after {policy.drain.timeout_seconds}s with " + _pods_left(
+            view.pods_left, view.drain_pods
         )
     if g.driver_crash_looping(ctx):
         restarts = view.driver_pod.restart_count if view.driver_pod else 0
         return f"driver pod restarted {restarts} times (limit {policy.driver_restart_limit})"
     if trigger == "driver_failed":
-        return f"new driver pod not ready after {policy.driver_ready_timeout_seconds}s"
+        return _driver_not_ready(ctx)
     return f"validation did not pass within {policy.validation_timeout_seconds}s"
+
+
+def _on_deletion_fallback(event: EventData) -> None:
+    model = _model(event)
+    model.notice = _pod_deletion_problem(model.ctx) + "; draining the node instead"
 
 
 # --- the rulebook ---------------------------------------------------------------------
@@ -181,13 +217,20 @@ def _definition() -> MachineDef:
         _t("jobs_finished", (S.WAIT_FOR_JOBS_REQUIRED,), S.POD_DELETION_REQUIRED, g.jobs_finished),
         _t("gpu_pods_deleted", (S.POD_DELETION_REQUIRED,), S.DRAIN_REQUIRED, g.gpu_pods_gone),
         _t(
-            "pod_deletion_timeout",
+            "pod_deletion_failed",
             (S.POD_DELETION_REQUIRED,),
             S.UPGRADE_FAILED,
             g.pod_deletion_failed,
         ),
+        _t(
+            "pod_deletion_failed",
+            (S.POD_DELETION_REQUIRED,),
+            S.DRAIN_REQUIRED,
+            g.pod_deletion_falls_back_to_drain,
+            named("note_drain_fallback", _on_deletion_fallback),
+        ),
         _t("drained", (S.DRAIN_REQUIRED,), S.POD_RESTART_REQUIRED, g.drained),
-        _t("drain_timeout", (S.DRAIN_REQUIRED,), S.UPGRADE_FAILED, g.drain_failed),
+        _t("drain_failed", (S.DRAIN_REQUIRED,), S.UPGRADE_FAILED, g.drain_failed),
         _t(
             "driver_restarted",
             (S.POD_RESTART_REQUIRED,),
@@ -267,46 +310,44 @@ def _remaining(view: NodeUpgradeView, state: S, timeout_seconds: int) -> float |
     return max(0.0, g.state_started_at(view, state) + timeout_seconds - view.now)
 
 
-def _action(ctx: g.GuardContext, state: S, failure: str) -> tuple[Action, bool, str, float | None]:
-    """The side effect for the state the node rests in: (action, force, reason, requeue)."""
+def _action(ctx: g.GuardContext, state: S, failure: str) -> tuple[Action, str, float | None]:
+    """The side effect for the state the node rests in: (action, reason, requeue)."""
     view, policy = ctx.view, ctx.policy
     if state is S.UNKNOWN:
-        return Action.NONE, False, "no driver pod or revision to compare yet", None
+        return Action.NONE, "no driver pod or revision to compare yet", None
     if state is S.UPGRADE_DONE:
-        return Action.NONE, False, "driver is up to date", None
+        return Action.NONE, "driver is up to date", None
     if state is S.UPGRADE_REQUIRED:
-        why = "not Ready" if not view.node_ready else "waiting for an upgrade slot"
-        return Action.NONE, False, why, None
+        if view.skip:
+            why = "skip label set"
+        else:
+            why = "not Ready" if not view.node_ready else "waiting for an upgrade slot"
+        return Action.NONE, why, None
     if state is S.CORDON_REQUIRED:
-        return Action.CORDON, False, "cordoning node", None
+        return Action.CORDON, "cordoning node", None
     if state is S.WAIT_FOR_JOBS_REQUIRED:
         wait = policy.wait_for_completion
         left = _remaining(view, state, wait.timeout_seconds)
-        return Action.WAIT_JOBS, False, f"waiting for {view.wait_pods_running} job pods", left
+        return Action.WAIT_JOBS, f"waiting for {view.wait_pods_running} job pods", left
     if state is S.POD_DELETION_REQUIRED:
         deletion = policy.pod_deletion
-        timeout = deletion.timeout_seconds if deletion else 0
-        force = bool(deletion and deletion.force and g.pod_deletion_timed_out(ctx))
-        left = None if force else _remaining(view, state, timeout)
-        reason = f"deleting {view.gpu_pods} GPU pods" + (" (forced)" if force else "")
-        return Action.DELETE_GPU_PODS, force, reason, left
+        left = _remaining(view, state, deletion.timeout_seconds if deletion else 0)
+        return Action.DELETE_GPU_PODS, f"deleting {view.gpu_pods} GPU pods", left
     if state is S.DRAIN_REQUIRED:
-        force = policy.drain.force and g.drain_timed_out(ctx)
-        left = None if force else _remaining(view, state, policy.drain.timeout_seconds)
-        reason = f"draining {view.drain_pods} pods" + (" (forced)" if force else "")
-        return Action.DRAIN, force, reason, left
+        left = _remaining(view, state, policy.drain.timeout_seconds)
+        return Action.DRAIN, f"draining {view.drain_pods} pods", left
     if state is S.POD_RESTART_REQUIRED:
         left = _remaining(view, state, policy.driver_ready_timeout_seconds)
         pod = view.driver_pod
         if pod is not None and g.new_driver_pod(ctx) is None:
-            return Action.RESTART_DRIVER_POD, False, "restarting the driver pod", left
-        return Action.WAIT_DRIVER_POD, False, "waiting for the new driver pod", left
+            return Action.RESTART_DRIVER_POD, "restarting the driver pod", left
+        return Action.WAIT_DRIVER_POD, "waiting for the new driver pod", left
     if state is S.VALIDATION_REQUIRED:
         left = _remaining(view, state, policy.validation_timeout_seconds)
-        return Action.WAIT_VALIDATION, False, "waiting for validator pods", left
+        return Action.WAIT_VALIDATION, "waiting for validator pods", left
     if state is S.UNCORDON_REQUIRED:
-        return Action.UNCORDON, False, "uncordoning node", None
-    return Action.NONE, False, failure or view.annotations.get(REASON_ANNOTATION, "failed"), None
+        return Action.UNCORDON, "uncordoning node", None
+    return Action.NONE, failure or view.annotations.get(REASON_ANNOTATION, "failed"), None
 
 
 def _diff(view: NodeUpgradeView, wanted: dict[str, str | None]) -> dict[str, str | None]:
@@ -324,12 +365,10 @@ def next_step(
     """Decide one node's next step.
 
     `may_start` is the fleet budget's verdict for this node (see `budget.select_nodes`);
-    without it a node waits in `upgrade-required`. A node with the skip label is never
-    touched, whatever its state; otherwise auto-upgrade off delegates to `cleanup_step`.
+    without it, or with the skip label, a node waits in `upgrade-required`. Auto-upgrade
+    off delegates to `cleanup_step`, skip label or not.
     """
     current = view.state
-    if view.skip:
-        return Decision(view.name, current, current, Action.NONE, "skip label set")
     if not policy.auto_upgrade:
         return cleanup_step(view)
 
@@ -338,7 +377,7 @@ def next_step(
         hops = _MACHINE.run_to_rest(model)
         target = S(model.state)
     _normalize(model, target)
-    action, force, reason, requeue = _action(model.ctx, target, model.failure)
+    action, reason, requeue = _action(model.ctx, target, model.failure)
     return Decision(
         node=view.name,
         current=current,
@@ -346,11 +385,11 @@ def next_step(
         action=action,
         reason=reason,
         hops=tuple((trigger, S(src), S(dst)) for trigger, src, dst in hops),
-        force=force,
         labels=_label_patch(view, target),
         annotations=_diff(view, model.annotations),
         requeue_after=requeue,
         failure=model.failure,
+        notice=model.notice,
     )
 
 

@@ -101,9 +101,13 @@ def interrupted_upgrade(ctx: GuardContext) -> bool:
 
 
 def slot_granted(ctx: GuardContext) -> bool:
-    """The fleet budget gave this node a slot, and the node can take it."""
+    """The fleet budget gave this node a slot, and the node can take it.
+
+    The skip label only ever stops a start (as upstream): a node already on its way
+    finishes, or fails with a reason, rather than staying cordoned in a frozen state.
+    """
     wanted = needs_upgrade(ctx) or interrupted_upgrade(ctx)
-    return ctx.may_start and ctx.view.node_ready and wanted
+    return ctx.may_start and ctx.view.node_ready and wanted and not ctx.view.skip
 
 
 def upgrade_cancelled(ctx: GuardContext) -> bool:
@@ -127,7 +131,8 @@ def jobs_finished(ctx: GuardContext) -> bool:
 
 
 def gpu_pods_gone(ctx: GuardContext) -> bool:
-    return ctx.policy.pod_deletion is None or ctx.view.gpu_pods == 0
+    view = ctx.view
+    return ctx.policy.pod_deletion is None or (view.gpu_pods == 0 and not view.gpu_pods_refused)
 
 
 def pod_deletion_timed_out(ctx: GuardContext) -> bool:
@@ -139,13 +144,24 @@ def pod_deletion_timed_out(ctx: GuardContext) -> bool:
     )
 
 
+def pod_deletion_unsuccessful(ctx: GuardContext) -> bool:
+    """A GPU pod the flags do not allow removing, or the pods did not go in time."""
+    refused = ctx.policy.pod_deletion is not None and bool(ctx.view.gpu_pods_refused)
+    return refused or pod_deletion_timed_out(ctx)
+
+
 def pod_deletion_failed(ctx: GuardContext) -> bool:
-    deletion = ctx.policy.pod_deletion
-    return deletion is not None and not deletion.force and pod_deletion_timed_out(ctx)
+    return pod_deletion_unsuccessful(ctx) and not ctx.policy.drain.enable
+
+
+def pod_deletion_falls_back_to_drain(ctx: GuardContext) -> bool:
+    """Upstream: when the GPU pods cannot be deleted and drain is enabled, drain instead."""
+    return pod_deletion_unsuccessful(ctx) and ctx.policy.drain.enable
 
 
 def drained(ctx: GuardContext) -> bool:
-    return not ctx.policy.drain.enable or ctx.view.drain_pods == 0
+    view = ctx.view
+    return not ctx.policy.drain.enable or (view.drain_pods == 0 and not view.drain_refused)
 
 
 def drain_timed_out(ctx: GuardContext) -> bool:
@@ -158,7 +174,9 @@ def drain_timed_out(ctx: GuardContext) -> bool:
 
 
 def drain_failed(ctx: GuardContext) -> bool:
-    return not ctx.policy.drain.force and drain_timed_out(ctx)
+    """A pod the flags do not allow evicting (kubectl fails at once), or a timeout."""
+    refused = ctx.policy.drain.enable and bool(ctx.view.drain_refused)
+    return refused or drain_timed_out(ctx)
 
 
 # --- restart and validation -------------------------------------------------------------

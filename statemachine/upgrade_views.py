@@ -44,16 +44,21 @@ class DriverPodView:
     running: bool = False
     ready: bool = False
     restart_count: int = 0
+    waiting_reason: str = ""
+    """Why a container is not running yet (``ImagePullBackOff``...), for failure reasons."""
 
 
 @dataclass(frozen=True)
 class NodeUpgradeView:
     """One node as the rulebook sees it. `labels`/`annotations` are the node's own.
 
-    Counts are computed by the controller: `wait_pods_running` are running pods that
-    match waitForCompletion's selector, `gpu_pods` pods using `nvidia.com/gpu*` or
-    `nvidia.com/mig-*` resources, `drain_pods` pods a drain would still evict (after
-    its own filters: DaemonSet pods and the drain-skip label excluded).
+    Counts are computed by the controller with kubectl drain's rules
+    (`statemachine.eviction`): `wait_pods_running` are running pods that match
+    waitForCompletion's selector, `gpu_pods` GPU pods the pod-deletion step still has
+    to remove, `drain_pods` pods a drain still has to remove; `*_refused` name the pods
+    the flags do not allow removing (``namespace/name (why)``), which fail the step.
+    `pods_left` describes the pods the current step still waits for (with why an
+    eviction was refused, when known), for the failure reason on a timeout.
     """
 
     name: str
@@ -66,7 +71,10 @@ class NodeUpgradeView:
     newest_revision: str | None = None
     wait_pods_running: int = 0
     gpu_pods: int = 0
+    gpu_pods_refused: tuple[str, ...] = ()
     drain_pods: int = 0
+    drain_refused: tuple[str, ...] = ()
+    pods_left: tuple[str, ...] = ()
     validators_ready: bool = False
 
     @property
@@ -108,6 +116,9 @@ class WaitForCompletionView:
 
 @dataclass(frozen=True)
 class PodDeletionView:
+    """`force`/`delete_empty_dir` are kubectl drain's flags (`statemachine.eviction`):
+    they widen which pods may go, never how (always the Eviction API)."""
+
     force: bool = False
     timeout_seconds: int = 300
     delete_empty_dir: bool = False
@@ -115,6 +126,8 @@ class PodDeletionView:
 
 @dataclass(frozen=True)
 class DrainView:
+    """As `PodDeletionView`, for every pod on the node that `pod_selector` selects."""
+
     enable: bool = False
     force: bool = False
     pod_selector: Mapping[str, str] | str = ""
@@ -122,13 +135,20 @@ class DrainView:
     delete_empty_dir: bool = False
 
 
+#: Default bound of pod-restart-required (see `UpgradePolicyView`).
+DRIVER_READY_TIMEOUT_SECONDS = 600
+
+
 @dataclass(frozen=True)
 class UpgradePolicyView:
     """`driver.upgradePolicy` plus the knobs upstream hard-codes.
 
-    `pod_deletion=None` skips the pod-deletion step. Timeouts of 0 mean no limit.
-    `driver_ready_timeout_seconds` bounds pod-restart-required so an unschedulable new
-    driver pod fails its node instead of holding an upgrade slot forever (0: never).
+    `pod_deletion=None` skips the pod-deletion step. Timeouts of 0 mean no limit (as in
+    the policy, where upstream reads 0 as "wait forever").
+    `validation_timeout_seconds` is upstream's fixed 600 s. `driver_ready_timeout_seconds`
+    has no upstream counterpart: upstream waits forever for a new driver pod that never
+    turns Ready (an image that cannot be pulled), keeping the node cordoned and its slot
+    taken; we fail the node after the same 600 s, with the pod's waiting reason.
     """
 
     auto_upgrade: bool = False
@@ -140,7 +160,7 @@ class UpgradePolicyView:
     validation_enabled: bool = True
     validation_timeout_seconds: int = 600
     driver_restart_limit: int = 10
-    driver_ready_timeout_seconds: int = 0
+    driver_ready_timeout_seconds: int = DRIVER_READY_TIMEOUT_SECONDS
 
 
 class Action(StrEnum):
@@ -174,11 +194,13 @@ class Decision:
     action: Action
     reason: str
     hops: tuple[tuple[str, UpgradeState, UpgradeState], ...] = ()
-    force: bool = False
     labels: Mapping[str, str | None] = field(default_factory=dict)
     annotations: Mapping[str, str | None] = field(default_factory=dict)
     requeue_after: float | None = None
     failure: str = ""
+    notice: str = ""
+    """A setback that is not a failure (pod deletion failed, a drain takes over): the
+    controller emits it as a Warning Event."""
 
     @property
     def changed_state(self) -> bool:

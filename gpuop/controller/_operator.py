@@ -674,6 +674,10 @@ class Operator:
         delay = requeue_after(decision)
         if delay is not None:
             self.queue.add_after(NODE_PREFIX + name, delay)
+        else:
+            # No clock runs for the node now: drop a timer left from an earlier state
+            # (pod-restart's 600 s, say), or it fires for nothing and the queue never idles.
+            self.queue.forget(NODE_PREFIX + name)
         if decision.has_patch or decision.action in (Action.CORDON, Action.UNCORDON):
             self.queue.add(NODE_PREFIX + name)  # the next step may already be due
         if decision.changed_state:

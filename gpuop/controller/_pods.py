@@ -56,13 +56,19 @@ def trim_pod(pod: Obj) -> Obj:
                     for c in status.get("conditions") or []
                     if c.get("type") == "Ready"
                 ],
-                "containerStatuses": [
-                    {"name": c.get("name"), "restartCount": c.get("restartCount", 0)}
-                    for c in status.get("containerStatuses") or []
-                ],
+                "containerStatuses": [_container(c) for c in status.get("containerStatuses") or []],
             }
         ),
     }
+
+
+def _container(status: Obj) -> Obj:
+    """Restarts, and why it waits (``ImagePullBackOff``): what a failed upgrade reports."""
+    kept = {"name": status.get("name"), "restartCount": status.get("restartCount", 0)}
+    waiting = ((status.get("state") or {}).get("waiting") or {}).get("reason")
+    if waiting:
+        kept["waiting"] = waiting
+    return kept
 
 
 #: Metadata that repeats across thousands of objects, so it is interned; names,

@@ -419,7 +419,12 @@ def upgrade_drain(upgrades: Upgrades) -> Drain:
     upgrade code's own drain (one implementation of kubectl-drain semantics)."""
 
     async def drain(node: str, spec: ClusterPolicySpec) -> None:
-        view = upgrade_policy_view(spec)
-        await upgrades._drain(node, view, view.drain.force)
+        plan = await upgrades.drain(node, upgrade_policy_view(spec))
+        if plan.refused:
+            log.warning(
+                "drain refused: pods the drain rules may not remove stay",
+                node=node,
+                pods=[f"{pod} ({why})" for pod, why in plan.refused],
+            )
 
     return drain

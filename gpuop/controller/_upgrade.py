@@ -10,8 +10,10 @@ whole fleet, so the parallelism budget holds however many workers run.
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -40,7 +42,9 @@ from statemachine import (
     next_step,
     select_nodes,
 )
-from statemachine.upgrade_keys import DRAIN_SKIP_POD_LABEL, STATE_LABEL
+from statemachine.eviction import RemovalPlan, RemovalRules, gpu_workload, plan_removal
+from statemachine.upgrade_keys import STATE_LABEL
+from statemachine.upgrade_views import DRIVER_READY_TIMEOUT_SECONDS
 
 log = get_logger(__name__)
 
@@ -49,14 +53,14 @@ NODE = by_kind("v1", "Node")
 #: While a node is being emptied, pods elsewhere in the cluster are not watched
 #: (that would cache every pod of the fleet); the node is looked at again after this.
 EMPTYING_POLL_SECONDS = 2.0
-#: An eviction refused by a PodDisruptionBudget is retried after this.
+#: An eviction refused (by a PodDisruptionBudget, say) is retried after this, as
+#: kubectl drain does, until the step's timeout fails the node.
 EVICTION_RETRY_SECONDS = 5.0
 _EMPTYING = {
     UpgradeState.WAIT_FOR_JOBS_REQUIRED,
     UpgradeState.POD_DELETION_REQUIRED,
     UpgradeState.DRAIN_REQUIRED,
 }
-_GPU_RESOURCE_PREFIXES = ("nvidia.com/gpu", "nvidia.com/mig-")
 
 
 def policy_view(spec: ClusterPolicySpec) -> UpgradePolicyView:
@@ -111,37 +115,47 @@ def _restarts(pod: Obj) -> int:
     )
 
 
-def uses_gpu(pod: Obj) -> bool:
-    for container in (pod.get("spec") or {}).get("containers") or []:
-        resources = container.get("resources") or {}
-        for section in ("limits", "requests"):
-            if any(k.startswith(_GPU_RESOURCE_PREFIXES) for k in resources.get(section) or {}):
-                return True
-    return False
+def _waiting_reason(pod: Obj) -> str:
+    for c in (pod.get("status") or {}).get("containerStatuses") or []:
+        if c.get("waiting"):
+            return str(c["waiting"])
+    return ""
 
 
-def _terminal(pod: Obj) -> bool:
-    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+def _selector(selector: Mapping[str, str] | str) -> str:
+    if isinstance(selector, str):
+        return selector.strip()
+    return ",".join(f"{k}={v}" for k, v in selector.items())
 
 
-def _daemonset_owned(pod: Obj) -> bool:
-    return any(o.get("kind") == "DaemonSet" for o in pod["metadata"].get("ownerReferences") or [])
-
-
-def _mirror(pod: Obj) -> bool:
-    return "kubernetes.io/config.mirror" in (pod["metadata"].get("annotations") or {})
-
-
-def drainable(pod: Obj) -> bool:
-    """Pods a drain evicts: not DaemonSet-managed, not mirror/static, not finished,
-    not opted out with the drain-skip label."""
-    pod_labels = pod["metadata"].get("labels") or {}
-    return not (
-        _terminal(pod)
-        or _daemonset_owned(pod)
-        or _mirror(pod)
-        or pod_labels.get(DRAIN_SKIP_POD_LABEL) == "true"
+def gpu_pod_rules(policy: UpgradePolicyView) -> RemovalRules:
+    deletion = policy.pod_deletion
+    return RemovalRules(
+        force=bool(deletion and deletion.force),
+        delete_empty_dir=bool(deletion and deletion.delete_empty_dir),
+        honour_drain_skip=False,
     )
+
+
+def drain_rules(policy: UpgradePolicyView) -> RemovalRules:
+    return RemovalRules(force=policy.drain.force, delete_empty_dir=policy.drain.delete_empty_dir)
+
+
+def eviction_error(err: ApiException) -> str:
+    """The API's words for a refused eviction, causes included (they name the budget)."""
+    try:
+        body = json.loads(err.body or "")
+    except (TypeError, ValueError):
+        body = None
+    if not isinstance(body, dict):
+        return f"{err.status} {err.reason}"
+    causes = [
+        str(c.get("message"))
+        for c in (body.get("details") or {}).get("causes") or []
+        if c.get("message")
+    ]
+    message = str(body.get("message") or f"{err.status} {err.reason}").rstrip(".")
+    return ": ".join([message, *causes])
 
 
 class Upgrades:
@@ -169,6 +183,11 @@ class Upgrades:
         #: and safe so: a lost grant just means the next ``upgrades`` pass grants again.
         self.granted: set[str] = set()
         self._blocked: dict[str, str] = {}
+        #: Evictions refused per node: pod key -> (when, the API's words). Memory only:
+        #: it words failure reasons and paces retries; a restart simply asks again.
+        self._refused: dict[str, dict[str, tuple[float, str]]] = {}
+        #: Bound of pod-restart-required (see ``UpgradePolicyView``); settable for tests.
+        self.driver_ready_timeout_seconds = DRIVER_READY_TIMEOUT_SECONDS
 
     # ------------------------------------------------------------- inputs
     def newest_driver_revision(self) -> str | None:
@@ -207,6 +226,7 @@ class Upgrades:
             running=(pod.get("status") or {}).get("phase") == "Running",
             ready=_pod_ready(pod),
             restart_count=_restarts(pod),
+            waiting_reason=_waiting_reason(pod),
         )
 
     def has_driver_pod(self, node: str) -> bool:
@@ -214,9 +234,12 @@ class Upgrades:
         asks this for every GPU node)."""
         return bool(self._live_driver_pods(node))
 
-    def _gpu_workloads(self, pods: list[Obj]) -> list[Obj]:
-        """Pods using GPUs that the pod-deletion step removes (never our operands)."""
-        return [p for p in pods if uses_gpu(p) and p["metadata"].get("namespace") != self.namespace]
+    def _gpu_workloads(self, pods: Iterable[Obj]) -> list[Obj]:
+        """Pods the pod-deletion step targets: GPU pods still running, never our operands
+        (DaemonSet pods elsewhere are ignored by the rules themselves)."""
+        return [
+            p for p in pods if gpu_workload(p) and p["metadata"].get("namespace") != self.namespace
+        ]
 
     def validators_ready(self, node: str) -> bool:
         pods = self._pods_on(node, VALIDATOR_DS)
@@ -228,30 +251,55 @@ class Upgrades:
             selectors["label_selector"] = label_selector
         return await self.rest.list(POD, None, **selectors)
 
+    async def gpu_plan(self, node: str, policy: UpgradePolicyView) -> RemovalPlan:
+        pods = self._gpu_workloads(await self._node_pods(node))
+        return plan_removal(pods, gpu_pod_rules(policy))
+
+    async def drain_plan(self, node: str, policy: UpgradePolicyView) -> RemovalPlan:
+        pods = await self._node_pods(node, _selector(policy.drain.pod_selector))
+        return plan_removal(pods, drain_rules(policy))
+
+    async def drain(self, node: str, policy: UpgradePolicyView) -> RemovalPlan:
+        """One pass of the drain rules over `node`: evict what they allow (nothing when
+        they refuse a pod). Health remediation drains through this too."""
+        plan = await self.drain_plan(node, policy)
+        await self._evict(node, plan)
+        return plan
+
+    def _left(self, node: str, keys: tuple[str, ...]) -> tuple[str, ...]:
+        """The pods a step still waits for, each with why its eviction was refused."""
+        refused = self._refused.get(node, {})
+        return tuple(f"{k} ({refused[k][1]})" if k in refused else k for k in keys)
+
     async def view(
         self, node: Obj, policy: UpgradePolicyView, newest: str | None
     ) -> NodeUpgradeView:
         name = node["metadata"]["name"]
         node_labels = labels(node)
-        wait = gpu = drain = 0
+        wait = 0
+        gpu = drain = RemovalPlan()
         state = _state_of(node_labels)
         # The rulebook may pass several states in one go, so count the node's pods
         # whenever emptying could be next: also right before and after cordoning.
         granted = name in self.granted and state is UpgradeState.UPGRADE_REQUIRED
         if state in _EMPTYING or state is UpgradeState.CORDON_REQUIRED or granted:
-            pods = [p for p in await self._node_pods(name) if not _terminal(p)]
-            gpu = len(self._gpu_workloads(pods))
-            drain_pods = pods
-            if policy.drain.pod_selector:
-                drain_pods = await self._node_pods(name, str(policy.drain.pod_selector))
-            drain = sum(1 for p in drain_pods if drainable(p))
-            selector = policy.wait_for_completion.pod_selector
+            if policy.pod_deletion is not None:
+                gpu = await self.gpu_plan(name, policy)
+            if policy.drain.enable:
+                drain = await self.drain_plan(name, policy)
+            selector = _selector(policy.wait_for_completion.pod_selector)
             if selector:
+                # Upstream waits while any selected pod is Running or Pending.
                 wait = sum(
                     1
-                    for p in await self._node_pods(name, str(selector))
-                    if (p.get("status") or {}).get("phase") == "Running"
+                    for p in await self._node_pods(name, selector)
+                    if (p.get("status") or {}).get("phase") in ("Running", "Pending")
                 )
+        left: tuple[str, ...] = ()
+        if state is UpgradeState.POD_DELETION_REQUIRED:
+            left = self._left(name, gpu.remaining)
+        elif state is UpgradeState.DRAIN_REQUIRED:
+            left = self._left(name, drain.remaining)
         return NodeUpgradeView(
             name=name,
             now=time.time(),
@@ -262,8 +310,11 @@ class Upgrades:
             driver_pod=self.driver_pod(name),
             newest_revision=newest,
             wait_pods_running=wait,
-            gpu_pods=gpu,
-            drain_pods=drain,
+            gpu_pods=len(gpu.remaining),
+            gpu_pods_refused=gpu.refusals,
+            drain_pods=len(drain.remaining),
+            drain_refused=drain.refusals,
+            pods_left=left,
             validators_ready=self.validators_ready(name),
         )
 
@@ -320,6 +371,8 @@ class Upgrades:
 
     # ------------------------------------------------------------ decisions
     async def step(self, node: Obj, policy: UpgradePolicyView, newest: str | None) -> Decision:
+        if policy.auto_upgrade:
+            policy = replace(policy, driver_ready_timeout_seconds=self.driver_ready_timeout_seconds)
         view = await self.view(node, policy, newest)
         name = view.name
         decision = next_step(view, policy, may_start=name in self.granted)
@@ -330,7 +383,14 @@ class Upgrades:
         # hand its slot to another (three in progress under a limit of two).
         if decision.target is not UpgradeState.UPGRADE_REQUIRED:
             self.granted.discard(name)
+        if decision.target not in _EMPTYING or decision.target is not decision.current:
+            self._refused.pop(name, None)  # a new step: its own refusals only
         await self._act(view, decision, policy)
+        if decision.notice:
+            log.warning("driver upgrade setback", node=name, reason=decision.notice)
+            await self.events.record(
+                _node_ref(node), "DriverUpgradePodDeletionFailed", decision.notice, warning=True
+            )
         if decision.entered_failed:
             log.warning("driver upgrade failed", node=name, reason=decision.failure)
             await self.events.record(
@@ -372,48 +432,42 @@ class Upgrades:
     ) -> None:
         action = decision.action
         if action is Action.DELETE_GPU_PODS:
-            pods = [p for p in await self._node_pods(view.name) if not _terminal(p)]
-            for pod in self._gpu_workloads(pods):
-                if decision.force:
-                    await self._delete_pod(pod, grace=0)
-                elif not pod["metadata"].get("deletionTimestamp"):
-                    # Evicted, like upstream's drain helper does here: a plain delete
-                    # would take GPU workloads below their PodDisruptionBudget.
-                    await self._evict(view.name, pod)
+            await self._evict(view.name, await self.gpu_plan(view.name, policy))
         elif action is Action.DRAIN:
-            await self._drain(view.name, policy, decision.force)
+            await self.drain(view.name, policy)
         elif action is Action.RESTART_DRIVER_POD:
+            # Our own DaemonSet's pod: deleted, as upstream does; it comes straight back.
             for pod in self._pods_on(view.name, DRIVER_DS):
-                await self._delete_pod(pod)
+                meta = pod["metadata"]
+                await self.rest.delete(POD, meta["name"], meta["namespace"])
 
-    async def _drain(self, node: str, policy: UpgradePolicyView, force: bool) -> None:
-        selector = str(policy.drain.pod_selector or "")
-        for pod in await self._node_pods(node, selector):
-            if not drainable(pod) or pod["metadata"].get("deletionTimestamp"):
+    async def _evict(self, node: str, plan: RemovalPlan) -> None:
+        """Evict what the rules allow, never DELETE: PodDisruptionBudgets always apply.
+
+        A refusal is remembered (for the failure reason) and retried no sooner than
+        kubectl would; it never stops the other pods or other nodes.
+        """
+        if plan.refused:
+            return  # the rulebook fails the step; kubectl evicts nothing then either
+        refused = self._refused.setdefault(node, {})
+        now = time.monotonic()
+        for key in plan.evict:
+            last = refused.get(key)
+            if last is not None and now - last[0] < EVICTION_RETRY_SECONDS:
                 continue
-            if force:
-                await self._delete_pod(pod, grace=0)
-                continue
-            await self._evict(node, pod)
-
-    async def _evict(self, node: str, pod: Obj) -> None:
-        meta = pod["metadata"]
-        try:
-            await self.rest.evict(meta["name"], meta["namespace"])
-        except ApiException as err:
-            if err.status == 429:
-                log.info(
-                    "eviction blocked by a PodDisruptionBudget, retrying",
-                    node=node,
-                    pod=f"{meta['namespace']}/{meta['name']}",
-                )
-            elif err.status != 404:
-                raise
-
-    async def _delete_pod(self, pod: Obj, grace: int | None = None) -> None:
-        meta = pod["metadata"]
-        body = {"gracePeriodSeconds": grace} if grace is not None else None
-        await self.rest.delete(POD, meta["name"], meta["namespace"], body=body)
+            namespace, name = key.split("/", 1)
+            try:
+                await self.rest.evict(name, namespace)
+            except ApiException as err:
+                if err.status == 404:
+                    refused.pop(key, None)
+                    continue
+                why = eviction_error(err)
+                if last is None or last[1] != why:
+                    log.info("eviction refused, retrying", node=node, pod=key, reason=why)
+                refused[key] = (now, why)
+            else:
+                refused.pop(key, None)
 
 
 def _node_ref(node: Obj) -> Obj:
@@ -431,10 +485,8 @@ def _wanted_unschedulable(decision: Decision) -> bool | None:
 def requeue_after(decision: Decision) -> float | None:
     """When to look at the node again without a watch event (timeouts, emptying)."""
     delays = [d for d in (decision.requeue_after,) if d is not None]
-    if decision.target in _EMPTYING or decision.action in (Action.DRAIN, Action.DELETE_GPU_PODS):
-        delays.append(
-            EMPTYING_POLL_SECONDS if decision.action is not Action.DRAIN else EVICTION_RETRY_SECONDS
-        )
+    if decision.target in _EMPTYING:
+        delays.append(EMPTYING_POLL_SECONDS)
     return min(delays) if delays else None
 
 

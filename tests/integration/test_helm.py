@@ -140,6 +140,8 @@ def test_operator_deployment_is_locked_down(default_docs: list[dict[str, Any]]) 
     spec = deployment["spec"]
     assert spec["replicas"] == 2
     assert spec["strategy"]["type"] == "RollingUpdate"
+    labels = spec["template"]["metadata"]["labels"]
+    assert labels["nvidia.com/gpu-driver-upgrade-drain.skip"] == "true"  # never drained
     pod = spec["template"]["spec"]
     assert pod["serviceAccountName"] == "gpu-operator"
     assert pod["securityContext"]["runAsNonRoot"] is True

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from kubernetes_asyncio.client.exceptions import ApiException
+
 import crd
 from components import node_facts
 from gpuop.controller._nodes import is_ready, node_fingerprint, trim_node
 from gpuop.controller._status import status_patch
-from gpuop.controller._upgrade import drainable, policy_view, uses_gpu
+from gpuop.controller._upgrade import eviction_error, policy_view
 from gpuop.rest import by_kind
 
 
@@ -94,36 +96,21 @@ def test_labels_and_annotations_the_operator_never_reads_are_not_kept() -> None:
     assert node_fingerprint(trim_node(_node())) == node_fingerprint(trim_node(other))
 
 
-def _pod(**extra: Any) -> dict[str, Any]:
-    pod: dict[str, Any] = {
-        "metadata": {"name": "p", "namespace": "ns", "labels": {}},
-        "spec": {"containers": [{"name": "c", "resources": {}}]},
-        "status": {"phase": "Running"},
-    }
-    for key, value in extra.items():
-        section, field = key.split("__")
-        pod[section][field] = value
-    return pod
-
-
-def test_gpu_pods_are_recognised_by_their_resources() -> None:
-    gpu = _pod()
-    gpu["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "1"}}
-    mig = _pod()
-    mig["spec"]["containers"][0]["resources"] = {"requests": {"nvidia.com/mig-1g.10gb": "1"}}
-    assert uses_gpu(gpu)
-    assert uses_gpu(mig)
-    assert not uses_gpu(_pod())
-
-
-def test_drain_skips_daemonset_mirror_finished_and_opted_out_pods() -> None:
-    assert drainable(_pod())
-    assert not drainable(_pod(metadata__ownerReferences=[{"kind": "DaemonSet"}]))
-    assert not drainable(_pod(metadata__annotations={"kubernetes.io/config.mirror": "x"}))
-    assert not drainable(_pod(status__phase="Succeeded"))
-    assert not drainable(
-        _pod(metadata__labels={"nvidia.com/gpu-driver-upgrade-drain.skip": "true"})
+def test_eviction_error_names_the_budget() -> None:
+    """A 429 from the Eviction API names the budget only in its causes."""
+    err = ApiException(status=429, reason="Too Many Requests")
+    err.body = (
+        '{"kind":"Status","message":"Cannot evict pod as it would violate the pod\'s '
+        'disruption budget.","reason":"TooManyRequests","details":{"causes":[{"reason":'
+        '"DisruptionBudget","message":"The disruption budget guard needs 1 healthy pods '
+        'and has 1 currently"}]},"code":429}'
     )
+    assert eviction_error(err) == (
+        "Cannot evict pod as it would violate the pod's disruption budget: "
+        "The disruption budget guard needs 1 healthy pods and has 1 currently"
+    )
+    bare = ApiException(status=500, reason="Internal Server Error")
+    assert eviction_error(bare) == "500 Internal Server Error"
 
 
 def test_policy_view_follows_the_spec() -> None:
@@ -184,3 +171,29 @@ def test_trimmed_node_keeps_the_facts_rendering_needs() -> None:
     )
     other = trim_node({**raw, "status": {**raw["status"], "nodeInfo": {}}})
     assert node_fingerprint(other) != node_fingerprint(trimmed)
+
+
+def test_trimmed_driver_pod_keeps_why_it_is_not_running() -> None:
+    """The failure reason of a driver pod that never turns Ready names ImagePullBackOff."""
+    from gpuop.controller._pods import trim_pod
+
+    raw = {
+        "metadata": {"name": "d", "namespace": "gpu-operator", "uid": "u", "labels": {}},
+        "spec": {"nodeName": "n"},
+        "status": {
+            "phase": "Pending",
+            "containerStatuses": [
+                {
+                    "name": "c",
+                    "restartCount": 0,
+                    "state": {"waiting": {"reason": "ImagePullBackOff"}},
+                },
+                {"name": "r", "restartCount": 0, "state": {"running": {}}},
+            ],
+        },
+    }
+    statuses = trim_pod(raw)["status"]["containerStatuses"]
+    assert statuses == [
+        {"name": "c", "restartCount": 0, "waiting": "ImagePullBackOff"},
+        {"name": "r", "restartCount": 0},
+    ]

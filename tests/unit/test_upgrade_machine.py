@@ -122,9 +122,10 @@ def test_every_declared_transition() -> None:
         ("cordoned", "cordon-required", "wait-for-jobs-required"),
         ("jobs_finished", "wait-for-jobs-required", "pod-deletion-required"),
         ("gpu_pods_deleted", "pod-deletion-required", "drain-required"),
-        ("pod_deletion_timeout", "pod-deletion-required", "upgrade-failed"),
+        ("pod_deletion_failed", "pod-deletion-required", "upgrade-failed"),
+        ("pod_deletion_failed", "pod-deletion-required", "drain-required"),
         ("drained", "drain-required", "pod-restart-required"),
-        ("drain_timeout", "drain-required", "upgrade-failed"),
+        ("drain_failed", "drain-required", "upgrade-failed"),
         ("driver_restarted", "pod-restart-required", "validation-required"),
         ("driver_restarted", "pod-restart-required", "uncordon-required"),
         ("driver_failed", "pod-restart-required", "upgrade-failed"),
@@ -408,7 +409,6 @@ def test_deletes_gpu_pods() -> None:
     d = next_step(_deleting(10), POLICY)
     assert d.target is S.POD_DELETION_REQUIRED
     assert d.action is Action.DELETE_GPU_PODS
-    assert d.force is False
     assert d.requeue_after == 290
     assert d.annotations == {STATE_SINCE_ANNOTATION: T}  # only the missing state clock
 
@@ -422,9 +422,9 @@ def test_gpu_pods_gone_moves_to_drain() -> None:
     assert d.annotations[DRAIN_START_ANNOTATION] == T
 
 
-def test_pod_deletion_timeout_without_force_fails() -> None:
+def test_pod_deletion_timeout_fails() -> None:
     d = next_step(_deleting(300), POLICY)
-    assert d.triggers == ("pod_deletion_timeout",)
+    assert d.triggers == ("pod_deletion_failed",)
     assert d.target is S.UPGRADE_FAILED
     assert d.entered_failed is True
     assert d.action is Action.NONE
@@ -435,13 +435,60 @@ def test_pod_deletion_timeout_without_force_fails() -> None:
     assert d.failure == d.reason
 
 
-def test_pod_deletion_timeout_with_force_escalates() -> None:
-    policy = replace(POLICY, pod_deletion=PodDeletionView(force=True, timeout_seconds=300))
+def test_pod_deletion_timeout_names_the_pods_and_why() -> None:
+    left = ("ml/trainer (Cannot evict pod as it would violate the pod's disruption budget)",)
+    d = next_step(_deleting(300, pods=1, pods_left=left), POLICY)
+    assert d.target is S.UPGRADE_FAILED
+    assert d.reason == f"GPU pod deletion timed out after 300s with 1 pods left: {left[0]}"
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_pod_deletion_timeout_never_escalates_to_a_forced_delete(force: bool) -> None:
+    """Upstream's `force` lets unmanaged pods go, it never bypasses a budget: past the
+    timeout the node fails (it used to DELETE with grace 0 for ever)."""
+    policy = replace(POLICY, pod_deletion=PodDeletionView(force=force, timeout_seconds=300))
     d = next_step(_deleting(301), policy)
-    assert d.target is S.POD_DELETION_REQUIRED
-    assert d.action is Action.DELETE_GPU_PODS
-    assert d.force is True
-    assert d.requeue_after is None
+    assert d.target is S.UPGRADE_FAILED
+    assert d.action is Action.NONE
+
+
+def test_pod_deletion_refused_fails_at_once_naming_the_pods() -> None:
+    refused = ("ml/a (no controller manages it, it would not come back; needs force)",)
+    d = next_step(_deleting(1, pods=1, gpu_pods_refused=refused), POLICY)
+    assert d.triggers == ("pod_deletion_failed",)
+    assert d.target is S.UPGRADE_FAILED
+    assert d.reason == f"GPU pods may not be deleted: {refused[0]}"
+    assert not d.notice
+
+
+def test_pod_deletion_refused_with_nothing_else_left_still_fails() -> None:
+    refused = ("ml/a (uses emptyDir, its data would be lost; needs deleteEmptyDir)",)
+    d = next_step(_deleting(1, pods=0, gpu_pods_refused=refused), POLICY)
+    assert d.target is S.UPGRADE_FAILED
+
+
+def test_failed_pod_deletion_falls_back_to_drain_when_enabled() -> None:
+    """Upstream: pod deletion that cannot finish hands the node to the drain."""
+    refused = ("ml/a (no controller manages it, it would not come back; needs force)",)
+    d = next_step(_deleting(1, pods=1, gpu_pods_refused=refused, drain_pods=1), DRAIN)
+    assert d.triggers == ("pod_deletion_failed",)
+    assert d.target is S.DRAIN_REQUIRED
+    assert d.action is Action.DRAIN
+    assert not d.entered_failed
+    assert d.notice == f"GPU pods may not be deleted: {refused[0]}; draining the node instead"
+    timed_out = next_step(_deleting(300, drain_pods=2), DRAIN)
+    assert timed_out.target is S.DRAIN_REQUIRED
+    assert "timed out after 300s" in timed_out.notice
+
+
+def test_pod_deletion_and_drain_both_refusing_fail_in_one_pass() -> None:
+    refused = ("ml/a (no controller manages it, it would not come back; needs force)",)
+    v = _deleting(1, pods=1, gpu_pods_refused=refused, drain_pods=1, drain_refused=refused)
+    d = next_step(v, DRAIN)
+    assert d.triggers == ("pod_deletion_failed", "drain_failed")
+    assert d.target is S.UPGRADE_FAILED
+    assert d.notice
+    assert d.failure == f"drain may not evict: {refused[0]}"
 
 
 def test_pod_deletion_disabled_skips_the_state() -> None:
@@ -474,7 +521,6 @@ def _draining(seconds_ago: float, pods: int = 3, **kw: Any) -> NodeUpgradeView:
 def test_drains() -> None:
     d = next_step(_draining(60), DRAIN)
     assert d.action is Action.DRAIN
-    assert d.force is False
     assert d.requeue_after == 240
     assert d.reason == "draining 3 pods"
 
@@ -491,20 +537,44 @@ def test_drain_disabled_skips_the_state() -> None:
     assert d.target is S.POD_RESTART_REQUIRED
 
 
-def test_drain_timeout_without_force_fails() -> None:
+def test_drain_timeout_fails() -> None:
     d = next_step(_draining(300), DRAIN)
-    assert d.triggers == ("drain_timeout",)
+    assert d.triggers == ("drain_failed",)
     assert d.target is S.UPGRADE_FAILED
     assert d.reason == "drain timed out after 300s with 3 pods left"
 
 
-def test_drain_timeout_with_force_escalates() -> None:
+def test_drain_timeout_with_force_fails_too() -> None:
+    """`drain.force` is kubectl's --force (unmanaged pods may go), not a licence to
+    delete past a PodDisruptionBudget once the timeout is up."""
     policy = replace(DRAIN, drain=DrainView(enable=True, force=True, timeout_seconds=300))
-    d = next_step(_draining(400), policy)
-    assert d.target is S.DRAIN_REQUIRED
-    assert d.action is Action.DRAIN
-    assert d.force is True
-    assert d.reason == "draining 3 pods (forced)"
+    left = ("ml/db-0 (Cannot evict pod as it would violate the pod's disruption budget)",)
+    d = next_step(_draining(400, pods=1, pods_left=left), policy)
+    assert d.target is S.UPGRADE_FAILED
+    assert d.reason == f"drain timed out after 300s with 1 pods left: {left[0]}"
+
+
+def test_drain_refusal_fails_at_once_without_evicting() -> None:
+    refused = (
+        "ml/a (no controller manages it, it would not come back; needs force)",
+        "ml/b (uses emptyDir, its data would be lost; needs deleteEmptyDir)",
+    )
+    d = next_step(_draining(1, pods=2, drain_refused=refused), DRAIN)
+    assert d.triggers == ("drain_failed",)
+    assert d.target is S.UPGRADE_FAILED
+    assert d.action is Action.NONE
+    assert d.reason == f"drain may not evict: {refused[0]}; {refused[1]}"
+
+
+def test_failure_reason_lists_at_most_five_pods() -> None:
+    refused = tuple(f"ml/p{i} (x)" for i in range(7))
+    d = next_step(_draining(1, pods=7, drain_refused=refused), DRAIN)
+    assert d.reason.endswith("ml/p4 (x); and 2 more")
+
+
+def test_refusals_do_not_matter_with_drain_disabled() -> None:
+    d = next_step(_draining(1, pods=1, drain_refused=("ml/a (x)",)), POLICY)
+    assert d.target is S.POD_RESTART_REQUIRED
 
 
 @pytest.mark.parametrize("stamp", ["yesterday", "inf", "nan", ""])
@@ -562,7 +632,7 @@ def test_waits_for_the_new_pod_to_become_ready() -> None:
     d = next_step(_restarting(NEW_POD_STARTING), POLICY)
     assert d.target is S.POD_RESTART_REQUIRED
     assert d.action is Action.WAIT_DRIVER_POD
-    assert d.requeue_after is None
+    assert d.requeue_after == 570  # the default driver-ready timeout
 
 
 def test_new_ready_pod_moves_to_validation() -> None:
@@ -604,9 +674,31 @@ def test_driver_ready_timeout_fails_the_node_when_configured() -> None:
     v = _restarting(None, annotations={POD_RESTART_START_ANNOTATION: since(900)})
     d = next_step(v, policy)
     assert d.target is S.UPGRADE_FAILED
-    assert d.reason == "new driver pod not ready after 900s"
+    assert d.reason == "new driver pod not ready after 900s (no new driver pod on the node)"
     waiting = next_step(_restarting(None), policy)
     assert waiting.requeue_after == 870
+
+
+def test_a_new_driver_pod_that_never_turns_ready_fails_by_default() -> None:
+    """ImagePullBackOff with no restarts used to hold the node cordoned for ever."""
+    pod = replace(NEW_POD_STARTING, waiting_reason="ImagePullBackOff")
+    assert POLICY.driver_ready_timeout_seconds == 600
+    waiting = next_step(_restarting(pod), POLICY)
+    assert waiting.target is S.POD_RESTART_REQUIRED
+    assert waiting.requeue_after == 570
+    v = _restarting(pod, annotations={POD_RESTART_START_ANNOTATION: since(600)})
+    d = next_step(v, POLICY)
+    assert d.target is S.UPGRADE_FAILED
+    assert (
+        d.reason == "new driver pod not ready after 600s (new driver pod waiting: ImagePullBackOff)"
+    )
+    assert d.annotations[REASON_ANNOTATION] == d.reason
+
+
+def test_driver_ready_timeout_zero_waits_forever() -> None:
+    policy = replace(POLICY, driver_ready_timeout_seconds=0)
+    v = _restarting(NEW_POD_STARTING, annotations={POD_RESTART_START_ANNOTATION: since(10**6)})
+    assert next_step(v, policy).target is S.POD_RESTART_REQUIRED
 
 
 # --- validation-required ---------------------------------------------------------------------
@@ -763,21 +855,58 @@ def test_failed_node_without_record_gets_one() -> None:
 # --- skip label ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("state", list(S))
-def test_skipped_node_is_never_touched(state: S) -> None:
-    v = view(state, labels={SKIP_LABEL: "true"}, unschedulable=True)
+def test_skip_label_keeps_a_node_from_starting() -> None:
+    v = view(
+        S.UPGRADE_REQUIRED, labels={SKIP_LABEL: "true"}, annotations={STATE_SINCE_ANNOTATION: T}
+    )
     d = next_step(v, POLICY, may_start=True)
-    assert d.target is d.current is state
+    assert d.target is S.UPGRADE_REQUIRED
     assert d.action is Action.NONE
     assert not d.has_patch
     assert d.reason == "skip label set"
 
 
-def test_skip_label_wins_over_auto_upgrade_off() -> None:
+@pytest.mark.parametrize(
+    ("state", "kw", "target"),
+    [
+        (S.CORDON_REQUIRED, {"unschedulable": False}, S.CORDON_REQUIRED),
+        (S.DRAIN_REQUIRED, {"unschedulable": True}, S.POD_RESTART_REQUIRED),
+        (S.UNCORDON_REQUIRED, {"unschedulable": True}, S.UNCORDON_REQUIRED),
+    ],
+)
+def test_skip_label_set_mid_upgrade_does_not_freeze_the_node(
+    state: S, kw: dict[str, Any], target: S
+) -> None:
+    """It used to stop every step: still cordoned, still holding its slot, for ever."""
+    v = view(state, labels={SKIP_LABEL: "true"}, annotations={REPLACE_POD_ANNOTATION: "p"}, **kw)
+    d = next_step(v, POLICY)
+    assert d.target is target
+    assert d.action is not Action.NONE
+
+
+def test_skipped_node_in_progress_finishes_and_is_uncordoned() -> None:
+    v = view(
+        S.VALIDATION_REQUIRED,
+        labels={SKIP_LABEL: "true"},
+        unschedulable=True,
+        driver_pod=NEW_POD,
+        validators_ready=True,
+        annotations={REPLACE_POD_ANNOTATION: "pod-old", VALIDATION_START_ANNOTATION: T},
+    )
+    d = next_step(v, POLICY)
+    assert d.target is S.UNCORDON_REQUIRED
+    assert d.action is Action.UNCORDON
+    done = next_step(replace(_applied(v, d), unschedulable=False), POLICY)
+    assert done.target is S.UPGRADE_DONE
+
+
+def test_skip_label_does_not_stop_the_cleanup_when_upgrades_are_off() -> None:
+    """With the policy deleted (or autoUpgrade off) a skipped node is handed back too."""
     v = view(S.DRAIN_REQUIRED, labels={SKIP_LABEL: "true"}, unschedulable=True)
     d = next_step(v, UpgradePolicyView(auto_upgrade=False))
-    assert d.action is Action.NONE
-    assert not d.has_patch
+    assert d.action is Action.UNCORDON
+    later = next_step(replace(v, unschedulable=False), UpgradePolicyView(auto_upgrade=False))
+    assert later.labels == {STATE_LABEL: None}
 
 
 def test_skip_label_must_be_true() -> None:
@@ -1138,6 +1267,7 @@ annotation_sets = st.fixed_dictionaries(
 views = st.builds(
     view,
     st.sampled_from([*S, "garbage"]),
+    labels=st.sampled_from([{}, {SKIP_LABEL: "true"}]),
     annotations=annotation_sets,
     unschedulable=st.booleans(),
     node_ready=st.booleans(),
@@ -1145,7 +1275,9 @@ views = st.builds(
     newest_revision=st.sampled_from([None, OLD, NEW]),
     wait_pods_running=st.integers(0, 2),
     gpu_pods=st.integers(0, 2),
+    gpu_pods_refused=st.sampled_from([(), ("ns/a (x)",)]),
     drain_pods=st.integers(0, 2),
+    drain_refused=st.sampled_from([(), ("ns/a (x)",)]),
     validators_ready=st.booleans(),
 )
 policies = st.builds(
@@ -1238,7 +1370,7 @@ def test_decision_invariants(
     d = next_step(v, policy, may_start=may_start)
     # only a granted slot ever moves a node into the in-progress states
     if v.state in (S.UNKNOWN, S.UPGRADE_DONE, S.UPGRADE_REQUIRED, S.UPGRADE_FAILED) and not (
-        may_start and v.node_ready
+        may_start and v.node_ready and not v.skip
     ):
         assert d.target in (S.UNKNOWN, S.UPGRADE_DONE, S.UPGRADE_REQUIRED, S.UPGRADE_FAILED) or (
             v.state is S.UPGRADE_FAILED and d.target in (S.UNCORDON_REQUIRED,)
@@ -1246,9 +1378,9 @@ def test_decision_invariants(
     # the state label is written exactly when the state changes (or was garbage)
     if d.labels:
         assert d.labels == {STATE_LABEL: d.target.label_value}
-    # force only ever accompanies deletion or drain
-    if d.force:
-        assert d.action in (Action.DELETE_GPU_PODS, Action.DRAIN)
+    # a node in progress never rests without a way out: a timeout or an action
+    if d.target in IN_PROGRESS_STATES and d.action in (Action.WAIT_DRIVER_POD,):
+        assert d.requeue_after is not None or policy.driver_ready_timeout_seconds == 0
     # nodes we did not cordon are never uncordoned
     if d.action is Action.UNCORDON:
         assert not v.initial_unschedulable
