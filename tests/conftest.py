@@ -2,26 +2,19 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 import pytest
 from kubernetes_asyncio import client
 
-from gpuop.cluster import ClusterInfo, LocalCluster, cache_dir
+from gpuop.cluster import ClusterInfo, LocalCluster
 from gpuop.kube import api_client as make_api_client
+from tests.integration.harness import cluster_dir
 
 #: Simulated fleet for integration tests: enough GPU nodes to see ordering and
 #: parallelism, a couple of CPU nodes that must stay untouched.
 TEST_NODES = 6
 TEST_GPU_NODES = 4
-
-
-def _cluster_dir() -> Path:
-    """A fixed directory, so a run killed before teardown is cleaned by the next."""
-    explicit = os.environ.get("GPUOP_TEST_CLUSTER_DIR")
-    return Path(explicit) if explicit else cache_dir() / "test-cluster"
 
 
 #: The API server records every request made with a ServiceAccount token (the
@@ -40,7 +33,7 @@ AUDIT_SERVICE_ACCOUNTS = {
 
 @pytest.fixture(scope="session")
 def local_cluster() -> Iterator[ClusterInfo]:
-    cluster = LocalCluster(_cluster_dir(), audit_policy=AUDIT_SERVICE_ACCOUNTS)
+    cluster = LocalCluster(cluster_dir(), audit_policy=AUDIT_SERVICE_ACCOUNTS)
     cluster.down()  # stale processes of a crashed earlier run, if any
     info = cluster.up(nodes=TEST_NODES, gpu_nodes=TEST_GPU_NODES, tie_to_parent=True)
     try:

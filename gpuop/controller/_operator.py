@@ -47,6 +47,7 @@ from gpuop.controller._status import (
     REFUSAL_RETRY_BASE,
     Refusal,
     is_refusal,
+    parse_status,
     refusal_delay,
     refusals_message,
     server_message,
@@ -325,7 +326,7 @@ class Operator:
             await self._cleanup(set())
             return
         await self._mark_ignored(raw["metadata"]["name"])
-        previous = _parse_status(raw)
+        previous = parse_status(raw)
         generation = _gen(raw)
 
         if model is None or problems:
@@ -564,7 +565,7 @@ class Operator:
             if raw["metadata"]["name"] == active:
                 continue
             status = ignored_status(
-                active, generation=_gen(raw), now=_now(), previous=_parse_status(raw)
+                active, generation=_gen(raw), now=_now(), previous=parse_status(raw)
             )
             await self._write_status(raw, _flag_unsupported(status, None, _gen(raw)))
 
@@ -773,13 +774,3 @@ def _gpu_facts(node: Obj | None) -> Any:
 
 def _cache_key(obj: Obj) -> tuple[str, str]:
     return (str(obj.get("kind")), key_of(obj))
-
-
-def _parse_status(raw: Obj) -> ClusterPolicyStatus | None:
-    data = raw.get("status")
-    if not data:
-        return None
-    try:
-        return ClusterPolicyStatus.model_validate(data)
-    except ValueError:
-        return None

@@ -21,9 +21,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from components.labels import is_gpu_node
-from crd import ClusterPolicy, ClusterPolicySpec, ClusterPolicyStatus, Condition, set_condition
+from crd import ClusterPolicy, ClusterPolicySpec, Condition, set_condition
 from crd import format_time as format_condition_time
 from gpuop.controller._nodes import gpu_health, labels
+from gpuop.controller._status import parse_status
 from gpuop.controller._upgrade import Upgrades
 from gpuop.controller._upgrade import policy_view as upgrade_policy_view
 from gpuop.events import EventRecorder
@@ -320,7 +321,7 @@ class Remediation:
         self, raw: Obj, condition: tuple[str, str, str] | None, now: datetime
     ) -> None:
         """Set (or with None remove) RemediationPaused, guarded by resourceVersion."""
-        previous = _status(raw)
+        previous = parse_status(raw)
         if previous is None and (raw.get("status") or {}).get("conditions"):
             # Unreadable status: writing ours alone would drop Ready and Error.
             log.warning("policy status unreadable; RemediationPaused not written")
@@ -389,16 +390,6 @@ class Remediation:
                     _policy_ref(raw), "RemediationPausedDryRun", message, warning=True
                 )
         self._reported = current
-
-
-def _status(raw: Obj) -> ClusterPolicyStatus | None:
-    data = raw.get("status")
-    if not data:
-        return None
-    try:
-        return ClusterPolicyStatus.model_validate(data)
-    except ValueError:
-        return None
 
 
 def _node_ref(node: Obj) -> Obj:

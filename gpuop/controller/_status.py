@@ -86,3 +86,15 @@ def refusal_delay(attempts: int, base: float = REFUSAL_RETRY_BASE) -> float:
 def refusals_message(refusals: list[Refusal], limit: int = 4000) -> str:
     """One status message naming every refused object (in apply order)."""
     return "; ".join(r.describe() for r in refusals)[:limit]
+
+
+def parse_status(raw: Obj) -> ClusterPolicyStatus | None:
+    """The policy's stored status, or None when it has none or one we cannot read (it
+    is then rewritten whole)."""
+    data = raw.get("status")
+    if not data:
+        return None
+    try:
+        return ClusterPolicyStatus.model_validate(data)
+    except ValueError:
+        return None

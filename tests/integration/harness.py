@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from kubernetes_asyncio import client
 
+from gpuop.cluster import ClusterInfo, LocalCluster, cache_dir
 from gpuop.controller import Operator, OperatorConfig
 from gpuop.metrics import OperatorMetrics
 from gpuop.rest import Rest, by_kind
@@ -19,8 +22,31 @@ POLICY = by_kind("nvidia.com/v1", "ClusterPolicy")
 NODE = by_kind("v1", "Node")
 
 
+def cluster_dir(suffix: str = "") -> Path:
+    """A fixed directory per cluster, so a run killed before teardown is cleaned by the
+    next; `suffix` names a test module's own cluster beside the session's."""
+    explicit = os.environ.get("GPUOP_TEST_CLUSTER_DIR")
+    base = Path(explicit) if explicit else cache_dir() / "test-cluster"
+    return base.with_name(base.name + suffix)
+
+
+@contextlib.contextmanager
+def own_cluster(suffix: str, *, gpu_nodes: int, cpu_nodes: int = 1) -> Iterator[ClusterInfo]:
+    """A control plane of a module's own, for fleets bigger than the session cluster's."""
+    cluster = LocalCluster(cluster_dir(suffix))
+    cluster.down()
+    info = cluster.up(nodes=gpu_nodes + cpu_nodes, gpu_nodes=gpu_nodes, tie_to_parent=True)
+    try:
+        yield info
+    finally:
+        cluster.down()
+
+
 async def eventually(
-    check: Callable[[], Awaitable[Any]], timeout: float = 60.0, interval: float = 0.2
+    check: Callable[[], Awaitable[Any]],
+    timeout: float = 60.0,
+    interval: float = 0.2,
+    what: str = "condition",
 ) -> Any:
     deadline = time.monotonic() + timeout
     last: Any = None
@@ -29,7 +55,7 @@ async def eventually(
         if last:
             return last
         await asyncio.sleep(interval)
-    raise AssertionError(f"not met within {timeout}s; last={last!r}")
+    raise AssertionError(f"{what}: not met within {timeout:.0f}s; last={last!r}")
 
 
 class Running:

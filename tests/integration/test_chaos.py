@@ -32,11 +32,12 @@ import pytest
 from kubernetes_asyncio import client
 
 import crd
-from gpuop.cluster import NFD_GPU_LABEL, ClusterInfo, LocalCluster, cache_dir
+from gpuop.cluster import NFD_GPU_LABEL, ClusterInfo
 from gpuop.install import ensure_namespace, install_crd
 from gpuop.kube import api_client as make_api_client
 from gpuop.rest import Kind, Rest, by_kind
 from statemachine.upgrade_keys import IN_PROGRESS_STATES, STATE_LABEL, UpgradeState
+from tests.integration.harness import eventually, own_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
@@ -66,21 +67,11 @@ ROLLOUT_TIMEOUT = 180.0
 UPGRADE_TIMEOUT = 300.0
 
 
-def _cluster_dir() -> Path:
-    base = os.environ.get("GPUOP_TEST_CLUSTER_DIR")
-    return Path(f"{base}-chaos") if base else cache_dir() / "test-cluster-chaos"
-
-
 @pytest.fixture(scope="module")
 def chaos_cluster() -> Iterator[ClusterInfo]:
     """A cluster of its own: the session cluster has too few GPU nodes."""
-    cluster = LocalCluster(_cluster_dir())
-    cluster.down()
-    info = cluster.up(nodes=GPU_NODES + 1, gpu_nodes=GPU_NODES, tie_to_parent=True)
-    try:
+    with own_cluster("-chaos", gpu_nodes=GPU_NODES) as info:
         yield info
-    finally:
-        cluster.down()
 
 
 @pytest.fixture(scope="module")
@@ -309,17 +300,6 @@ class OperatorProcess:
 
 
 # ------------------------------------------------------------------ helpers
-async def _eventually(check: Any, timeout: float, what: str, interval: float = 0.5) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = await check()
-        if last:
-            return last
-        await asyncio.sleep(interval)
-    raise AssertionError(f"{what}: not within {timeout:.0f}s; last={last!r}")
-
-
 async def _driver_hashes(rest: Rest) -> dict[str, str]:
     pods = await rest.list(POD, OPERATOR_NS, label_selector="app=nvidia-driver-daemonset")
     return {
@@ -361,17 +341,17 @@ async def test_sigkilled_operator_upgrades_every_node_within_budget_and_pdb(
             got = await rest.get(POLICY, "cluster-policy")
             return ((got or {}).get("status") or {}).get("state") == "ready"
 
-        await _eventually(policy_ready, ROLLOUT_TIMEOUT, "initial rollout")
+        await eventually(policy_ready, ROLLOUT_TIMEOUT, interval=0.5, what="initial rollout")
         before = await _driver_hashes(rest)
         assert len(before) == GPU_NODES, before
 
         deployment, pdb = _workload()
         await rest.apply(deployment)
         await client.PolicyV1Api(rest.api).create_namespaced_pod_disruption_budget(WORKLOAD_NS, pdb)
-        await _eventually(lambda: _available(rest), 120, "workload available")
+        await eventually(lambda: _available(rest), 120, interval=0.5, what="workload available")
 
         watching = asyncio.create_task(watcher.run())
-        await _eventually(lambda: _seen(watcher), 30, "watcher synced")
+        await eventually(lambda: _seen(watcher), 30, interval=0.5, what="watcher synced")
         watcher.guard_pods = True
         watcher.check("baseline")
 
@@ -406,13 +386,17 @@ async def test_sigkilled_operator_upgrades_every_node_within_budget_and_pdb(
             return (done, detail) if done else None
 
         try:
-            await _eventually(finished, UPGRADE_TIMEOUT, "upgrade after the kills", 1.0)
+            await eventually(
+                finished, UPGRADE_TIMEOUT, interval=1.0, what="upgrade after the kills"
+            )
         except AssertionError as err:
             raise AssertionError(
                 f"{err}\nseed {seed}; kills {kills}; violations {watcher.violations[:5]}\n"
                 f"PDB status: {await _pdb_status(rest)}\n{operator.tail()}"
             ) from err
-        await _eventually(lambda: _available(rest), 60, "workload available at the end")
+        await eventually(
+            lambda: _available(rest), 60, interval=0.5, what="workload available at the end"
+        )
         assert operator.alive(), operator.tail()
 
         if watcher.violations:

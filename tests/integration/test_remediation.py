@@ -16,7 +16,7 @@ from kubernetes_asyncio import client
 
 import crd
 from gpuop.cli import main
-from gpuop.cluster import ClusterInfo, LocalCluster
+from gpuop.cluster import ClusterInfo
 from gpuop.cluster._health import mark_gpu_health, verdict_for
 from gpuop.install import ensure_namespace, install_crd
 from gpuop.kube import api_client as make_api_client
@@ -32,8 +32,7 @@ from statemachine.remediation import (
     RESUME_ANNOTATION,
     TAINT_KEY,
 )
-from tests.conftest import _cluster_dir
-from tests.integration.harness import NAMESPACE, NODE, POLICY, Running, eventually
+from tests.integration.harness import NAMESPACE, NODE, POLICY, Running, eventually, own_cluster
 
 pytestmark = pytest.mark.integration
 
@@ -45,14 +44,8 @@ GPUS = [f"gpu-node-{i:04d}" for i in range(GPU_NODES)]
 
 @pytest.fixture(scope="module")
 def fleet() -> Iterator[ClusterInfo]:
-    base = _cluster_dir()
-    cluster = LocalCluster(base.with_name(base.name + "-remediation"))
-    cluster.down()
-    info = cluster.up(nodes=GPU_NODES + 1, gpu_nodes=GPU_NODES, tie_to_parent=True)
-    try:
+    with own_cluster("-remediation", gpu_nodes=GPU_NODES) as info:
         yield info
-    finally:
-        cluster.down()
 
 
 @pytest.fixture(scope="module")
