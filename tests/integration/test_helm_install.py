@@ -180,8 +180,9 @@ async def test_install_run_as_the_chart_service_account_upgrade_and_uninstall(
                 assert after["metadata"]["generation"] == driver["metadata"]["generation"]
 
                 # A driver change through the chart upgrades every GPU node, with
-                # cordon, pod deletion, a drain (one workload pod to evict) and
-                # uncordon done under the chart's RBAC.
+                # cordon, pod deletion, a drain (one workload pod to evict: a bare pod,
+                # so `force`, as kubectl drain needs) and uncordon done under the
+                # chart's RBAC.
                 workloads = f"{namespace}-apps"
                 await admin.apply(
                     {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": workloads}}
@@ -206,6 +207,7 @@ async def test_install_run_as_the_chart_service_account_upgrade_and_uninstall(
                     "driver.upgradePolicy.maxParallelUpgrades=0",
                     "driver.upgradePolicy.maxUnavailable=100%",
                     "driver.upgradePolicy.drain.enable=true",
+                    "driver.upgradePolicy.drain.force=true",
                 )
                 await eventually(lambda: _upgraded(admin), timeout=90)
                 await eventually(
