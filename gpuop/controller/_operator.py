@@ -12,10 +12,12 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from components import COMPONENTS, RenderContext, node_facts
 from components._k8s import COMPONENT_LABEL, MANAGED_BY, MANAGED_BY_LABEL
 from components.driver import DAEMONSET_NAME as DRIVER_DS
+from components.driver import NAME as DRIVER_COMPONENT
 from components.hashing import applied_hash, needs_apply, with_hash
 from components.labels import any_mig_capable, is_gpu_node, node_label_changes
 from components.readiness import component_ready
 from crd import (
+    OWNER_LABEL,
     REASON_INVALID_SPEC,
     REASON_NFD_LABELS_MISSING,
     REASON_OPERAND_NOT_READY,
@@ -31,6 +33,7 @@ from crd import (
 )
 from gpuop.controller._config import OperatorConfig
 from gpuop.controller._nodes import is_ready, labels, node_fingerprint, trim_node
+from gpuop.controller._nvidiadriver import NVD_KEY, NVIDIADrivers, is_policy_driver, nvd_owner
 from gpuop.controller._pods import pod_index, pod_selector, trim_pod, trim_revision
 from gpuop.controller._status import status_dict, status_patch
 from gpuop.controller._upgrade import Upgrades, policy_view, requeue_after
@@ -156,11 +159,19 @@ class Operator:
         self._status_written: dict[str, float] = {}
         self.synced = False
         self._started = time.monotonic()
+        self.nvd = NVIDIADrivers(self)
 
     # ------------------------------------------------------------- informers
     @property
     def informers(self) -> list[Informer]:
-        return [self.nodes, self.policies, self.pods, self.revisions, *self.owned.values()]
+        return [
+            self.nodes,
+            self.policies,
+            self.pods,
+            self.revisions,
+            self.nvd.driver_pods,
+            *self.owned.values(),
+        ]
 
     async def run(self) -> None:
         """Run until cancelled; any root task dying ends the process (TaskGroup)."""
@@ -175,6 +186,7 @@ class Operator:
                 seconds=round(time.monotonic() - self._started, 2),
             )
             group.create_task(self.queue.run(), name="workqueue")
+            group.create_task(self.nvd.run(), name="nvidiadrivers")
             self.queue.add(CLUSTER_KEY)
             self.queue.add(UPGRADES_KEY)
             for name in self.nodes.store:
@@ -188,6 +200,7 @@ class Operator:
         if node_fingerprint(old) == node_fingerprint(new):
             return
         self.queue.add(NODE_PREFIX + name)
+        self.queue.add(NVD_KEY)
         if event != "MODIFIED" or _budget_facts(old) != _budget_facts(new):
             self.queue.add(UPGRADES_KEY)  # only what the fleet budget reads
         if event != "MODIFIED" or _gpu_facts(old) != _gpu_facts(new):
@@ -204,6 +217,7 @@ class Operator:
             return  # only status changed (most likely our own write)
         self.queue.add(CLUSTER_KEY)
         self.queue.add(UPGRADES_KEY)
+        self.queue.add(NVD_KEY)
         # Enabled components decide each node's deploy labels.
         for name, node in self.nodes.store.items():
             if is_gpu_node(labels(node)):
@@ -215,6 +229,8 @@ class Operator:
         if event == "DELETED":
             self._applied.pop(_cache_key(obj), None)
         self.queue.add(CLUSTER_KEY)
+        if nvd_owner(obj) is not None or is_policy_driver(obj["metadata"]["name"]):
+            self.queue.add(NVD_KEY)  # NVIDIADriver status, and the driver hand-over
 
     def _on_pod(self, event: str, old: Obj | None, new: Obj | None) -> None:
         pod = new or old
@@ -242,6 +258,8 @@ class Operator:
             await self.reconcile_upgrades()
         elif key.startswith(NODE_PREFIX):
             await self.reconcile_node(key[len(NODE_PREFIX) :])
+        elif key == NVD_KEY:
+            await self.nvd.reconcile()
 
     def active_policy(self) -> tuple[Obj | None, ClusterPolicy | None, list[str]]:
         """The oldest ClusterPolicy is the active one; parsed once per resourceVersion."""
@@ -323,6 +341,12 @@ class Operator:
             c.name: [with_hash(_owned_by(o, owner)) for o in c.objects(spec, ctx)]
             for c in COMPONENTS
         }
+        held = self.nvd.holds_policy_driver()
+        if held:
+            # NVIDIADriver pods still run: the ClusterPolicy's driver waits until they left.
+            desired[DRIVER_COMPONENT] = [
+                o for o in desired[DRIVER_COMPONENT] if o["kind"] != "DaemonSet"
+            ]
         snapshot: dict[str, ComponentStatus] = {}
         actual: dict[str, tuple[bool, str]] = {}
         daemonsets = {d["metadata"]["name"]: d for d in self.owned["DaemonSet"].values()}
@@ -335,6 +359,8 @@ class Operator:
             ready, message = component_ready(objs, daemonsets)
             if not applied:
                 ready, message = False, "applying"
+            if comp.name == DRIVER_COMPONENT:
+                ready, message = self._driver_handover(spec, held, ready, message)
             actual[comp.name] = (ready, message)
             # A non-gating component never holds later ones back, but still
             # counts for overall readiness below.
@@ -396,6 +422,23 @@ class Operator:
         status = status.model_copy(update={"rollout_state": plan.state, "components": components})
         await self._write_status(raw, status)
 
+    def _driver_handover(
+        self, spec: ClusterPolicySpec, held: bool, ready: bool, message: str
+    ) -> tuple[bool, str]:
+        """The driver state while NVIDIADrivers are involved: not ready while their pods
+        are being replaced by the ClusterPolicy's, or while one of their upgrades is
+        pending, running or failed (as upstream)."""
+        if held and not spec.driver.use_nvidia_driver_crd:
+            return False, "waiting for NVIDIADriver driver pods to leave"
+        upgrading = self.nvd.upgrade_incomplete() if spec.driver.use_nvidia_driver_crd else []
+        if upgrading:
+            more = f" and {len(upgrading) - 3} more" if len(upgrading) > 3 else ""
+            return (
+                False,
+                f"NVIDIADriver upgrade in progress or failed on {', '.join(upgrading[:3])}{more}",
+            )
+        return ready, message
+
     async def _has_service_monitors(self, raw: Obj) -> bool:
         """Whether the Prometheus operator's ServiceMonitor API is served (discovery,
         which every authenticated client may read). Asked once per policy version,
@@ -436,8 +479,8 @@ class Operator:
         for kind_name, informer in self.owned.items():
             for obj in informer.values():
                 obj.setdefault("kind", kind_name)
-                if _cache_key(obj) in wanted:
-                    continue
+                if _cache_key(obj) in wanted or nvd_owner(obj) is not None:
+                    continue  # NVIDIADriver objects are pruned by their own controller
                 kind = _OWNED_KINDS[kind_name]
                 meta = obj["metadata"]
                 if meta.get("deletionTimestamp"):
@@ -599,7 +642,11 @@ def _gpu_facts(node: Obj | None) -> Any:
     if node is None:
         return None
     node_labels = labels(node)
-    return (is_gpu_node(node_labels), node_labels.get("nvidia.com/mig.capable"))
+    return (
+        is_gpu_node(node_labels),
+        node_labels.get("nvidia.com/mig.capable"),
+        node_labels.get(OWNER_LABEL),  # holds the ClusterPolicy's driver back
+    )
 
 
 def _cache_key(obj: Obj) -> tuple[str, str]:
