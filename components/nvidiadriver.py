@@ -164,12 +164,13 @@ def policy_for(spec: NVIDIADriverSpec, base: ClusterPolicySpec) -> ClusterPolicy
         else None,
         kernel_module_config=spec.kernel_module_config,
     )
-    tolerations = [Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")]
+    gpu = Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")
+    extra = [t for t in spec.tolerations or [] if t != gpu]
     daemonsets = base.daemonsets.model_copy(
         update={
             "labels": dict(spec.labels or {}),
             "annotations": dict(spec.annotations or {}),
-            "tolerations": [*tolerations, *(spec.tolerations or [])],
+            "tolerations": [gpu, *extra],
             "priority_class_name": spec.priority_class_name or "system-node-critical",
         }
     )
