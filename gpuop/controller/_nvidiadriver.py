@@ -24,7 +24,7 @@ from pydantic import ValidationError
 
 from components import RenderContext, daemonset_ready, is_gpu_node, with_hash
 from components.driver import DAEMONSET_NAME as POLICY_DRIVER_DS
-from components.nvidiadriver import NVIDIADriverRenderError, render
+from components.nvidiadriver import NVIDIADriverRenderError, policy_for, render
 from crd import (
     CONDITION_ERROR,
     CONDITION_READY,
@@ -43,11 +43,13 @@ from crd import (
     set_conditions,
 )
 from gpuop.controller._nodes import labels
-from gpuop.controller._pods import trim_pod
+from gpuop.controller._pods import pod_index, trim_pod
 from gpuop.controller._status import status_patch
+from gpuop.controller._upgrade import policy_view
 from gpuop.informer import Informer, Obj, ResourceSpec
 from gpuop.log import get_logger
 from gpuop.rest import by_kind
+from statemachine import UpgradePolicyView
 from statemachine.driver_owner import DriverResource, assign_owners
 from statemachine.upgrade_keys import STATE_LABEL
 
@@ -136,6 +138,7 @@ class NVIDIADrivers:
                     f"app.kubernetes.io/component in ({','.join(DRIVER_COMPONENTS)})"
                 ),
                 transform=trim_pod,
+                index=pod_index,
                 page_size=250,
             ),
             self._on_pod,
@@ -162,10 +165,16 @@ class NVIDIADrivers:
         self.op.queue.add(NVD_KEY)
 
     def _on_pod(self, event: str, old: Obj | None, new: Obj | None) -> None:
+        pod = new or old
+        assert pod is not None
+        node = (pod.get("spec") or {}).get("nodeName")
+        if node:
+            self.op.queue.add("node/" + node)  # the node's upgrade reads its driver pod
         if event == "MODIFIED":
-            return  # hand-over gates only ask whether a driver pod is on a node
+            return  # hand-over gates and the fleet budget only ask whether one is there
         self.op.queue.add(NVD_KEY)
         self.op.queue.add("cluster")
+        self.op.queue.add("upgrades")
 
     # ----------------------------------------------------------- questions
     def _enabled(self) -> bool:
@@ -181,6 +190,44 @@ class NVIDIADrivers:
             not is_policy_driver(str(p["metadata"]["labels"].get("app", "")))
             for p in self.driver_pods.values()
         )
+
+    def _model(self, name: str) -> NVIDIADriver | None:
+        raw = self.drivers.get(name)
+        if raw is None or raw["metadata"].get("deletionTimestamp"):
+            return None
+        try:
+            return parse_nvidiadriver(raw)
+        except ValidationError:
+            return None
+
+    def driver_app(self, node: str) -> str:
+        """The driver DaemonSet (`app`) running on ``node``: the ClusterPolicy's, or the
+        owning resource's whose pool selects the node ("" when there is none yet)."""
+        found = self.op.nodes.get(node)
+        owner = labels(found).get(OWNER_LABEL) if found is not None else None
+        if not owner:
+            return POLICY_DRIVER_DS
+        node_labels = labels(found) if found is not None else {}
+        for ds in self.op.owned["DaemonSet"].values():
+            if nvd_owner(ds) != owner:
+                continue
+            selector = ds["spec"]["template"]["spec"].get("nodeSelector") or {}
+            if all(node_labels.get(k) == v for k, v in selector.items()):
+                return str(ds["metadata"]["name"])
+        return ""
+
+    def upgrade_policies(self) -> dict[str, UpgradePolicyView] | None:
+        """Each resource's own upgradePolicy (upstream defaults when unset); None when the
+        ClusterPolicy does not use NVIDIADrivers."""
+        spec = self.op.active_spec()
+        if spec is None or not self._enabled() or not self.drivers.synced.is_set():
+            return None
+        result = {}
+        for raw in self.drivers.values():
+            model = self._model(raw["metadata"]["name"])
+            if model is not None:
+                result[model.name] = policy_view(policy_for(model.spec, spec))
+        return result
 
     def upgrade_incomplete(self) -> list[str]:
         """Nodes owned by a resource whose driver upgrade is pending, running or failed

@@ -160,6 +160,8 @@ class Operator:
         self.synced = False
         self._started = time.monotonic()
         self.nvd = NVIDIADrivers(self)
+        self.upgrades.driver_app = self.nvd.driver_app
+        self.upgrades.driver_pods = self.nvd.driver_pods
 
     # ------------------------------------------------------------- informers
     @property
@@ -564,13 +566,21 @@ class Operator:
             self.queue.add(NODE_PREFIX + name)  # again, on the fresh labels
             return
         policy = policy_view(spec) if spec is not None else UpgradePolicyView()
+        app = self.nvd.driver_app(name)
+        owner = labels(node).get(OWNER_LABEL)
+        if owner:
+            # An NVIDIADriver drives this node: its own upgradePolicy applies.
+            policy = (self.nvd.upgrade_policies() or {}).get(owner) or UpgradePolicyView(
+                auto_upgrade=False
+            )
         if not (policy.auto_upgrade and is_gpu_node(labels(node))):
             if STATE_LABEL not in labels(node):
                 return
             # Upgrades off, no policy (uninstall) or no longer a GPU node: the rulebook
             # uncordons what we cordoned and removes our label and annotations.
             policy = UpgradePolicyView(auto_upgrade=False)
-        decision = await self.upgrades.step(node, policy, self.upgrades.newest_driver_revision())
+        newest = self.upgrades.newest_driver_revision(app) if app else None
+        decision = await self.upgrades.step(node, policy, newest)
         delay = requeue_after(decision)
         if delay is not None:
             self.queue.add_after(NODE_PREFIX + name, delay)
@@ -584,13 +594,21 @@ class Operator:
         spec = self.active_spec()
         if spec is None:
             return
-        policy = policy_view(spec)
-        if not policy.auto_upgrade:
-            self.upgrades.granted.clear()
-            return
+        # One budget per driver owner: the ClusterPolicy's nodes, and each
+        # NVIDIADriver's nodes under that resource's own upgradePolicy.
+        groups: dict[str | None, list[Obj]] = {}
+        for node in self.nodes.values():
+            groups.setdefault(labels(node).get(OWNER_LABEL), []).append(node)
+        policies: dict[str | None, UpgradePolicyView] = {None: policy_view(spec)}
+        policies.update(self.nvd.upgrade_policies() or {})
         newest = self.upgrades.newest_driver_revision()
-        for name in self.upgrades.select(self.nodes.values(), policy, newest):
-            self.queue.add(NODE_PREFIX + name)
+        for owner, nodes in groups.items():
+            policy = policies.get(owner, UpgradePolicyView(auto_upgrade=False))
+            if not policy.auto_upgrade:
+                self.upgrades.granted.difference_update(n["metadata"]["name"] for n in nodes)
+                continue
+            for name in self.upgrades.select(nodes, policy, newest):
+                self.queue.add(NODE_PREFIX + name)
 
 
 def _without_messages(value: Any) -> Any:
@@ -631,6 +649,7 @@ def _budget_facts(node: Obj | None) -> Any:
     node_labels = labels(node)
     return (
         node_labels.get(STATE_LABEL),
+        node_labels.get(OWNER_LABEL),  # which budget the node counts in
         node_labels.get("nvidia.com/gpu-driver-upgrade.skip"),
         is_gpu_node(node_labels),
         node["spec"].get("unschedulable", False),
@@ -642,10 +661,12 @@ def _gpu_facts(node: Obj | None) -> Any:
     if node is None:
         return None
     node_labels = labels(node)
+    owner = node_labels.get(OWNER_LABEL)
     return (
         is_gpu_node(node_labels),
         node_labels.get("nvidia.com/mig.capable"),
-        node_labels.get(OWNER_LABEL),  # holds the ClusterPolicy's driver back
+        owner,  # holds the ClusterPolicy's driver back
+        node_labels.get(STATE_LABEL) if owner else None,  # NVIDIADriver upgrades: not ready
     )
 
 

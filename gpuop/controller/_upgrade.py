@@ -11,7 +11,7 @@ whole fleet, so the parallelism budget holds however many workers run.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -169,10 +169,14 @@ class Upgrades:
         #: and safe so: a lost grant just means the next ``upgrades`` pass grants again.
         self.granted: set[str] = set()
         self._blocked: dict[str, str] = {}
+        #: Hooks for NVIDIADrivers: which driver DaemonSet (its `app`) runs on a node,
+        #: and the cache holding its pods, indexed by (node, app).
+        self.driver_app: Callable[[str], str] = lambda node: DRIVER_DS
+        self.driver_pods: Any = pods
 
     # ------------------------------------------------------------- inputs
-    def newest_driver_revision(self) -> str | None:
-        ds = self._daemonsets.get(f"{self.namespace}/{DRIVER_DS}")
+    def newest_driver_revision(self, app: str = DRIVER_DS) -> str | None:
+        ds = self._daemonsets.get(f"{self.namespace}/{app}")
         if ds is None:
             return None
         uid = ds["metadata"].get("uid")
@@ -191,10 +195,12 @@ class Upgrades:
         pods: list[Obj] = self._pods.indexed((node, app))
         return pods
 
+    def _driver_pods_on(self, node: str) -> list[Obj]:
+        pods: list[Obj] = self.driver_pods.indexed((node, self.driver_app(node)))
+        return pods
+
     def _live_driver_pods(self, node: str) -> list[Obj]:
-        return [
-            p for p in self._pods_on(node, DRIVER_DS) if not p["metadata"].get("deletionTimestamp")
-        ]
+        return [p for p in self._driver_pods_on(node) if not p["metadata"].get("deletionTimestamp")]
 
     def driver_pod(self, node: str) -> DriverPodView | None:
         pods = self._live_driver_pods(node)
@@ -378,7 +384,7 @@ class Upgrades:
         elif action is Action.DRAIN:
             await self._drain(view.name, policy, decision.force)
         elif action is Action.RESTART_DRIVER_POD:
-            for pod in self._pods_on(view.name, DRIVER_DS):
+            for pod in self._driver_pods_on(view.name):
                 await self._delete_pod(pod)
 
     async def _drain(self, node: str, policy: UpgradePolicyView, force: bool) -> None:

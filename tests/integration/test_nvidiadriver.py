@@ -16,6 +16,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 import crd
 from gpuop.informer import Informer, Obj, ResourceSpec
 from gpuop.rest import Rest, by_kind
+from statemachine.upgrade_keys import IN_PROGRESS_STATES, STATE_LABEL, UpgradeState
 from tests.conftest import TEST_GPU_NODES
 from tests.integration.harness import NAMESPACE, NODE, POLICY, Running, eventually, policy_state_is
 
@@ -117,8 +118,9 @@ async def _cleanup(rest: Rest) -> None:
     for existing in await rest.list(NVD):
         await rest.delete(NVD, existing["metadata"]["name"])
     for name, labels in (await _labels(rest)).items():
-        if crd.OWNER_LABEL in labels:
-            await rest.merge_patch(NODE, name, {"metadata": {"labels": {crd.OWNER_LABEL: None}}})
+        if crd.OWNER_LABEL in labels or STATE_LABEL in labels:
+            patch = {crd.OWNER_LABEL: None, STATE_LABEL: None}
+            await rest.merge_patch(NODE, name, {"metadata": {"labels": patch}})
 
 
 async def test_resources_own_their_nodes_and_hand_over_exclusively(
@@ -240,3 +242,122 @@ async def test_api_server_enforces_the_cel_rules(rest: Rest) -> None:
             assert "immutable" in str(err.value)
     finally:
         await _cleanup(rest)
+
+
+class UpgradeWatch:
+    """The most nodes of each owner ever in an upgrade slot at once, every state any
+    node passed through, and every ClusterPolicy state/message seen."""
+
+    def __init__(self, rest: Rest) -> None:
+        self.nodes: dict[str, dict[str, str]] = {}
+        self.peak: Counter[str] = Counter()
+        self.states: dict[str, set[str]] = {}
+        self.policy_messages: list[tuple[str, str]] = []
+        self.node_informer = Informer(ResourceSpec("test-nodes", rest.lister(NODE)), self._on_node)
+        self.policy_informer = Informer(
+            ResourceSpec("test-policies", rest.lister(POLICY)), self._on_policy
+        )
+
+    def _on_node(self, event: str, old: Obj | None, new: Obj | None) -> None:
+        node = new or old
+        assert node is not None
+        name = node["metadata"]["name"]
+        labels = node["metadata"].get("labels") or {}
+        self.nodes[name] = labels
+        state = labels.get(STATE_LABEL, "")
+        self.states.setdefault(name, set()).add(state)
+        busy: Counter[str] = Counter(
+            lab.get(crd.OWNER_LABEL, "")
+            for lab in self.nodes.values()
+            if UpgradeState(lab.get(STATE_LABEL) or "unknown") in IN_PROGRESS_STATES
+        )
+        for owner, count in busy.items():
+            self.peak[owner] = max(self.peak[owner], count)
+
+    def _on_policy(self, event: str, old: Obj | None, new: Obj | None) -> None:
+        status = (new or {}).get("status") or {}
+        ready = [c for c in status.get("conditions") or [] if c["type"] == "Ready"]
+        if ready:
+            self.policy_messages.append((status.get("state", ""), ready[0]["message"]))
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self.node_informer.run())
+            group.create_task(self.policy_informer.run())
+
+
+async def _driver_pods(rest: Rest) -> dict[str, tuple[str, str]]:
+    """node -> (pod uid, driver image) of the live driver pods."""
+    pods = await rest.list(
+        POD, NAMESPACE, label_selector="app.kubernetes.io/component=nvidia-driver"
+    )
+    return {
+        p["spec"]["nodeName"]: (p["metadata"]["uid"], p["spec"]["containers"][0]["image"])
+        for p in pods
+        if not p["metadata"].get("deletionTimestamp") and p["spec"].get("nodeName")
+    }
+
+
+async def test_version_change_upgrades_only_that_resources_nodes_within_its_budget(
+    rest: Rest, api_client: client.ApiClient
+) -> None:
+    await _cleanup(rest)
+    policy = crd.sample_policy()
+    policy["spec"]["driver"]["useNvidiaDriverCRD"] = True
+    await rest.apply(policy)
+    budget = {"autoUpgrade": True, "maxParallelUpgrades": 1, "maxUnavailable": "100%"}
+    await rest.apply(_nvd("default", default=True, version="580.95.05", upgradePolicy=budget))
+    await rest.apply(
+        _nvd("h100", nodeSelector={PRODUCT: H100}, version="590.48.01", upgradePolicy=budget)
+    )
+    watch = UpgradeWatch(rest)
+    watcher = asyncio.create_task(watch.run())
+    try:
+        async with Running(api_client):
+            gpu = await _gpu_nodes(rest)
+            h100 = {n for n, lab in gpu.items() if lab.get(PRODUCT) == H100}
+            others = set(gpu) - h100
+
+            async def all_running() -> dict[str, tuple[str, str]] | None:
+                pods = await _driver_pods(rest)
+                states = [await _nvd_state(rest, n) for n in ("default", "h100")]
+                ok = set(pods) == set(gpu) and states == [("ready", None)] * 2
+                return pods if ok else None
+
+            before = await eventually(all_running, timeout=120)
+            assert await eventually(lambda: policy_state_is(rest, "ready"), timeout=60)
+
+            await rest.merge_patch(NVD, "default", {"spec": {"version": "580.105.08"}})
+
+            async def upgraded() -> dict[str, tuple[str, str]] | None:
+                pods = await _driver_pods(rest)
+                done = all(
+                    n in pods
+                    and pods[n][1].endswith(":580.105.08-ubuntu22.04")
+                    and watch.nodes.get(n, {}).get(STATE_LABEL) == "upgrade-done"
+                    for n in others
+                )
+                return pods if done else None
+
+            after = await eventually(upgraded, timeout=180)
+            assert await eventually(lambda: policy_state_is(rest, "ready"), timeout=60)
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+        await _cleanup(rest)
+    # Every default node went through the upgrade, one at a time (its budget) ...
+    assert watch.peak["default"] == 1
+    for node in others:
+        assert "pod-restart-required" in watch.states[node]
+        assert after[node][0] != before[node][0]
+    # ... the H100 node's driver never moved ...
+    for node in h100:
+        assert after[node] == before[node]
+        assert watch.states[node] <= {"", "upgrade-done"}
+    assert watch.peak["h100"] == 0
+    # ... and the ClusterPolicy said so while it ran.
+    assert any(
+        state == "notReady" and "NVIDIADriver upgrade" in message
+        for state, message in watch.policy_messages
+    )
