@@ -143,6 +143,7 @@ class NVIDIADrivers:
             ),
             self._on_pod,
         )
+        self._parsed: dict[str, tuple[str, NVIDIADriver | None]] = {}
 
     # ------------------------------------------------------------ watching
     async def run(self) -> None:
@@ -192,13 +193,20 @@ class NVIDIADrivers:
         )
 
     def _model(self, name: str) -> NVIDIADriver | None:
+        """The parsed resource, once per resourceVersion (every node pass asks)."""
         raw = self.drivers.get(name)
         if raw is None or raw["metadata"].get("deletionTimestamp"):
             return None
+        rv = str(raw["metadata"].get("resourceVersion"))
+        cached = self._parsed.get(name)
+        if cached is not None and cached[0] == rv:
+            return cached[1]
         try:
-            return parse_nvidiadriver(raw)
+            model: NVIDIADriver | None = parse_nvidiadriver(raw)
         except ValidationError:
-            return None
+            model = None
+        self._parsed[name] = (rv, model)
+        return model
 
     def driver_app(self, node: str) -> str:
         """The driver DaemonSet (`app`) running on ``node``: the ClusterPolicy's, or the

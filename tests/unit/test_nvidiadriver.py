@@ -341,3 +341,33 @@ spec:
     model = crd.parse_nvidiadriver(raw)
     assert model.name == "demo"
     assert model.spec.upgrade_policy_with_defaults().max_parallel_upgrades == 1
+
+
+# ------------------------------------------------------------ controller helpers
+def test_policy_driver_names_and_resource_ownership() -> None:
+    from gpuop.controller._nvidiadriver import is_policy_driver, nvd_owner
+
+    assert is_policy_driver("nvidia-driver-daemonset")
+    assert is_policy_driver("nvidia-driver-daemonset-5.15.0-124-generic-ubuntu22.04")
+    assert not is_policy_driver("nvidia-gpu-driver-ubuntu22.04-5799489887")
+    owned = {"metadata": {"ownerReferences": [{"kind": "NVIDIADriver", "name": "h100"}]}}
+    assert nvd_owner(owned) is None  # a reference that is not the controller
+    owned["metadata"]["ownerReferences"][0]["controller"] = True
+    assert nvd_owner(owned) == "h100"
+    assert nvd_owner({"metadata": {}}) is None
+
+
+def test_owner_label_changes_wake_the_cluster_and_budget_passes() -> None:
+    from gpuop.controller._operator import _budget_facts, _gpu_facts
+
+    def node(**extra: str) -> dict[str, Any]:
+        labels = {"nvidia.com/gpu.present": "true", **extra}
+        return {"metadata": {"labels": labels}, "spec": {}, "status": {}}
+
+    plain, owned = node(), node(**{OWNER_LABEL: "h100"})
+    assert _gpu_facts(plain) != _gpu_facts(owned)
+    assert _budget_facts(plain) != _budget_facts(owned)
+    upgrading = node(
+        **{OWNER_LABEL: "h100", "nvidia.com/gpu-driver-upgrade-state": "drain-required"}
+    )
+    assert _gpu_facts(owned) != _gpu_facts(upgrading)
