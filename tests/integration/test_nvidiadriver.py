@@ -286,13 +286,17 @@ class UpgradeWatch:
             group.create_task(self.policy_informer.run())
 
 
-async def _driver_pods(rest: Rest) -> dict[str, tuple[str, str]]:
-    """node -> (pod uid, driver image) of the live driver pods."""
+async def _driver_pods(rest: Rest) -> dict[str, tuple[str, str, str]]:
+    """node -> (pod uid, driver image, app) of the live driver pods."""
     pods = await rest.list(
         POD, NAMESPACE, label_selector="app.kubernetes.io/component=nvidia-driver"
     )
     return {
-        p["spec"]["nodeName"]: (p["metadata"]["uid"], p["spec"]["containers"][0]["image"])
+        p["spec"]["nodeName"]: (
+            p["metadata"]["uid"],
+            p["spec"]["containers"][0]["image"],
+            p["metadata"]["labels"]["app"],
+        )
         for p in pods
         if not p["metadata"].get("deletionTimestamp") and p["spec"].get("nodeName")
     }
@@ -318,10 +322,14 @@ async def test_version_change_upgrades_only_that_resources_nodes_within_its_budg
             h100 = {n for n, lab in gpu.items() if lab.get(PRODUCT) == H100}
             others = set(gpu) - h100
 
-            async def all_running() -> dict[str, tuple[str, str]] | None:
+            async def all_running() -> dict[str, tuple[str, str, str]] | None:
                 pods = await _driver_pods(rest)
                 states = [await _nvd_state(rest, n) for n in ("default", "h100")]
-                ok = set(pods) == set(gpu) and states == [("ready", None)] * 2
+                ok = (
+                    set(pods) == set(gpu)
+                    and all(app != POLICY_DS for _, _, app in pods.values())
+                    and states == [("ready", None)] * 2
+                )
                 return pods if ok else None
 
             before = await eventually(all_running, timeout=120)
@@ -329,7 +337,7 @@ async def test_version_change_upgrades_only_that_resources_nodes_within_its_budg
 
             await rest.merge_patch(NVD, "default", {"spec": {"version": "580.105.08"}})
 
-            async def upgraded() -> dict[str, tuple[str, str]] | None:
+            async def upgraded() -> dict[str, tuple[str, str, str]] | None:
                 pods = await _driver_pods(rest)
                 done = all(
                     n in pods
