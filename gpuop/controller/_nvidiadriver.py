@@ -288,6 +288,7 @@ class NVIDIADrivers:
             for name, m in models.items()
         ]
         assignment = assign_owners(gpu, resources, self._held_nodes())
+        intended = assign_owners(gpu, resources).owners  # once every hand-over is done
         changes: dict[str, str | None] = dict(assignment.changes)
         for node in nodes:
             name = node["metadata"]["name"]
@@ -303,9 +304,14 @@ class NVIDIADrivers:
             if problem is not None:
                 await self._fail(current, problem.reason, problem.message)
                 continue
-            await self._reconcile_one(current, model)
+            waiting = sorted(
+                n for n, o in intended.items() if o == name and assignment.owners.get(n) != name
+            )
+            await self._reconcile_one(current, model, waiting)
 
-    async def _reconcile_one(self, raw: Obj, model: NVIDIADriver) -> None:
+    async def _reconcile_one(self, raw: Obj, model: NVIDIADriver, waiting: list[str]) -> None:
+        """Apply and prune one resource's DaemonSets; ``waiting`` are the nodes it will
+        own once their current driver pod has left (it is not ready before)."""
         spec = self.op.active_spec()
         assert spec is not None
         meta = raw["metadata"]
@@ -344,7 +350,7 @@ class NVIDIADrivers:
                 continue
             await self.op.rest.delete(DAEMONSET, ds_meta["name"], ds_meta.get("namespace"))
             log.info("deleted", kind="DaemonSet", name=ds_meta["name"], nvidiadriver=meta["name"])
-        problems = []
+        problems = [f"{node}: waiting for the previous driver to leave" for node in waiting]
         for obj in objs:
             observed = daemonsets.get(f"{obj['metadata']['namespace']}/{obj['metadata']['name']}")
             ok, message = daemonset_ready(observed) if observed else (False, "not created yet")

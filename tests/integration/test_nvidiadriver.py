@@ -199,6 +199,23 @@ async def test_resources_own_their_nodes_and_hand_over_exclusively(
 
             assert await eventually(h100_ready, timeout=60)
 
+            # A second default: both fail, nothing moves.
+            await rest.apply(_nvd("default-2", default=True))
+
+            async def two_defaults() -> bool:
+                states = [await _nvd_state(rest, n) for n in ("default", "default-2")]
+                return states == [("notReady", "ReconcileFailed")] * 2
+
+            assert await eventually(two_defaults, timeout=60)
+            labels = await _labels(rest)
+            assert {n: labels[n].get(crd.OWNER_LABEL) for n in gpu} == owners
+            await rest.delete(NVD, "default-2")
+
+            async def default_ready() -> bool:
+                return await _nvd_state(rest, "default") == ("ready", None)
+
+            assert await eventually(default_ready, timeout=60)
+
             # Switch off: the resources give their nodes back to the ClusterPolicy.
             await _use_crd(rest, False)
 
