@@ -411,9 +411,9 @@ def _daemonset(spec: ClusterPolicySpec, ctx: RenderContext, kernel: str | None) 
 
 
 def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
-    if spec.driver.use_nvidia_driver_crd:
-        return []  # NVIDIADriver resources own the driver DaemonSets then
     kernels: list[str | None] = list(ctx.kernels) if spec.driver.use_precompiled else [None]
+    if spec.driver.use_nvidia_driver_crd:
+        kernels = []  # NVIDIADriver resources own the driver DaemonSets; their pods use the rest
     probe = metadata(STARTUP_PROBE_CONFIG_MAP, NAME, spec, ctx)
     return [
         service_account(SERVICE_ACCOUNT, NAME, spec, ctx),

@@ -116,9 +116,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_crd(args: argparse.Namespace) -> int:
-    from crd import render_crd_yaml
+    from crd import render_crd_yaml, render_nvd_crd_yaml
 
-    sys.stdout.write(render_crd_yaml())
+    sys.stdout.write(render_nvd_crd_yaml() if args.which == "nvidiadrivers" else render_crd_yaml())
     return 0
 
 
@@ -174,7 +174,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--probe-port", type=int, default=8081)
     run.set_defaults(func=_cmd_run)
 
-    crd_cmd = sub.add_parser("crd", help="print the ClusterPolicy CRD generated from the models")
+    crd_cmd = sub.add_parser("crd", help="print a CRD generated from the models")
+    crd_cmd.add_argument(
+        "which",
+        nargs="?",
+        default="clusterpolicies",
+        choices=["clusterpolicies", "nvidiadrivers"],
+        help="which CRD (default clusterpolicies)",
+    )
     crd_cmd.set_defaults(func=_cmd_crd)
 
     cluster = sub.add_parser("cluster", help="a local control plane with simulated GPU nodes")

@@ -15,8 +15,12 @@ NAMESPACE = by_kind("v1", "Namespace")
 
 
 async def install_crd(rest: Rest, timeout: float = 60.0) -> None:
-    """Apply the generated CRD and wait until the API server serves it."""
-    manifest: dict[str, Any] = crd.crd_manifest()
+    """Apply the generated CRDs (ClusterPolicy, NVIDIADriver) and wait until served."""
+    for manifest in (crd.crd_manifest(), crd.nvd_crd_manifest()):
+        await _install_one(rest, manifest, timeout)
+
+
+async def _install_one(rest: Rest, manifest: dict[str, Any], timeout: float) -> None:
     await rest.apply(manifest)
     deadline = time.monotonic() + timeout
     while True:

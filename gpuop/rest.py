@@ -70,6 +70,7 @@ _KINDS = [
     Kind("rbac.authorization.k8s.io/v1", "ClusterRoleBinding", "clusterrolebindings", False),
     Kind("monitoring.coreos.com/v1", "ServiceMonitor", "servicemonitors", True),
     Kind("nvidia.com/v1", "ClusterPolicy", "clusterpolicies", False),
+    Kind("nvidia.com/v1alpha1", "NVIDIADriver", "nvidiadrivers", False),
     Kind("coordination.k8s.io/v1", "Lease", "leases", True),
     Kind("apiextensions.k8s.io/v1", "CustomResourceDefinition", "customresourcedefinitions", False),
 ]

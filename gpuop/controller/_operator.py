@@ -12,11 +12,13 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from components import COMPONENTS, RenderContext, node_facts
 from components._k8s import COMPONENT_LABEL, MANAGED_BY, MANAGED_BY_LABEL
 from components.driver import DAEMONSET_NAME as DRIVER_DS
+from components.driver import NAME as DRIVER_COMPONENT
 from components.hashing import applied_hash, needs_apply, with_hash
 from components.labels import any_mig_capable, is_gpu_node, node_label_changes
 from components.readiness import component_ready
 from crd import (
     CONDITION_UNSUPPORTED_FIELDS,
+    OWNER_LABEL,
     REASON_FIELDS_NOT_ACTED_ON,
     REASON_INVALID_SPEC,
     REASON_NFD_LABELS_MISSING,
@@ -36,6 +38,7 @@ from crd import (
 )
 from gpuop.controller._config import OperatorConfig
 from gpuop.controller._nodes import is_ready, labels, node_fingerprint, trim_node
+from gpuop.controller._nvidiadriver import NVD_KEY, NVIDIADrivers, is_policy_driver, nvd_owner
 from gpuop.controller._pods import pod_index, pod_selector, trim_pod, trim_revision
 from gpuop.controller._remediation import (
     REMEDIATION_KEY,
@@ -191,11 +194,21 @@ class Operator:
         self._status_written: dict[str, float] = {}
         self.synced = False
         self._started = time.monotonic()
+        self.nvd = NVIDIADrivers(self)
+        self.upgrades.driver_app = self.nvd.driver_app
+        self.upgrades.driver_pods = self.nvd.driver_pods
 
     # ------------------------------------------------------------- informers
     @property
     def informers(self) -> list[Informer]:
-        return [self.nodes, self.policies, self.pods, self.revisions, *self.owned.values()]
+        return [
+            self.nodes,
+            self.policies,
+            self.pods,
+            self.revisions,
+            self.nvd.driver_pods,
+            *self.owned.values(),
+        ]
 
     async def run(self) -> None:
         """Run until cancelled; any root task dying ends the process (TaskGroup)."""
@@ -210,6 +223,7 @@ class Operator:
                 seconds=round(time.monotonic() - self._started, 2),
             )
             group.create_task(self.queue.run(), name="workqueue")
+            group.create_task(self.nvd.run(), name="nvidiadrivers")
             self.queue.add(CLUSTER_KEY)
             self.queue.add(UPGRADES_KEY)
             self.queue.add(REMEDIATION_KEY)
@@ -226,6 +240,7 @@ class Operator:
         self.queue.add(NODE_PREFIX + name)
         if self.remediation.wants_node(old, new):
             self.queue.add(REMEDIATION_KEY)
+        self.queue.add(NVD_KEY)
         if event != "MODIFIED" or _budget_facts(old) != _budget_facts(new):
             self.queue.add(UPGRADES_KEY)  # only what the fleet budget reads
         if event != "MODIFIED" or _gpu_facts(old) != _gpu_facts(new):
@@ -244,6 +259,7 @@ class Operator:
             return  # only status changed (most likely our own write)
         self.queue.add(CLUSTER_KEY)
         self.queue.add(UPGRADES_KEY)
+        self.queue.add(NVD_KEY)
         # Enabled components decide each node's deploy labels.
         for name, node in self.nodes.store.items():
             if is_gpu_node(labels(node)):
@@ -255,6 +271,8 @@ class Operator:
         if event == "DELETED":
             self._applied.pop(_cache_key(obj), None)
         self.queue.add(CLUSTER_KEY)
+        if nvd_owner(obj) is not None or is_policy_driver(obj["metadata"]["name"]):
+            self.queue.add(NVD_KEY)  # NVIDIADriver status, and the driver hand-over
 
     def _on_pod(self, event: str, old: Obj | None, new: Obj | None) -> None:
         pod = new or old
@@ -284,6 +302,8 @@ class Operator:
             await self.reconcile_node(key[len(NODE_PREFIX) :])
         elif key == REMEDIATION_KEY:
             await self.remediation.reconcile()
+        elif key == NVD_KEY:
+            await self.nvd.reconcile()
 
     def active_policy(self) -> tuple[Obj | None, ClusterPolicy | None, list[str]]:
         """The oldest ClusterPolicy is the active one; parsed once per resourceVersion."""
@@ -365,6 +385,12 @@ class Operator:
             c.name: [with_hash(_owned_by(o, owner)) for o in c.objects(spec, ctx)]
             for c in COMPONENTS
         }
+        held = self.nvd.holds_policy_driver()
+        if held:
+            # NVIDIADriver pods still run: the ClusterPolicy's driver waits until they left.
+            desired[DRIVER_COMPONENT] = [
+                o for o in desired[DRIVER_COMPONENT] if o["kind"] != "DaemonSet"
+            ]
         snapshot: dict[str, ComponentStatus] = {}
         actual: dict[str, tuple[bool, str]] = {}
         daemonsets = {d["metadata"]["name"]: d for d in self.owned["DaemonSet"].values()}
@@ -377,6 +403,8 @@ class Operator:
             ready, message = component_ready(objs, daemonsets)
             if not applied:
                 ready, message = False, "applying"
+            if comp.name == DRIVER_COMPONENT:
+                ready, message = self._driver_handover(spec, held, ready, message)
             actual[comp.name] = (ready, message)
             # A non-gating component never holds later ones back, but still
             # counts for overall readiness below.
@@ -455,6 +483,23 @@ class Operator:
             self.metrics.reconciliation_status.set(STATUS_NOT_READY)
         status = status.model_copy(update={"rollout_state": plan.state, "components": components})
         await self._write_status(raw, _flag_unsupported(status, model, generation))
+
+    def _driver_handover(
+        self, spec: ClusterPolicySpec, held: bool, ready: bool, message: str
+    ) -> tuple[bool, str]:
+        """The driver state while NVIDIADrivers are involved: not ready while their pods
+        are being replaced by the ClusterPolicy's, or while one of their upgrades is
+        pending, running or failed (as upstream)."""
+        if held and not spec.driver.use_nvidia_driver_crd:
+            return False, "waiting for NVIDIADriver driver pods to leave"
+        upgrading = self.nvd.upgrade_incomplete() if spec.driver.use_nvidia_driver_crd else []
+        if upgrading:
+            more = f" and {len(upgrading) - 3} more" if len(upgrading) > 3 else ""
+            return (
+                False,
+                f"NVIDIADriver upgrade in progress or failed on {', '.join(upgrading[:3])}{more}",
+            )
+        return ready, message
 
     async def _has_service_monitors(self, raw: Obj) -> bool:
         """Whether the Prometheus operator's ServiceMonitor API is served (discovery,
@@ -545,8 +590,8 @@ class Operator:
         for kind_name, informer in self.owned.items():
             for obj in informer.values():
                 obj.setdefault("kind", kind_name)
-                if _cache_key(obj) in wanted:
-                    continue
+                if _cache_key(obj) in wanted or nvd_owner(obj) is not None:
+                    continue  # NVIDIADriver objects are pruned by their own controller
                 kind = _OWNED_KINDS[kind_name]
                 meta = obj["metadata"]
                 if meta.get("deletionTimestamp"):
@@ -665,13 +710,21 @@ class Operator:
             self.queue.add(NODE_PREFIX + name)  # again, on the fresh labels
             return
         policy = policy_view(spec) if spec is not None else UpgradePolicyView()
+        app = self.nvd.driver_app(name)
+        owner = labels(node).get(OWNER_LABEL)
+        if owner:
+            # An NVIDIADriver drives this node: its own upgradePolicy applies.
+            policy = (self.nvd.upgrade_policies() or {}).get(owner) or UpgradePolicyView(
+                auto_upgrade=False
+            )
         if not (policy.auto_upgrade and is_gpu_node(labels(node))):
             if STATE_LABEL not in labels(node):
                 return
             # Upgrades off, no policy (uninstall) or no longer a GPU node: the rulebook
             # uncordons what we cordoned and removes our label and annotations.
             policy = UpgradePolicyView(auto_upgrade=False)
-        decision = await self.upgrades.step(node, policy, self.upgrades.newest_driver_revision())
+        newest = self.upgrades.newest_driver_revision(app) if app else None
+        decision = await self.upgrades.step(node, policy, newest)
         delay = requeue_after(decision)
         if delay is not None:
             self.queue.add_after(NODE_PREFIX + name, delay)
@@ -689,13 +742,21 @@ class Operator:
         spec = self.active_spec()
         if spec is None:
             return
-        policy = policy_view(spec)
-        if not policy.auto_upgrade:
-            self.upgrades.granted.clear()
-            return
+        # One budget per driver owner: the ClusterPolicy's nodes, and each
+        # NVIDIADriver's nodes under that resource's own upgradePolicy.
+        groups: dict[str | None, list[Obj]] = {}
+        for node in self.nodes.values():
+            groups.setdefault(labels(node).get(OWNER_LABEL), []).append(node)
+        policies: dict[str | None, UpgradePolicyView] = {None: policy_view(spec)}
+        policies.update(self.nvd.upgrade_policies() or {})
         newest = self.upgrades.newest_driver_revision()
-        for name in self.upgrades.select(self.nodes.values(), policy, newest):
-            self.queue.add(NODE_PREFIX + name)
+        for owner, nodes in groups.items():
+            policy = policies.get(owner, UpgradePolicyView(auto_upgrade=False))
+            if not policy.auto_upgrade:
+                self.upgrades.granted.difference_update(n["metadata"]["name"] for n in nodes)
+                continue
+            for name in self.upgrades.select(nodes, policy, newest):
+                self.queue.add(NODE_PREFIX + name)
 
 
 def _flag_unsupported(
@@ -758,6 +819,7 @@ def _budget_facts(node: Obj | None) -> Any:
     node_labels = labels(node)
     return (
         node_labels.get(STATE_LABEL),
+        node_labels.get(OWNER_LABEL),  # which budget the node counts in
         node_labels.get("nvidia.com/gpu-driver-upgrade.skip"),
         is_gpu_node(node_labels),
         node["spec"].get("unschedulable", False),
@@ -769,7 +831,13 @@ def _gpu_facts(node: Obj | None) -> Any:
     if node is None:
         return None
     node_labels = labels(node)
-    return (is_gpu_node(node_labels), node_labels.get("nvidia.com/mig.capable"))
+    owner = node_labels.get(OWNER_LABEL)
+    return (
+        is_gpu_node(node_labels),
+        node_labels.get("nvidia.com/mig.capable"),
+        owner,  # holds the ClusterPolicy's driver back
+        node_labels.get(STATE_LABEL) if owner else None,  # NVIDIADriver upgrades: not ready
+    )
 
 
 def _cache_key(obj: Obj) -> tuple[str, str]:

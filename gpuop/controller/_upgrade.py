@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -188,10 +188,14 @@ class Upgrades:
         self._refused: dict[str, dict[str, tuple[float, str]]] = {}
         #: Bound of pod-restart-required (see ``UpgradePolicyView``); settable for tests.
         self.driver_ready_timeout_seconds = DRIVER_READY_TIMEOUT_SECONDS
+        #: Hooks for NVIDIADrivers: which driver DaemonSet (its `app`) runs on a node,
+        #: and the cache holding its pods, indexed by (node, app).
+        self.driver_app: Callable[[str], str] = lambda node: DRIVER_DS
+        self.driver_pods: Any = pods
 
     # ------------------------------------------------------------- inputs
-    def newest_driver_revision(self) -> str | None:
-        ds = self._daemonsets.get(f"{self.namespace}/{DRIVER_DS}")
+    def newest_driver_revision(self, app: str = DRIVER_DS) -> str | None:
+        ds = self._daemonsets.get(f"{self.namespace}/{app}")
         if ds is None:
             return None
         uid = ds["metadata"].get("uid")
@@ -210,10 +214,12 @@ class Upgrades:
         pods: list[Obj] = self._pods.indexed((node, app))
         return pods
 
+    def _driver_pods_on(self, node: str) -> list[Obj]:
+        pods: list[Obj] = self.driver_pods.indexed((node, self.driver_app(node)))
+        return pods
+
     def _live_driver_pods(self, node: str) -> list[Obj]:
-        return [
-            p for p in self._pods_on(node, DRIVER_DS) if not p["metadata"].get("deletionTimestamp")
-        ]
+        return [p for p in self._driver_pods_on(node) if not p["metadata"].get("deletionTimestamp")]
 
     def driver_pod(self, node: str) -> DriverPodView | None:
         pods = self._live_driver_pods(node)
@@ -437,7 +443,7 @@ class Upgrades:
             await self.drain(view.name, policy)
         elif action is Action.RESTART_DRIVER_POD:
             # Our own DaemonSet's pod: deleted, as upstream does; it comes straight back.
-            for pod in self._pods_on(view.name, DRIVER_DS):
+            for pod in self._driver_pods_on(view.name):
                 meta = pod["metadata"]
                 await self.rest.delete(POD, meta["name"], meta["namespace"])
 

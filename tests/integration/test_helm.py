@@ -348,6 +348,9 @@ def test_operator_holds_what_it_does_and_what_it_grants_nothing_more() -> None:
     # GPU health remediation: removing the administrator's resume annotation.
     need(True, "nvidia.com", "clusterpolicies", ["patch"])
     need(True, "nvidia.com", "clusterpolicies/status", ["patch"])
+    # NVIDIADrivers (gpuop/controller/_nvidiadriver.py).
+    need(True, "nvidia.com", "nvidiadrivers", ["list", "watch"])
+    need(True, "nvidia.com", "nvidiadrivers/status", ["patch"])
     need(False, "", "pods", ["list", "watch"])
     need(False, "apps", "controllerrevisions", ["list", "watch"])
     for kind in _OWNED_NAMESPACED:

@@ -1,0 +1,263 @@
+"""NVIDIADriver operands: one driver DaemonSet per node pool of each resource.
+
+A pool is the resource's nodes of one OS (and, with precompiled drivers, one kernel), as
+upstream partitions them, so each DaemonSet's image tag fits every node it selects. The
+pod is the ClusterPolicy driver's (:mod:`components.driver`), rendered from a policy whose
+driver section is the resource's: one pod definition, two ways to ask for it.
+
+Each DaemonSet selects ``nvidia.com/gpu.deploy.driver=true``, the owner label naming its
+resource and the pool's NFD OS labels, so a node moves between resources only by its
+owner label changing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from components import driver
+from components._k8s import daemonset
+from components.context import (
+    KERNEL_LABEL,
+    OS_ID_LABEL,
+    OS_VERSION_LABEL,
+    Manifest,
+    NodeFacts,
+    RenderContext,
+    node_facts,
+)
+from components.keys import DEPLOY_DRIVER_LABEL, GPU_PRESENT_LABEL, TRUE
+from crd import (
+    OWNER_LABEL,
+    ClusterPolicySpec,
+    DriverCertConfigSpec,
+    DriverLicensingConfigSpec,
+    DriverRepoConfigSpec,
+    DriverSpec,
+    GDRCopySpec,
+    GPUDirectStorageSpec,
+    NVIDIADriverSpec,
+    Toleration,
+    VirtualTopologyConfigSpec,
+    component_image,
+)
+
+OS_MAJOR_LABEL = "feature.node.kubernetes.io/system-os_release.VERSION_ID.major"
+OS_VERSION_POD_LABEL = "nvidia.com/node.os-version"
+KERNEL_POD_LABEL = "nvidia.com/precompiled.kernel-version"
+DEPLOY_VGPU_MANAGER_LABEL = "nvidia.com/gpu.deploy.vgpu-manager"
+_SAFE = "bcdfghjklmnpqrstvwxz2456789"
+"""Kubernetes' rand.SafeEncodeString alphabet (no vowels, no look-alikes)."""
+
+
+class NVIDIADriverRenderError(ValueError):
+    """The resource cannot be rendered (its status says why)."""
+
+
+@dataclass(frozen=True)
+class NodePool:
+    """Nodes of one resource that share a driver image."""
+
+    name: str
+    os_tag: str
+    kernel: str | None
+    node_selector: Mapping[str, str]
+    facts: NodeFacts
+
+
+def _safe_hash(text: str) -> str:
+    """upstream's GetStringHash: FNV-1a 32-bit, printed in decimal, safe-encoded."""
+    value = 0x811C9DC5
+    for byte in text.encode():
+        value = ((value ^ byte) * 0x01000193) & 0xFFFFFFFF
+    return "".join(_SAFE[ord(c) % len(_SAFE)] for c in str(value))
+
+
+def app_name(driver_type: str, os_tag: str, uid: str, kernel: str | None = None) -> str:
+    """The DaemonSet name (and its `app` label): `nvidia-<type>-driver-<os>-<hash>`, the
+    hash of the resource's uid (and kernel), at most 63 characters."""
+    prefix = f"nvidia-{driver_type}-driver-{os_tag}"
+    digest = _safe_hash(uid + (f"-{kernel}" if kernel else ""))
+    name = f"{prefix}-{digest}"
+    if len(name) > 63:
+        name = f"{prefix[: 63 - len(digest) - 1]}-{digest}"
+    return name
+
+
+def driver_name(owner: str, driver_type: str, os_tag: str) -> str:
+    """upstream's per-pool driver name (the `openshift.io/scc` annotation)."""
+    if driver_type == "vgpu-host-manager":
+        return f"nvidia-vgpu-manager-{owner}-{os_tag}"[:253]
+    return f"nvidia-{driver_type}-driver-{owner}-{os_tag}"[:253]
+
+
+def node_pools(
+    owner: str, spec: NVIDIADriverSpec, nodes: Iterable[Mapping[str, Any]]
+) -> list[NodePool]:
+    """The pools of the nodes labelled as owned by ``owner``; nodes without NFD's OS
+    labels (or, precompiled, kernel label) cannot be given an image and are left out."""
+    base = {**(spec.node_selector or {}), GPU_PRESENT_LABEL: TRUE, OWNER_LABEL: owner}
+    pools: dict[str, NodePool] = {}
+    for node in nodes:
+        labels: Mapping[str, str] = (node.get("metadata") or {}).get("labels") or {}
+        if any(labels.get(k) != v for k, v in base.items()):
+            continue
+        facts = node_facts(node)
+        os_id, os_version, os_tag = facts.os_id, facts.os_version, facts.os_tag
+        if not os_id or not os_version or not os_tag:
+            continue
+        selector = {**base, OS_ID_LABEL: os_id}
+        if os_tag.endswith(os_version):
+            selector[OS_VERSION_LABEL] = os_version
+        elif OS_MAJOR_LABEL in labels:
+            selector[OS_MAJOR_LABEL] = labels[OS_MAJOR_LABEL]
+        else:
+            continue
+        name, kernel = os_tag, None
+        if spec.precompiled:
+            kernel = labels.get(KERNEL_LABEL)
+            if not kernel:
+                continue
+            selector[KERNEL_LABEL] = kernel
+            name = f"{os_tag}-{driver.sanitized_kernel(kernel)}"
+        pools.setdefault(name, NodePool(name, os_tag, kernel, selector, facts))
+    return [pools[name] for name in sorted(pools)]
+
+
+def policy_for(spec: NVIDIADriverSpec, base: ClusterPolicySpec) -> ClusterPolicySpec:
+    """The ClusterPolicy whose driver section says what ``spec`` says; the rest of
+    ``base`` (host paths, ...) is kept."""
+    section = DriverSpec(
+        enabled=True,
+        use_precompiled=spec.precompiled,
+        use_open_kernel_modules=bool(spec.use_open_kernel_modules),
+        kernel_module_type=spec.kernel_module_type,
+        startup_probe=spec.startup_probe,
+        liveness_probe=spec.liveness_probe,
+        readiness_probe=spec.readiness_probe,
+        rdma=spec.rdma,
+        upgrade_policy=spec.upgrade_policy_with_defaults(),
+        manager=spec.manager,
+        repository=spec.repository,
+        image=spec.image,
+        version=spec.version,
+        imagePullPolicy=spec.image_pull_policy or "IfNotPresent",
+        image_pull_secrets=spec.image_pull_secrets,
+        resources=spec.resources,
+        args=spec.args,
+        env=spec.env,
+        repo_config=DriverRepoConfigSpec(config_map_name=spec.repo_config.name)
+        if spec.repo_config
+        else None,
+        cert_config=DriverCertConfigSpec(name=spec.cert_config.name) if spec.cert_config else None,
+        licensing_config=DriverLicensingConfigSpec(
+            config_map_name=spec.licensing_config.name,
+            secret_name=spec.licensing_config.secret_name,
+            nls_enabled=spec.licensing_config.nls_enabled is not False,
+        )
+        if spec.licensing_config
+        else None,
+        virtual_topology=VirtualTopologyConfigSpec(config=spec.virtual_topology_config.name)
+        if spec.virtual_topology_config
+        else None,
+        kernel_module_config=spec.kernel_module_config,
+    )
+    gpu = Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")
+    extra = [t for t in spec.tolerations or [] if t != gpu]
+    daemonsets = base.daemonsets.model_copy(
+        update={
+            "labels": dict(spec.labels or {}),
+            "annotations": dict(spec.annotations or {}),
+            "tolerations": [gpu, *extra],
+            "priority_class_name": spec.priority_class_name or "system-node-critical",
+        }
+    )
+    return base.model_copy(
+        update={
+            "driver": section,
+            "daemonsets": daemonsets,
+            "gds": spec.gds or GPUDirectStorageSpec(),
+            "gdrcopy": spec.gdrcopy or GDRCopySpec(),
+        }
+    )
+
+
+def check(spec: NVIDIADriverSpec, base: ClusterPolicySpec) -> None:
+    """Raise :class:`NVIDIADriverRenderError` for what upstream refuses to deploy."""
+    policy = policy_for(spec, base)
+    if spec.precompiled:
+        if "sha256:" in component_image(policy, "driver"):
+            raise NVIDIADriverRenderError(
+                "precompiled driver images are tagged per kernel and OS; a digest is not allowed"
+            )
+        if policy.gds.enabled or policy.gdrcopy.enabled:
+            raise NVIDIADriverRenderError(
+                "GPUDirect Storage driver (nvidia-fs) and/or GDRCopy driver is not supported"
+                " along with pre-compiled NVIDIA drivers"
+            )
+
+
+def render_pool(
+    owner: str,
+    uid: str,
+    spec: NVIDIADriverSpec,
+    pool: NodePool,
+    base: ClusterPolicySpec,
+    ctx: RenderContext,
+) -> Manifest:
+    """The driver DaemonSet of one pool."""
+    check(spec, base)
+    policy = policy_for(spec, base)
+    pool_ctx = dataclasses.replace(ctx, gpu_nodes=(pool.facts,))
+    pod = driver.pod_spec(policy, pool_ctx, pool.kernel)
+    if spec.node_affinity:
+        pod["affinity"] = {**pod["affinity"], "nodeAffinity": spec.node_affinity}
+    if spec.pod_security_context:
+        pod["securityContext"] = spec.pod_security_context
+    if spec.host_network:
+        pod["hostNetwork"] = True
+    name = app_name(spec.driver_type, pool.os_tag, uid, pool.kernel)
+    deploy = DEPLOY_VGPU_MANAGER_LABEL if spec.driver_type == "vgpu-host-manager" else None
+    selector = {deploy or DEPLOY_DRIVER_LABEL: TRUE, **pool.node_selector}
+    ds = daemonset(
+        name,
+        driver.NAME,
+        policy,
+        pool_ctx,
+        pod,
+        node_selector=selector,
+        update_strategy={"type": "OnDelete"},
+        pod_annotations={"kubectl.kubernetes.io/default-container": driver.CONTAINER_NAME},
+    )
+    component = (
+        "nvidia-vgpu-host-manager" if spec.driver_type == "vgpu-host-manager" else "nvidia-driver"
+    )
+    marks = {
+        driver.COMPONENT_POD_LABEL: component,
+        driver.PRECOMPILED_LABEL: str(spec.precompiled).lower(),
+        OS_VERSION_POD_LABEL: pool.os_tag,
+    }
+    if pool.kernel:
+        marks[KERNEL_POD_LABEL] = driver.sanitized_kernel(pool.kernel)
+    ds["spec"]["template"]["metadata"]["labels"].update(marks)
+    ds["metadata"]["labels"].update(marks)
+    ds["metadata"]["annotations"] = {
+        "openshift.io/scc": driver_name(owner, spec.driver_type, pool.os_tag),
+        **(spec.annotations or {}),
+    }
+    return ds
+
+
+def render(
+    owner: str,
+    uid: str,
+    spec: NVIDIADriverSpec,
+    nodes: Iterable[Mapping[str, Any]],
+    base: ClusterPolicySpec,
+    ctx: RenderContext,
+) -> list[Manifest]:
+    """Every driver DaemonSet of one resource over ``nodes`` (a pool per OS/kernel)."""
+    check(spec, base)
+    return [render_pool(owner, uid, spec, p, base, ctx) for p in node_pools(owner, spec, nodes)]

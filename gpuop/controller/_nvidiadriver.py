@@ -1,0 +1,450 @@
+"""NVIDIADriver resources: owner labels on GPU nodes, per-pool driver DaemonSets, status.
+
+One serial key (``nvidiadrivers``) does the whole fleet in one pass, because owner
+assignment is a property of all resources together (a new resource can take nodes from
+the default one). What a pass decides comes from pure code: owners from
+:func:`statemachine.driver_owner.assign_owners`, DaemonSets from
+:mod:`components.nvidiadriver`; this module only reads caches and writes.
+
+Hand-over between the ClusterPolicy's driver and the resources is exclusive by
+construction: a node gets an owner label (which the resources' DaemonSets select) only
+once no ClusterPolicy driver DaemonSet exists and its pod has left the node, and the
+ClusterPolicy's driver DaemonSet is held back (:meth:`NVIDIADrivers.holds_policy_driver`)
+while any node carries an owner label or any resource's driver pod remains.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+from kubernetes_asyncio.client.exceptions import ApiException
+from pydantic import ValidationError
+
+from components import RenderContext, daemonset_ready, is_gpu_node, with_hash
+from components.driver import DAEMONSET_NAME as POLICY_DRIVER_DS
+from components.nvidiadriver import NVIDIADriverRenderError, policy_for, render
+from crd import (
+    CONDITION_ERROR,
+    CONDITION_READY,
+    NVD_API_VERSION,
+    NVD_KIND,
+    OWNER_LABEL,
+    REASON_DRIVER_NOT_READY,
+    REASON_RECONCILE_FAILED,
+    REASON_RECONCILED,
+    Condition,
+    ImageRefError,
+    NVIDIADriver,
+    NVIDIADriverStatus,
+    format_time,
+    parse_nvidiadriver,
+    set_conditions,
+)
+from gpuop.controller._nodes import labels
+from gpuop.controller._pods import pod_index, trim_pod
+from gpuop.controller._status import status_patch
+from gpuop.controller._upgrade import policy_view
+from gpuop.informer import Informer, Obj, ResourceSpec
+from gpuop.log import get_logger
+from gpuop.rest import by_kind
+from statemachine import UpgradePolicyView
+from statemachine.driver_owner import DriverResource, assign_owners
+from statemachine.upgrade_keys import STATE_LABEL
+
+if TYPE_CHECKING:
+    from gpuop.controller._operator import Operator
+
+log = get_logger(__name__)
+
+NVD_KEY = "nvidiadrivers"
+NVD = by_kind(NVD_API_VERSION, NVD_KIND)
+NODE = by_kind("v1", "Node")
+DAEMONSET = by_kind("apps/v1", "DaemonSet")
+DRIVER_COMPONENTS = ("nvidia-driver", "nvidia-vgpu-host-manager")
+_DISABLED_MESSAGE = "useNvidiaDriverCRD is not enabled in ClusterPolicy"
+_SKIP_LABEL = "nvidia.com/gpu-driver-upgrade.skip"
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def is_policy_driver(name: str) -> bool:
+    """Whether a DaemonSet (or the `app` of a pod) is the ClusterPolicy's driver."""
+    return name == POLICY_DRIVER_DS or name.startswith(POLICY_DRIVER_DS + "-")
+
+
+def nvd_owner(obj: Obj) -> str | None:
+    """Name of the NVIDIADriver that controls ``obj``, if one does."""
+    for ref in obj["metadata"].get("ownerReferences") or ():
+        if ref.get("kind") == NVD_KIND and ref.get("controller"):
+            return str(ref["name"])
+    return None
+
+
+def _status(
+    state: str,
+    ready: tuple[bool, str, str],
+    error: tuple[bool, str, str],
+    namespace: str,
+    generation: int | None,
+    previous: Obj | None,
+) -> Obj:
+    stamp = format_time(_now())
+    new = [
+        Condition(
+            type=type_,
+            status="True" if holds else "False",
+            reason=reason,
+            message=message,
+            observed_generation=generation,
+            last_transition_time=stamp,
+        )
+        for type_, (holds, reason, message) in (
+            (CONDITION_READY, ready),
+            (CONDITION_ERROR, error),
+        )
+    ]
+    old: list[Condition] = []
+    if previous:
+        try:
+            old = NVIDIADriverStatus.model_validate(previous).conditions or []
+        except ValidationError:
+            old = []
+    status = NVIDIADriverStatus(
+        state=state,  # type: ignore[arg-type]
+        namespace=namespace,
+        conditions=set_conditions(old, *new),
+    )
+    dumped: Obj = status.model_dump(by_alias=True, exclude_none=True, mode="json")
+    return dumped
+
+
+class NVIDIADrivers:
+    """The NVIDIADriver side of the operator; shares the operator's caches and queue."""
+
+    def __init__(self, operator: Operator) -> None:
+        self.op = operator
+        rest, ns = operator.rest, operator.config.namespace
+        self.drivers = Informer(ResourceSpec("nvidiadrivers", rest.lister(NVD)), self._on_driver)
+        self.driver_pods = Informer(
+            ResourceSpec(
+                "driver-pods",
+                rest.lister(by_kind("v1", "Pod"), ns),
+                label_selector=(
+                    "app.kubernetes.io/managed-by=gpuop,"
+                    f"app.kubernetes.io/component in ({','.join(DRIVER_COMPONENTS)})"
+                ),
+                transform=trim_pod,
+                index=pod_index,
+                page_size=250,
+            ),
+            self._on_pod,
+        )
+        self._parsed: dict[str, tuple[str, NVIDIADriver | None]] = {}
+
+    # ------------------------------------------------------------ watching
+    async def run(self) -> None:
+        """Watch NVIDIADrivers; without the CRD the informer backs off and retries, and
+        this controller changes nothing until it has listed them once."""
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self.drivers.run(), name="watch-nvidiadrivers")
+            await self.drivers.synced.wait()
+            self.op.queue.add(NVD_KEY)
+
+    def _on_driver(self, event: str, old: Obj | None, new: Obj | None) -> None:
+        if (
+            event == "MODIFIED"
+            and old is not None
+            and new is not None
+            and old["metadata"].get("generation") == new["metadata"].get("generation")
+            and old["metadata"].get("deletionTimestamp") == new["metadata"].get("deletionTimestamp")
+        ):
+            return  # only status changed (most likely our own write)
+        self.op.queue.add(NVD_KEY)
+
+    def _on_pod(self, event: str, old: Obj | None, new: Obj | None) -> None:
+        pod = new or old
+        assert pod is not None
+        node = (pod.get("spec") or {}).get("nodeName")
+        if node:
+            self.op.queue.add("node/" + node)  # the node's upgrade reads its driver pod
+        if event == "MODIFIED":
+            return  # hand-over gates and the fleet budget only ask whether one is there
+        self.op.queue.add(NVD_KEY)
+        self.op.queue.add("cluster")
+        self.op.queue.add("upgrades")
+
+    # ----------------------------------------------------------- questions
+    def _enabled(self) -> bool:
+        spec = self.op.active_spec()
+        return spec is not None and spec.driver.enabled and spec.driver.use_nvidia_driver_crd
+
+    def holds_policy_driver(self) -> bool:
+        """Whether the ClusterPolicy's driver DaemonSet must wait: a resource still owns a
+        node or still has a driver pod running."""
+        if any(OWNER_LABEL in labels(n) for n in self.op.nodes.values()):
+            return True
+        return any(
+            not is_policy_driver(str(p["metadata"]["labels"].get("app", "")))
+            for p in self.driver_pods.values()
+        )
+
+    def _model(self, name: str) -> NVIDIADriver | None:
+        """The parsed resource, once per resourceVersion (every node pass asks)."""
+        raw = self.drivers.get(name)
+        if raw is None or raw["metadata"].get("deletionTimestamp"):
+            return None
+        rv = str(raw["metadata"].get("resourceVersion"))
+        cached = self._parsed.get(name)
+        if cached is not None and cached[0] == rv:
+            return cached[1]
+        try:
+            model: NVIDIADriver | None = parse_nvidiadriver(raw)
+        except ValidationError:
+            model = None
+        self._parsed[name] = (rv, model)
+        return model
+
+    def driver_app(self, node: str) -> str:
+        """The driver DaemonSet (`app`) running on ``node``: the ClusterPolicy's, or the
+        owning resource's whose pool selects the node ("" when there is none yet)."""
+        found = self.op.nodes.get(node)
+        owner = labels(found).get(OWNER_LABEL) if found is not None else None
+        if not owner:
+            return POLICY_DRIVER_DS
+        node_labels = labels(found) if found is not None else {}
+        for ds in self.op.owned["DaemonSet"].values():
+            if nvd_owner(ds) != owner:
+                continue
+            selector = ds["spec"]["template"]["spec"].get("nodeSelector") or {}
+            if all(node_labels.get(k) == v for k, v in selector.items()):
+                return str(ds["metadata"]["name"])
+        return ""
+
+    def upgrade_policies(self) -> dict[str, UpgradePolicyView] | None:
+        """Each resource's own upgradePolicy (upstream defaults when unset); None when the
+        ClusterPolicy does not use NVIDIADrivers."""
+        spec = self.op.active_spec()
+        if spec is None or not self._enabled() or not self.drivers.synced.is_set():
+            return None
+        result = {}
+        for raw in self.drivers.values():
+            model = self._model(raw["metadata"]["name"])
+            if model is not None:
+                result[model.name] = policy_view(policy_for(model.spec, spec))
+        return result
+
+    def upgrade_incomplete(self) -> list[str]:
+        """Nodes owned by a resource whose driver upgrade is pending, running or failed
+        (the ClusterPolicy is not ready meanwhile, as upstream)."""
+        return sorted(
+            n["metadata"]["name"]
+            for n in self.op.nodes.values()
+            if labels(n).get(OWNER_LABEL)
+            and labels(n).get(_SKIP_LABEL) != "true"
+            and labels(n).get(STATE_LABEL) not in (None, "", "upgrade-done")
+        )
+
+    def _held_nodes(self) -> set[str]:
+        """Nodes that may not gain an owner yet: they still run the ClusterPolicy's
+        driver, or (while its DaemonSet exists) might get one again."""
+        if any(
+            is_policy_driver(d["metadata"]["name"]) for d in self.op.owned["DaemonSet"].values()
+        ):
+            return set(self.op.nodes.store)
+        return {
+            str(p["spec"]["nodeName"])
+            for p in self.driver_pods.values()
+            if p["spec"].get("nodeName")
+            and is_policy_driver(str(p["metadata"]["labels"].get("app", "")))
+        }
+
+    # ----------------------------------------------------------- reconcile
+    async def reconcile(self) -> None:
+        if not self.drivers.synced.is_set():
+            return
+        raws = sorted(self.drivers.values(), key=lambda r: r["metadata"]["name"])
+        if not self._enabled():
+            await self._disable(raws)
+            return
+        models: dict[str, NVIDIADriver] = {}
+        for raw in raws:
+            try:
+                models[raw["metadata"]["name"]] = parse_nvidiadriver(raw)
+            except ValidationError as err:
+                await self._fail(raw, REASON_RECONCILE_FAILED, f"invalid NVIDIADriver: {err}")
+        nodes = self.op.nodes.values()
+        gpu = {n["metadata"]["name"]: labels(n) for n in nodes if is_gpu_node(labels(n))}
+        resources = [
+            DriverResource(
+                name=name,
+                default=m.spec.default,
+                node_selector=dict(m.spec.node_selector or {}),
+                deleting=m.deleting,
+            )
+            for name, m in models.items()
+        ]
+        assignment = assign_owners(gpu, resources, self._held_nodes())
+        intended = assign_owners(gpu, resources).owners  # once every hand-over is done
+        changes: dict[str, str | None] = dict(assignment.changes)
+        for node in nodes:
+            name = node["metadata"]["name"]
+            if name not in gpu and OWNER_LABEL in labels(node):
+                changes[name] = None
+        await self._label(changes)
+
+        for name, model in models.items():
+            current = self.drivers.get(name)
+            if current is None or model.deleting:
+                continue
+            problem = assignment.problems.get(name)
+            if problem is not None:
+                await self._fail(current, problem.reason, problem.message)
+                continue
+            waiting = sorted(
+                n for n, o in intended.items() if o == name and assignment.owners.get(n) != name
+            )
+            await self._reconcile_one(current, model, waiting)
+
+    async def _reconcile_one(self, raw: Obj, model: NVIDIADriver, waiting: list[str]) -> None:
+        """Apply and prune one resource's DaemonSets; ``waiting`` are the nodes it will
+        own once their current driver pod has left (it is not ready before)."""
+        spec = self.op.active_spec()
+        assert spec is not None
+        meta = raw["metadata"]
+        ctx = RenderContext(
+            namespace=self.op.config.namespace, operator_image=self.op.config.operator_image
+        )
+        try:
+            desired = render(
+                meta["name"], meta["uid"], model.spec, self.op.nodes.values(), spec, ctx
+            )
+        except (NVIDIADriverRenderError, ImageRefError) as err:
+            await self._fail(raw, REASON_RECONCILE_FAILED, str(err))
+            return
+        owner = {
+            "apiVersion": NVD_API_VERSION,
+            "kind": NVD_KIND,
+            "name": meta["name"],
+            "uid": meta["uid"],
+            "controller": True,
+            "blockOwnerDeletion": False,
+        }
+        objs = [
+            with_hash({**o, "metadata": {**o["metadata"], "ownerReferences": [owner]}})
+            for o in desired
+        ]
+        for obj in objs:
+            if self.op._needs_apply(obj):
+                await self.op._apply(obj)
+        wanted = {o["metadata"]["name"] for o in objs}
+        daemonsets = self.op.owned["DaemonSet"]
+        for ds in daemonsets.values():
+            ds_meta = ds["metadata"]
+            if nvd_owner(ds) != meta["name"] or ds_meta["name"] in wanted:
+                continue
+            if ds_meta.get("deletionTimestamp"):
+                continue
+            await self.op.rest.delete(DAEMONSET, ds_meta["name"], ds_meta.get("namespace"))
+            log.info("deleted", kind="DaemonSet", name=ds_meta["name"], nvidiadriver=meta["name"])
+        problems = [f"{node}: waiting for the previous driver to leave" for node in waiting]
+        for obj in objs:
+            observed = daemonsets.get(f"{obj['metadata']['namespace']}/{obj['metadata']['name']}")
+            ok, message = daemonset_ready(observed) if observed else (False, "not created yet")
+            if not ok or self.op._needs_apply(obj):
+                problems.append(f"{obj['metadata']['name']}: {message}")
+        if problems:
+            await self._write(
+                raw,
+                "notReady",
+                (False, "Error", ""),
+                (True, REASON_DRIVER_NOT_READY, "Waiting for driver pod to be ready"),
+            )
+        else:
+            await self._write(
+                raw,
+                "ready",
+                (True, REASON_RECONCILED, "All resources have been successfully reconciled"),
+                (False, "Ready", ""),
+            )
+
+    async def _disable(self, raws: list[Obj]) -> None:
+        """ClusterPolicy does not use NVIDIADrivers: give every node back, then say so."""
+        for ds in list(self.op.owned["DaemonSet"].values()):
+            meta = ds["metadata"]
+            if nvd_owner(ds) is not None and not meta.get("deletionTimestamp"):
+                await self.op.rest.delete(DAEMONSET, meta["name"], meta.get("namespace"))
+                log.info("deleted", kind="DaemonSet", name=meta["name"], reason="disabled")
+        await self._label(
+            {
+                n["metadata"]["name"]: None
+                for n in self.op.nodes.values()
+                if OWNER_LABEL in labels(n)
+            }
+        )
+        for raw in raws:
+            if raw["metadata"].get("deletionTimestamp"):
+                continue
+            await self._write(
+                raw, "disabled", (False, "Error", ""), (True, REASON_RECONCILED, _DISABLED_MESSAGE)
+            )
+
+    async def _label(self, changes: dict[str, str | None]) -> None:
+        for name, value in sorted(changes.items()):
+            try:
+                patched = await self.op.rest.merge_patch(
+                    NODE, name, {"metadata": {"labels": {OWNER_LABEL: value}}}
+                )
+            except ApiException as err:
+                if err.status == 404:
+                    continue
+                raise
+            self.op.nodes.observe(patched)
+            log.info("driver owner", node=name, owner=value)
+        if changes:
+            # Our own write may have been cached before its watch event arrives, and the
+            # ClusterPolicy's driver waits on owner labels: tell it now.
+            self.op.queue.add("cluster")
+
+    async def _fail(self, raw: Obj, reason: str, message: str) -> None:
+        await self._write(raw, "notReady", (False, "Error", ""), (True, reason, message[:32000]))
+
+    async def _write(
+        self,
+        raw: Obj,
+        state: str,
+        ready: tuple[bool, str, str],
+        error: tuple[bool, str, str],
+    ) -> None:
+        meta = raw["metadata"]
+        desired = _status(
+            state,
+            ready,
+            error,
+            self.op.config.namespace,
+            meta.get("generation"),
+            raw.get("status"),
+        )
+        patch = status_patch(raw.get("status"), desired)
+        if patch is None:
+            return
+        try:
+            patched = await self.op.rest.merge_patch(NVD, meta["name"], patch, subresource="status")
+        except ApiException as err:
+            if err.status == 404:
+                return
+            raise
+        self.drivers.observe(patched)
+        if state != (raw.get("status") or {}).get("state"):
+            log.info("NVIDIADriver state", nvidiadriver=meta["name"], state=state)
+            involved = {"apiVersion": NVD_API_VERSION, "kind": NVD_KIND, "metadata": meta}
+            reason, message = (ready[1], ready[2]) if ready[0] else (error[1], error[2])
+            await self.op.upgrades.events.record(
+                involved,
+                reason,
+                f"NVIDIADriver is {state}: {message}",
+                warning=state == "notReady" and error[1] != REASON_DRIVER_NOT_READY,
+            )

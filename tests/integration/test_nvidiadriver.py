@@ -1,0 +1,388 @@
+"""NVIDIADriver resources against the real control plane: owner labels, one driver
+DaemonSet per resource and pool on exactly its nodes, conflicts, CEL rules, and the
+hand-over between the ClusterPolicy's driver and the resources, watched pod by pod."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import Counter
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+import crd
+from gpuop.informer import Informer, Obj, ResourceSpec
+from gpuop.rest import Rest, by_kind
+from statemachine.upgrade_keys import IN_PROGRESS_STATES, STATE_LABEL, UpgradeState
+from tests.conftest import TEST_GPU_NODES
+from tests.integration.harness import NAMESPACE, NODE, POLICY, Running, eventually, policy_state_is
+
+pytestmark = pytest.mark.integration
+
+DS = by_kind("apps/v1", "DaemonSet")
+POD = by_kind("v1", "Pod")
+NVD = by_kind("nvidia.com/v1alpha1", "NVIDIADriver")
+PRODUCT = "nvidia.com/gpu.product"
+H100 = "NVIDIA-H100-80GB-HBM3"
+POLICY_DS = "nvidia-driver-daemonset"
+
+
+def _nvd(name: str, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "nvidia.com/v1alpha1",
+        "kind": "NVIDIADriver",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+
+
+class DriverPodWatch:
+    """Every driver pod event, and the most driver pods one node ever had at once
+    (terminating ones count: they still run on the node)."""
+
+    def __init__(self, rest: Rest) -> None:
+        self.on_node: dict[str, str] = {}
+        self.most = 0
+        self.crowded: list[dict[str, str]] = []
+        self.apps_seen: set[str] = set()
+        self.informer = Informer(
+            ResourceSpec(
+                "test-driver-pods",
+                rest.lister(POD, NAMESPACE),
+                label_selector="app.kubernetes.io/component=nvidia-driver",
+            ),
+            self._on_pod,
+        )
+
+    def _on_pod(self, event: str, old: Obj | None, new: Obj | None) -> None:
+        pod = new or old
+        assert pod is not None
+        name = pod["metadata"]["name"]
+        node = (pod.get("spec") or {}).get("nodeName")
+        if event == "DELETED":
+            self.on_node.pop(name, None)
+        elif node:
+            self.on_node[name] = node
+            self.apps_seen.add(pod["metadata"]["labels"]["app"])
+        counts = Counter(self.on_node.values())
+        most = max(counts.values(), default=0)
+        if most > 1:
+            self.crowded.append(dict(self.on_node))
+        self.most = max(self.most, most)
+
+
+async def _labels(rest: Rest) -> dict[str, dict[str, str]]:
+    return {n["metadata"]["name"]: n["metadata"].get("labels", {}) for n in await rest.list(NODE)}
+
+
+async def _gpu_nodes(rest: Rest) -> dict[str, dict[str, str]]:
+    return {
+        name: labels
+        for name, labels in (await _labels(rest)).items()
+        if labels.get("nvidia.com/gpu.present") == "true"
+    }
+
+
+async def _driver_pods_by_ds(rest: Rest) -> dict[str, set[str]]:
+    pods = await rest.list(
+        POD, NAMESPACE, label_selector="app.kubernetes.io/component=nvidia-driver"
+    )
+    result: dict[str, set[str]] = {}
+    for pod in pods:
+        if pod["metadata"].get("deletionTimestamp") or not pod["spec"].get("nodeName"):
+            continue
+        owner = pod["metadata"]["ownerReferences"][0]["name"]
+        result.setdefault(owner, set()).add(pod["spec"]["nodeName"])
+    return result
+
+
+async def _nvd_state(rest: Rest, name: str) -> tuple[str | None, str | None]:
+    got = await rest.get(NVD, name) or {}
+    status = got.get("status") or {}
+    error = [c for c in status.get("conditions") or [] if c["type"] == "Error"]
+    return status.get("state"), (
+        error[0]["reason"] if error and error[0]["status"] == "True" else None
+    )
+
+
+async def _use_crd(rest: Rest, on: bool) -> None:
+    await rest.merge_patch(
+        POLICY, "cluster-policy", {"spec": {"driver": {"useNvidiaDriverCRD": on}}}
+    )
+
+
+async def _cleanup(rest: Rest) -> None:
+    for existing in await rest.list(NVD):
+        await rest.delete(NVD, existing["metadata"]["name"])
+    for name, labels in (await _labels(rest)).items():
+        if crd.OWNER_LABEL in labels or STATE_LABEL in labels:
+            patch = {crd.OWNER_LABEL: None, STATE_LABEL: None}
+            await rest.merge_patch(NODE, name, {"metadata": {"labels": patch}})
+
+
+async def test_resources_own_their_nodes_and_hand_over_exclusively(
+    rest: Rest, api_client: client.ApiClient
+) -> None:
+    await _cleanup(rest)
+    await rest.apply(crd.sample_policy())
+    watch = DriverPodWatch(rest)
+    watcher = asyncio.create_task(watch.informer.run())
+    try:
+        async with Running(api_client):
+            assert await eventually(lambda: policy_state_is(rest, "ready"), timeout=120)
+            gpu = await _gpu_nodes(rest)
+            assert len(gpu) == TEST_GPU_NODES
+            h100 = {n for n, lab in gpu.items() if lab.get(PRODUCT) == H100}
+            others = set(gpu) - h100
+            assert h100
+            assert others
+
+            await rest.apply(_nvd("default", default=True, version="580.95.05"))
+            await rest.apply(_nvd("h100", nodeSelector={PRODUCT: H100}, version="590.48.01"))
+
+            async def disabled() -> bool:
+                states = [await _nvd_state(rest, n) for n in ("default", "h100")]
+                return all(s == "disabled" for s, _ in states)
+
+            assert await eventually(disabled, timeout=60)
+            assert not any(crd.OWNER_LABEL in lab for lab in (await _labels(rest)).values())
+
+            # Switch on: the ClusterPolicy's driver leaves, the resources take over.
+            await _use_crd(rest, True)
+
+            async def resources_drive() -> dict[str, set[str]] | None:
+                by_ds = await _driver_pods_by_ds(rest)
+                ready = [await _nvd_state(rest, n) for n in ("default", "h100")]
+                if POLICY_DS in by_ds or len(by_ds) != 2 or ready != [("ready", None)] * 2:
+                    return None
+                return by_ds
+
+            by_ds = await eventually(resources_drive, timeout=120)
+            daemonsets = {d["metadata"]["name"]: d for d in await rest.list(DS, NAMESPACE)}
+            owner_of = {
+                name: daemonsets[name]["metadata"]["ownerReferences"][0]["name"] for name in by_ds
+            }
+            nodes_of = {owner_of[name]: nodes for name, nodes in by_ds.items()}
+            assert nodes_of == {"h100": h100, "default": others}
+            for name in by_ds:
+                ds = daemonsets[name]
+                assert name.startswith("nvidia-gpu-driver-ubuntu22.04-")
+                assert ds["spec"]["updateStrategy"]["type"] == "OnDelete"
+                assert (
+                    ds["spec"]["template"]["spec"]["nodeSelector"][crd.OWNER_LABEL]
+                    == (owner_of[name])
+                )
+            labels = await _labels(rest)
+            owners = {n: labels[n].get(crd.OWNER_LABEL) for n in gpu}
+            assert owners == {n: ("h100" if n in h100 else "default") for n in gpu}
+            assert all(crd.OWNER_LABEL not in lab for n, lab in labels.items() if n not in gpu)
+            assert await eventually(lambda: policy_state_is(rest, "ready"), timeout=60)
+
+            # A third resource overlapping the H100 one: nothing moves, both say why.
+            await rest.apply(_nvd("overlap", nodeSelector={"nvidia.com/gpu.present": "true"}))
+
+            async def conflicting() -> bool:
+                states = [await _nvd_state(rest, n) for n in ("h100", "overlap")]
+                return states == [("notReady", crd.REASON_CONFLICTING_NODE_SELECTOR)] * 2
+
+            assert await eventually(conflicting, timeout=60)
+            labels = await _labels(rest)
+            assert {n: labels[n].get(crd.OWNER_LABEL) for n in gpu} == owners
+            assert await _driver_pods_by_ds(rest) == by_ds
+            await rest.delete(NVD, "overlap")
+
+            async def h100_ready() -> bool:
+                return await _nvd_state(rest, "h100") == ("ready", None)
+
+            assert await eventually(h100_ready, timeout=60)
+
+            # A second default: both fail, nothing moves.
+            await rest.apply(_nvd("default-2", default=True))
+
+            async def two_defaults() -> bool:
+                states = [await _nvd_state(rest, n) for n in ("default", "default-2")]
+                return states == [("notReady", "ReconcileFailed")] * 2
+
+            assert await eventually(two_defaults, timeout=60)
+            labels = await _labels(rest)
+            assert {n: labels[n].get(crd.OWNER_LABEL) for n in gpu} == owners
+            await rest.delete(NVD, "default-2")
+
+            async def default_ready() -> bool:
+                return await _nvd_state(rest, "default") == ("ready", None)
+
+            assert await eventually(default_ready, timeout=60)
+
+            # Switch off: the resources give their nodes back to the ClusterPolicy.
+            await _use_crd(rest, False)
+
+            async def policy_drives() -> bool:
+                by_ds = await _driver_pods_by_ds(rest)
+                states = [await _nvd_state(rest, n) for n in ("default", "h100")]
+                return (
+                    set(by_ds) == {POLICY_DS}
+                    and by_ds[POLICY_DS] == set(gpu)
+                    and all(s == "disabled" for s, _ in states)
+                )
+
+            assert await eventually(policy_drives, timeout=120)
+            labels = await _labels(rest)
+            assert not any(crd.OWNER_LABEL in lab for lab in labels.values())
+            assert await eventually(lambda: policy_state_is(rest, "ready"), timeout=60)
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+        await _cleanup(rest)
+    # Both drivers really ran, and never two on one node at any observed moment.
+    assert POLICY_DS in watch.apps_seen
+    assert len(watch.apps_seen) == 3
+    assert watch.most == 1, watch.crowded[:3]
+
+
+async def test_api_server_enforces_the_cel_rules(rest: Rest) -> None:
+    await _cleanup(rest)
+    try:
+        with pytest.raises(ApiException) as err:
+            await rest.apply(_nvd("bad-default", default=True, nodeSelector={PRODUCT: H100}))
+        assert "default NVIDIADriver must not use nodeSelector" in str(err.value)
+        with pytest.raises(ApiException) as err:
+            await rest.apply(_nvd("bad-owner", nodeSelector={crd.OWNER_LABEL: "x"}))
+        assert "reserved label" in str(err.value)
+        await rest.apply(_nvd("typed", driverType="gpu", usePrecompiled=False))
+        for field, value in (("driverType", "vgpu"), ("usePrecompiled", True)):
+            with pytest.raises(ApiException) as err:
+                await rest.merge_patch(NVD, "typed", {"spec": {field: value}})
+            assert "immutable" in str(err.value)
+    finally:
+        await _cleanup(rest)
+
+
+class UpgradeWatch:
+    """The most nodes of each owner ever in an upgrade slot at once, every state any
+    node passed through, and every ClusterPolicy state/message seen."""
+
+    def __init__(self, rest: Rest) -> None:
+        self.nodes: dict[str, dict[str, str]] = {}
+        self.peak: Counter[str] = Counter()
+        self.states: dict[str, set[str]] = {}
+        self.policy_messages: list[tuple[str, str]] = []
+        self.node_informer = Informer(ResourceSpec("test-nodes", rest.lister(NODE)), self._on_node)
+        self.policy_informer = Informer(
+            ResourceSpec("test-policies", rest.lister(POLICY)), self._on_policy
+        )
+
+    def _on_node(self, event: str, old: Obj | None, new: Obj | None) -> None:
+        node = new or old
+        assert node is not None
+        name = node["metadata"]["name"]
+        labels = node["metadata"].get("labels") or {}
+        self.nodes[name] = labels
+        state = labels.get(STATE_LABEL, "")
+        self.states.setdefault(name, set()).add(state)
+        busy: Counter[str] = Counter(
+            lab.get(crd.OWNER_LABEL, "")
+            for lab in self.nodes.values()
+            if UpgradeState(lab.get(STATE_LABEL) or "unknown") in IN_PROGRESS_STATES
+        )
+        for owner, count in busy.items():
+            self.peak[owner] = max(self.peak[owner], count)
+
+    def _on_policy(self, event: str, old: Obj | None, new: Obj | None) -> None:
+        status = (new or {}).get("status") or {}
+        ready = [c for c in status.get("conditions") or [] if c["type"] == "Ready"]
+        if ready:
+            self.policy_messages.append((status.get("state", ""), ready[0]["message"]))
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self.node_informer.run())
+            group.create_task(self.policy_informer.run())
+
+
+async def _driver_pods(rest: Rest) -> dict[str, tuple[str, str, str]]:
+    """node -> (pod uid, driver image, app) of the live driver pods."""
+    pods = await rest.list(
+        POD, NAMESPACE, label_selector="app.kubernetes.io/component=nvidia-driver"
+    )
+    return {
+        p["spec"]["nodeName"]: (
+            p["metadata"]["uid"],
+            p["spec"]["containers"][0]["image"],
+            p["metadata"]["labels"]["app"],
+        )
+        for p in pods
+        if not p["metadata"].get("deletionTimestamp") and p["spec"].get("nodeName")
+    }
+
+
+async def test_version_change_upgrades_only_that_resources_nodes_within_its_budget(
+    rest: Rest, api_client: client.ApiClient
+) -> None:
+    await _cleanup(rest)
+    policy = crd.sample_policy()
+    policy["spec"]["driver"]["useNvidiaDriverCRD"] = True
+    await rest.apply(policy)
+    budget = {"autoUpgrade": True, "maxParallelUpgrades": 1, "maxUnavailable": "100%"}
+    await rest.apply(_nvd("default", default=True, version="580.95.05", upgradePolicy=budget))
+    await rest.apply(
+        _nvd("h100", nodeSelector={PRODUCT: H100}, version="590.48.01", upgradePolicy=budget)
+    )
+    watch = UpgradeWatch(rest)
+    watcher = asyncio.create_task(watch.run())
+    try:
+        async with Running(api_client):
+            gpu = await _gpu_nodes(rest)
+            h100 = {n for n, lab in gpu.items() if lab.get(PRODUCT) == H100}
+            others = set(gpu) - h100
+
+            async def all_running() -> dict[str, tuple[str, str, str]] | None:
+                pods = await _driver_pods(rest)
+                states = [await _nvd_state(rest, n) for n in ("default", "h100")]
+                ok = (
+                    set(pods) == set(gpu)
+                    and all(app != POLICY_DS for _, _, app in pods.values())
+                    and states == [("ready", None)] * 2
+                )
+                return pods if ok else None
+
+            before = await eventually(all_running, timeout=120)
+            assert await eventually(lambda: policy_state_is(rest, "ready"), timeout=60)
+
+            await rest.merge_patch(NVD, "default", {"spec": {"version": "580.105.08"}})
+
+            async def upgraded() -> dict[str, tuple[str, str, str]] | None:
+                pods = await _driver_pods(rest)
+                done = all(
+                    n in pods
+                    and pods[n][1].endswith(":580.105.08-ubuntu22.04")
+                    and watch.nodes.get(n, {}).get(STATE_LABEL) == "upgrade-done"
+                    for n in others
+                )
+                return pods if done else None
+
+            after = await eventually(upgraded, timeout=180)
+            assert await eventually(lambda: policy_state_is(rest, "ready"), timeout=60)
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+        await _cleanup(rest)
+    # Every default node went through the upgrade, one at a time (its budget) ...
+    assert watch.peak["default"] == 1
+    for node in others:
+        assert "pod-restart-required" in watch.states[node]
+        assert after[node][0] != before[node][0]
+    # ... the H100 node's driver never moved ...
+    for node in h100:
+        assert after[node] == before[node]
+        assert watch.states[node] <= {"", "upgrade-done"}
+    assert watch.peak["h100"] == 0
+    # ... and the ClusterPolicy said so while it ran.
+    assert any(
+        state == "notReady" and "NVIDIADriver upgrade" in message
+        for state, message in watch.policy_messages
+    )

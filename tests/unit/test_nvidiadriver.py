@@ -1,0 +1,373 @@
+"""NVIDIADriver: the generated CRD, owner assignment (pure) and per-pool rendering."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+import crd
+from components import RenderContext
+from components.nvidiadriver import (
+    NVIDIADriverRenderError,
+    app_name,
+    node_pools,
+    render,
+)
+from gpuop.cli import main
+from statemachine.driver_owner import (
+    OWNER_LABEL,
+    REASON_CONFLICT,
+    REASON_FAILED,
+    DriverResource,
+    assign_owners,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+OS_ID = "feature.node.kubernetes.io/system-os_release.ID"
+OS_VERSION = "feature.node.kubernetes.io/system-os_release.VERSION_ID"
+KERNEL = "feature.node.kubernetes.io/kernel-version.full"
+PRODUCT = "nvidia.com/gpu.product"
+
+
+# ------------------------------------------------------------------ the CRD
+def _gpuop_crd_output() -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["crd", "nvidiadrivers"]) == 0
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("path", [crd.NVD_CRD_FILE, *crd.NVD_CHART_CRD_FILES])
+def test_checked_in_crd_is_gpuop_crd_output(path: str) -> None:
+    assert (ROOT / path).read_text() == _gpuop_crd_output(), (
+        f"{path} out of date: regenerate with `gpuop crd nvidiadrivers > {path}`"
+    )
+
+
+def test_crd_identity_as_upstream() -> None:
+    manifest = crd.nvd_crd_manifest()
+    spec = manifest["spec"]
+    assert manifest["metadata"]["name"] == "nvidiadrivers.nvidia.com"
+    assert spec["scope"] == "Cluster"
+    assert spec["names"]["kind"] == "NVIDIADriver"
+    assert spec["names"]["shortNames"] == ["nvd", "nvdriver", "nvdrivers"]
+    (version,) = spec["versions"]
+    assert version["name"] == "v1alpha1"
+    assert [c["jsonPath"] for c in version["additionalPrinterColumns"]] == [
+        ".status.state",
+        ".spec.default",
+        ".metadata.creationTimestamp",
+    ]
+    props = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    for field in (
+        "default",
+        "driverType",
+        "usePrecompiled",
+        "kernelModuleType",
+        "startupProbe",
+        "rdma",
+        "gds",
+        "gdrcopy",
+        "repository",
+        "image",
+        "version",
+        "imagePullPolicy",
+        "imagePullSecrets",
+        "manager",
+        "repoConfig",
+        "certConfig",
+        "licensingConfig",
+        "virtualTopologyConfig",
+        "kernelModuleConfig",
+        "secretEnv",
+        "upgradePolicy",
+        "nodeSelector",
+        "nodeAffinity",
+        "labels",
+        "annotations",
+        "tolerations",
+        "priorityClassName",
+        "podSecurityContext",
+        "hostNetwork",
+    ):
+        assert field in props, field
+    assert props["driverType"]["enum"] == ["gpu", "vgpu", "vgpu-host-manager"]
+    for immutable in ("driverType", "usePrecompiled"):
+        rules = props[immutable]["x-kubernetes-validations"]
+        assert rules[0]["rule"] == "self == oldSelf"
+
+
+def test_model_rejects_unknown_fields_and_bad_driver_type() -> None:
+    with pytest.raises(ValidationError):
+        crd.NVIDIADriverSpec.model_validate({"driverTyp": "gpu"})
+    with pytest.raises(ValidationError):
+        crd.NVIDIADriverSpec.model_validate({"driverType": "cpu"})
+
+
+# --------------------------------------------------------------- assignment
+def _nodes(**products: str) -> dict[str, dict[str, str]]:
+    return {name: {PRODUCT: product} for name, product in products.items()}
+
+
+def test_specific_resource_wins_and_default_takes_the_rest() -> None:
+    nodes = _nodes(a="H100", b="A100", c="T4")
+    result = assign_owners(
+        nodes,
+        [
+            DriverResource("default", default=True),
+            DriverResource("h100", node_selector={PRODUCT: "H100"}),
+        ],
+    )
+    assert result.changes == {"a": "h100", "b": "default", "c": "default"}
+    assert result.problems == {}
+
+
+def test_conflicting_resources_change_no_label_and_are_reported() -> None:
+    nodes = {
+        "a": {PRODUCT: "H100", OWNER_LABEL: "h100"},
+        "b": {PRODUCT: "A100", OWNER_LABEL: "default"},
+    }
+    result = assign_owners(
+        nodes,
+        [
+            DriverResource("default", default=True),
+            DriverResource("h100", node_selector={PRODUCT: "H100"}),
+            DriverResource("all", node_selector={}),
+        ],
+    )
+    assert result.changes == {}
+    assert {n: p.reason for n, p in result.problems.items()} == {
+        "h100": REASON_CONFLICT,
+        "all": REASON_CONFLICT,
+    }
+
+
+def test_two_defaults_fail_and_keep_labels() -> None:
+    nodes = {"a": {OWNER_LABEL: "one"}, "b": {}}
+    result = assign_owners(
+        nodes, [DriverResource("one", default=True), DriverResource("two", default=True)]
+    )
+    assert result.changes == {}
+    assert {p.reason for p in result.problems.values()} == {REASON_FAILED}
+
+
+def test_deleted_resource_takes_part_in_nothing() -> None:
+    nodes = {"a": {PRODUCT: "H100", OWNER_LABEL: "h100"}}
+    result = assign_owners(
+        nodes,
+        [
+            DriverResource("default", default=True),
+            DriverResource("h100", node_selector={PRODUCT: "H100"}, deleting=True),
+        ],
+    )
+    assert result.changes == {"a": "default"}
+
+
+def test_held_node_gets_no_owner_until_released() -> None:
+    nodes = _nodes(a="H100", b="T4")
+    resources = [DriverResource("default", default=True)]
+    assert assign_owners(nodes, resources, held={"a"}).changes == {"b": "default"}
+    assert assign_owners(nodes, resources).changes == {"a": "default", "b": "default"}
+
+
+def test_no_resource_removes_labels() -> None:
+    assert assign_owners({"a": {OWNER_LABEL: "gone"}}, []).changes == {"a": None}
+
+
+_products = st.sampled_from(["H100", "A100", "T4"])
+_selectors = st.one_of(st.just({}), _products.map(lambda p: {PRODUCT: p}))
+
+
+@given(
+    nodes=st.dictionaries(
+        st.sampled_from("abcdef"),
+        st.fixed_dictionaries(
+            {PRODUCT: _products},
+            optional={OWNER_LABEL: st.sampled_from(["default", "r0", "r1", "r2"])},
+        ),
+    ),
+    selectors=st.lists(_selectors, max_size=3),
+    has_default=st.booleans(),
+)
+def test_assignment_properties(
+    nodes: dict[str, dict[str, str]], selectors: list[dict[str, str]], has_default: bool
+) -> None:
+    resources = [DriverResource(f"r{i}", node_selector=s) for i, s in enumerate(selectors)]
+    if has_default:
+        resources.append(DriverResource("default", default=True))
+    result = assign_owners(nodes, resources)
+    conflicting = {n for n, p in result.problems.items() if p.reason == REASON_CONFLICT}
+    for node, labels in nodes.items():
+        matching = [r.name for r in resources if not r.default and r.selects(labels)]
+        if set(matching) & conflicting:
+            # a node any conflicting resource selects never changes its owner
+            assert node not in result.changes
+        elif matching:
+            assert len(matching) == 1
+            assert result.owners[node] == matching[0]
+        else:
+            assert result.owners.get(node) == ("default" if has_default else None)
+        # changes say exactly how labels get from now to the owners
+        after = result.changes.get(node, labels.get(OWNER_LABEL))
+        assert after == result.owners.get(node)
+
+
+# ---------------------------------------------------------------- rendering
+def _node(
+    name: str, owner: str, os_id: str = "ubuntu", version: str = "22.04", **extra: str
+) -> Any:
+    labels = {
+        "nvidia.com/gpu.present": "true",
+        OWNER_LABEL: owner,
+        OS_ID: os_id,
+        OS_VERSION: version,
+        KERNEL: "5.15.0-124-generic",
+        **extra,
+    }
+    return {"metadata": {"name": name, "labels": labels}, "spec": {}, "status": {}}
+
+
+CTX = RenderContext(namespace="gpu-operator", operator_image="gpuop:1")
+
+
+def test_one_daemonset_per_os_selecting_owner_and_os() -> None:
+    spec = crd.NVIDIADriverSpec.model_validate({"version": "580.95.05"})
+    nodes = [
+        _node("a", "default"),
+        _node("b", "default", version="24.04"),
+        _node("c", "default"),
+        _node("d", "other"),
+    ]
+    objs = render("default", "uid-1", spec, nodes, crd.ClusterPolicySpec(), CTX)
+    assert [o["metadata"]["name"] for o in objs] == [
+        app_name("gpu", "ubuntu22.04", "uid-1"),
+        app_name("gpu", "ubuntu24.04", "uid-1"),
+    ]
+    first = objs[0]
+    pod = first["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {
+        "nvidia.com/gpu.deploy.driver": "true",
+        "nvidia.com/gpu.present": "true",
+        OWNER_LABEL: "default",
+        OS_ID: "ubuntu",
+        OS_VERSION: "22.04",
+    }
+    assert first["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    assert pod["containers"][0]["image"] == "nvcr.io/nvidia/driver:580.95.05-ubuntu22.04"
+    assert first["spec"]["template"]["metadata"]["labels"]["nvidia.com/node.os-version"] == (
+        "ubuntu22.04"
+    )
+    assert first["metadata"]["labels"]["app.kubernetes.io/component"] == "nvidia-driver"
+
+
+def test_app_name_is_upstreams_shape() -> None:
+    name = app_name("gpu", "ubuntu22.04", "0b5c1f6e-1111-2222-3333-444455556666")
+    assert name.startswith("nvidia-gpu-driver-ubuntu22.04-")
+    assert set(name.rsplit("-", 1)[1]) <= set("bcdfghjklmnpqrstvwxz2456789")
+    assert len(app_name("vgpu-host-manager", "x" * 80, "u")) == 63
+
+
+def test_precompiled_pools_per_kernel_with_kernel_tag() -> None:
+    spec = crd.NVIDIADriverSpec.model_validate({"usePrecompiled": True, "version": "580"})
+    nodes = [_node("a", "p"), _node("b", "p", **{KERNEL: "6.8.0-1015-aws"})]
+    objs = render("p", "u", spec, nodes, crd.ClusterPolicySpec(), CTX)
+    images = sorted(o["spec"]["template"]["spec"]["containers"][0]["image"] for o in objs)
+    assert images == [
+        "nvcr.io/nvidia/driver:580-5.15.0-124-generic-ubuntu22.04",
+        "nvcr.io/nvidia/driver:580-6.8.0-1015-aws-ubuntu22.04",
+    ]
+    selectors = [o["spec"]["template"]["spec"]["nodeSelector"][KERNEL] for o in objs]
+    assert sorted(selectors) == ["5.15.0-124-generic", "6.8.0-1015-aws"]
+
+
+def test_precompiled_refuses_digests() -> None:
+    spec = crd.NVIDIADriverSpec.model_validate(
+        {"usePrecompiled": True, "image": "nvcr.io/nvidia/driver", "version": "sha256:" + "0" * 64}
+    )
+    with pytest.raises(NVIDIADriverRenderError):
+        render("p", "u", spec, [_node("a", "p")], crd.ClusterPolicySpec(), CTX)
+
+
+def test_nodes_without_os_labels_form_no_pool() -> None:
+    node = _node("a", "x")
+    del node["metadata"]["labels"][OS_ID]
+    assert node_pools("x", crd.NVIDIADriverSpec(), [node]) == []
+
+
+def test_resource_settings_reach_the_pod() -> None:
+    spec = crd.NVIDIADriverSpec.model_validate(
+        {
+            "labels": {"team": "ml"},
+            "tolerations": [{"key": "dedicated", "operator": "Exists"}],
+            "priorityClassName": "high",
+            "hostNetwork": True,
+            "nodeSelector": {PRODUCT: "H100"},
+        }
+    )
+    (ds,) = render(
+        "h100", "u", spec, [_node("a", "h100", **{PRODUCT: "H100"})], crd.ClusterPolicySpec(), CTX
+    )
+    pod = ds["spec"]["template"]
+    assert pod["metadata"]["labels"]["team"] == "ml"
+    assert pod["spec"]["priorityClassName"] == "high"
+    assert pod["spec"]["hostNetwork"] is True
+    assert {"key": "dedicated", "operator": "Exists"} in pod["spec"]["tolerations"]
+    assert pod["spec"]["nodeSelector"][PRODUCT] == "H100"
+
+
+def test_sample_manifest_parses() -> None:
+    raw = yaml.safe_load(
+        """
+apiVersion: nvidia.com/v1alpha1
+kind: NVIDIADriver
+metadata: {name: demo}
+spec:
+  driverType: gpu
+  image: driver
+  repository: nvcr.io/nvidia
+  version: "580.95.05"
+  nodeSelector: {nvidia.com/gpu.product: H100}
+  upgradePolicy: {autoUpgrade: true, maxParallelUpgrades: 1}
+"""
+    )
+    model = crd.parse_nvidiadriver(raw)
+    assert model.name == "demo"
+    assert model.spec.upgrade_policy_with_defaults().max_parallel_upgrades == 1
+
+
+# ------------------------------------------------------------ controller helpers
+def test_policy_driver_names_and_resource_ownership() -> None:
+    from gpuop.controller._nvidiadriver import is_policy_driver, nvd_owner
+
+    assert is_policy_driver("nvidia-driver-daemonset")
+    assert is_policy_driver("nvidia-driver-daemonset-5.15.0-124-generic-ubuntu22.04")
+    assert not is_policy_driver("nvidia-gpu-driver-ubuntu22.04-5799489887")
+    owned = {"metadata": {"ownerReferences": [{"kind": "NVIDIADriver", "name": "h100"}]}}
+    assert nvd_owner(owned) is None  # a reference that is not the controller
+    owned["metadata"]["ownerReferences"][0]["controller"] = True
+    assert nvd_owner(owned) == "h100"
+    assert nvd_owner({"metadata": {}}) is None
+
+
+def test_owner_label_changes_wake_the_cluster_and_budget_passes() -> None:
+    from gpuop.controller._operator import _budget_facts, _gpu_facts
+
+    def node(**extra: str) -> dict[str, Any]:
+        labels = {"nvidia.com/gpu.present": "true", **extra}
+        return {"metadata": {"labels": labels}, "spec": {}, "status": {}}
+
+    plain, owned = node(), node(**{OWNER_LABEL: "h100"})
+    assert _gpu_facts(plain) != _gpu_facts(owned)
+    assert _budget_facts(plain) != _budget_facts(owned)
+    upgrading = node(
+        **{OWNER_LABEL: "h100", "nvidia.com/gpu-driver-upgrade-state": "drain-required"}
+    )
+    assert _gpu_facts(owned) != _gpu_facts(upgrading)
