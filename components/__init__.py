@@ -1,7 +1,9 @@
 """Pure operand definitions: target nodes, desired objects, readiness. No I/O.
 
-The controller asks this package what should exist (`desired_objects`), which labels a
-node should carry (`node_label_changes`), whether an object must be written
+Each operand is a `Component` listed once in `COMPONENTS` (components/registry.py); the
+rollout order, deploy labels, owned kinds and operand permissions are derived from that
+list. The controller asks this package what each operand should have (`Component.objects`),
+which labels a node should carry (`node_label_changes`), whether an object must be written
 (`needs_apply` on `with_hash` output) and whether a component is rolled out
 (`daemonset_ready`, `component_ready`).
 """
@@ -14,7 +16,7 @@ from components._k8s import (
     PART_OF,
     PART_OF_LABEL,
 )
-from components.component import Component
+from components.component import Component, ObjectKind, Permissions
 from components.context import Manifest, NodeFacts, RenderContext, node_facts
 from components.hashing import (
     HASH_ANNOTATION,
@@ -30,7 +32,6 @@ from components.keys import (
     DEPLOY_DRIVER_LABEL,
     DEPLOY_GFD_LABEL,
     DEPLOY_LABEL_PREFIX,
-    DEPLOY_LABELS,
     DEPLOY_MIG_MANAGER_LABEL,
     DEPLOY_NODE_STATUS_EXPORTER_LABEL,
     DEPLOY_OPERANDS_LABEL,
@@ -55,6 +56,9 @@ from components.labels import (
 from components.readiness import component_ready, daemonset_ready
 from components.registry import (
     COMPONENTS,
+    DEPLOY_LABELS,
+    OWNED_KINDS,
+    ROLLOUT_ORDER,
     component_by_name,
     desired_objects,
     enabled_components,
@@ -84,13 +88,17 @@ __all__ = [
     "MIG_CAPABLE_LABEL",
     "MPS_CAPABLE_LABEL",
     "NFD_GPU_LABELS",
+    "OWNED_KINDS",
     "PART_OF",
     "PART_OF_LABEL",
     "PAUSED_PREFIX",
+    "ROLLOUT_ORDER",
     "Component",
     "LabelChanges",
     "Manifest",
     "NodeFacts",
+    "ObjectKind",
+    "Permissions",
     "RenderContext",
     "any_mig_capable",
     "applied_hash",

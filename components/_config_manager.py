@@ -22,6 +22,7 @@ from components._k8s import (
     role_and_binding,
     service_account,
 )
+from components.component import Permissions, Rule
 from components.context import Manifest, RenderContext
 from components.keys import DEVICE_PLUGIN_CONFIG_LABEL
 from crd import ClusterPolicySpec, component_image
@@ -119,6 +120,11 @@ def operand_daemonset(
         pod["shareProcessNamespace"] = True
     pod.update({"initContainers": init, "containers": containers, "volumes": all_volumes})
     return daemonset(daemonset_name, component, spec, ctx, pod, node_selector=node_selector)
+
+
+def permissions(role_rules: list[Rule]) -> Permissions:
+    """What `operand_rbac` grants, for the operand's `Component.permissions`."""
+    return Permissions(role=tuple(role_rules), cluster=(READ_NODES,))
 
 
 def operand_rbac(

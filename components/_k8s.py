@@ -11,8 +11,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from components.context import Manifest, RenderContext
+from components.keys import TAINT_EFFECT, TAINT_KEY
 from crd import ClusterPolicySpec, ComponentSpec, EnvVar, ImageSpec
-from statemachine.remediation import TAINT_EFFECT, TAINT_KEY
 
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 PART_OF_LABEL = "app.kubernetes.io/part-of"

@@ -1,23 +1,67 @@
-"""The common shape of an operand: its rollout state, switch, objects and deploy label."""
+"""The common shape of an operand: everything the rest of the operator derives from it.
+
+An operand module builds one `Component` and the registry lists it. The rollout order,
+the deploy labels, the kinds the controller watches and prunes, and the permissions the
+chart must hold for the operator are all read from these declarations, so adding an
+operand is one module and one registry line.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 from components.context import Manifest, RenderContext
 from crd import ClusterPolicySpec
 
 Render = Callable[[ClusterPolicySpec, RenderContext], list[Manifest]]
+NodeFilter = Callable[[Mapping[str, str]], bool]
+"""Over a GPU node's labels: whether the node gets the operand's deploy label."""
+Rule = dict[str, list[str]]
+"""A Kubernetes PolicyRule: apiGroups, resources, verbs (and resourceNames, if any)."""
+
+
+@dataclass(frozen=True)
+class ObjectKind:
+    """A Kubernetes kind an operand renders: enough to list, watch, write and prune it."""
+
+    api_version: str
+    kind: str
+    plural: str
+    namespaced: bool = True
+    optional: bool = False
+    """Served only where a CRD installs it (the Prometheus operator's ServiceMonitor):
+    watched only once discovery finds the API, never listed where it is absent."""
+
+    @property
+    def group(self) -> str:
+        """The API group (`""` for the core group), as RBAC rules name it."""
+        return self.api_version.rpartition("/")[0]
+
+
+@dataclass(frozen=True)
+class Permissions:
+    """What an operand's pods may do: the rules of its Role (in the operator namespace)
+    and of its ClusterRole. The operator must hold each of them too, because Kubernetes
+    lets it grant only what it holds (the chart's RBAC is checked against these)."""
+
+    role: tuple[Rule, ...] = ()
+    cluster: tuple[Rule, ...] = ()
+
+
+def every_gpu_node(_labels: Mapping[str, str]) -> bool:
+    """The default eligibility: the deploy label goes on every GPU node, as upstream."""
+    return True
 
 
 @dataclass(frozen=True)
 class Component:
-    """One rollout state of the operator.
+    """One operand, that is one rollout state of the operator.
 
     `objects` is empty when the component is disabled, or when it is enabled but has
     nothing to run yet (the MIG manager with no MIG-capable node); either way the
     controller deletes whatever of the component is left and does not wait on it.
+    Its position in the rollout is its place in `components.registry.COMPONENTS`.
     """
 
     name: str
@@ -26,6 +70,12 @@ class Component:
     """Node label that selects the nodes its DaemonSet runs on, if it owns one."""
     is_enabled: Callable[[ClusterPolicySpec], bool]
     render: Render
+    kinds: tuple[ObjectKind, ...]
+    """Every kind `render` may return (a unit test holds it to that)."""
+    permissions: Permissions = field(default_factory=Permissions)
+    """The RBAC rules its own Role and ClusterRole grant its pods."""
+    eligible: NodeFilter = every_gpu_node
+    """Which GPU nodes carry `deploy_label` (the MIG manager's: MIG-capable ones)."""
     gates_rollout: bool = True
     """Later states wait for this one to be ready. False for operator-validation: its
     pods only turn Ready once the device plugin (a later state) advertises GPUs."""

@@ -18,9 +18,10 @@ from components._k8s import (
     service_account,
     wait_for_file,
 )
-from components.component import Component
+from components.component import Component, Permissions
 from components.context import Manifest, RenderContext
 from components.keys import DEPLOY_DCGM_LABEL, TRUE
+from components.kinds import DAEMONSET, NAMESPACED_RBAC, SERVICE
 from crd import ClusterPolicySpec, component_image
 
 NAME = "dcgm"
@@ -101,4 +102,11 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
     ]
 
 
-COMPONENT = Component(name=NAME, deploy_label=DEPLOY_DCGM_LABEL, is_enabled=enabled, render=render)
+COMPONENT = Component(
+    name=NAME,
+    deploy_label=DEPLOY_DCGM_LABEL,
+    is_enabled=enabled,
+    render=render,
+    kinds=(*NAMESPACED_RBAC, DAEMONSET, SERVICE),
+    permissions=Permissions(role=(SCC_RULE,)),
+)

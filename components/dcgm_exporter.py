@@ -25,9 +25,10 @@ from components._k8s import (
     service_account,
     wait_for_file,
 )
-from components.component import Component
+from components.component import Component, Permissions
 from components.context import Manifest, RenderContext
 from components.keys import DEPLOY_DCGM_EXPORTER_LABEL, TRUE
+from components.kinds import DAEMONSET, NAMESPACED_RBAC, SERVICE, SERVICE_MONITOR
 from crd import ClusterPolicySpec, component_image
 
 NAME = "dcgm-exporter"
@@ -174,5 +175,10 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
 
 
 COMPONENT = Component(
-    name=NAME, deploy_label=DEPLOY_DCGM_EXPORTER_LABEL, is_enabled=enabled, render=render
+    name=NAME,
+    deploy_label=DEPLOY_DCGM_EXPORTER_LABEL,
+    is_enabled=enabled,
+    render=render,
+    kinds=(*NAMESPACED_RBAC, DAEMONSET, SERVICE, SERVICE_MONITOR),
+    permissions=Permissions(role=tuple(_ROLE_RULES)),
 )

@@ -33,6 +33,7 @@ from components._k8s import (
 from components.component import Component
 from components.context import Manifest, RenderContext
 from components.keys import DEPLOY_DEVICE_PLUGIN_LABEL, TRUE
+from components.kinds import CLUSTER_RBAC, CONFIG_MAP, DAEMONSET, NAMESPACED_RBAC
 from crd import ClusterPolicySpec, component_image
 
 NAME = "device-plugin"
@@ -152,5 +153,10 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
 _SCRIPT = entrypoint_script(PROCESS)
 
 COMPONENT = Component(
-    name=NAME, deploy_label=DEPLOY_DEVICE_PLUGIN_LABEL, is_enabled=enabled, render=render
+    name=NAME,
+    deploy_label=DEPLOY_DEVICE_PLUGIN_LABEL,
+    is_enabled=enabled,
+    render=render,
+    kinds=(*NAMESPACED_RBAC, *CLUSTER_RBAC, CONFIG_MAP, DAEMONSET),
+    permissions=_config_manager.permissions([SCC_RULE]),
 )

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import re
 import zlib
+from collections.abc import Mapping
 from typing import Any
 
 from components._k8s import (
@@ -35,9 +36,10 @@ from components._k8s import (
     rolling_update_strategy,
     service_account,
 )
-from components.component import Component
+from components.component import Component, Permissions
 from components.context import KERNEL_LABEL, Manifest, RenderContext
 from components.keys import DEPLOY_DRIVER_LABEL, TRUE
+from components.kinds import CLUSTER_RBAC, CONFIG_MAP, DAEMONSET, NAMESPACED_RBAC
 from crd import ClusterPolicySpec, ContainerProbeSpec, DriverSpec, component_image
 
 NAME = "driver"
@@ -138,6 +140,23 @@ def config_digest(spec: ClusterPolicySpec, ctx: RenderContext, kernel: str | Non
     return str(zlib.crc32(json.dumps(facts, sort_keys=True).encode()))
 
 
+#: The variable carrying `config_digest` in the driver container (upstream's name).
+CONFIG_DIGEST_ENV = "DRIVER_CONFIG_DIGEST"
+
+
+def digest_in(pod_spec: Mapping[str, Any]) -> str:
+    """The `config_digest` a pod (or pod template) spec was made with; "" when none.
+
+    Two driver pods with the same digest install the same driver: a template change
+    beyond it (labels, tolerations...) only needs the pod restarted, not the node emptied.
+    """
+    for c in pod_spec.get("containers") or []:
+        for var in c.get("env") or []:
+            if var.get("name") == CONFIG_DIGEST_ENV and var.get("value"):
+                return str(var["value"])
+    return ""
+
+
 def _feature_env(spec: ClusterPolicySpec) -> list[dict[str, Any]]:
     variables = []
     if spec.gdrcopy.enabled:
@@ -175,7 +194,7 @@ def _driver_container(
             field_env("NODE_NAME", "spec.nodeName"),
             field_env("NODE_IP", "status.hostIP"),
             env("KERNEL_MODULE_TYPE", _module_type(driver)),
-            env("DRIVER_CONFIG_DIGEST", config_digest(spec, ctx, kernel)),
+            env(CONFIG_DIGEST_ENV, config_digest(spec, ctx, kernel)),
             *_feature_env(spec),
         ],
         mounts=[
@@ -223,7 +242,7 @@ def _manager(spec: ClusterPolicySpec, ctx: RenderContext, kernel: str | None) ->
                 for v in user_env.values()
             ),
             field_env("OPERATOR_NAMESPACE", "metadata.namespace"),
-            env("DRIVER_CONFIG_DIGEST", config_digest(spec, ctx, kernel)),
+            env(CONFIG_DIGEST_ENV, config_digest(spec, ctx, kernel)),
             *([env("GPU_DIRECT_RDMA_ENABLED", "true")] if _rdma(spec) else []),
         ],
         "securityContext": {"privileged": True},
@@ -452,5 +471,10 @@ mv {READY_FILE}.tmp {READY_FILE}
 """
 
 COMPONENT = Component(
-    name=NAME, deploy_label=DEPLOY_DRIVER_LABEL, is_enabled=enabled, render=render
+    name=NAME,
+    deploy_label=DEPLOY_DRIVER_LABEL,
+    is_enabled=enabled,
+    render=render,
+    kinds=(*NAMESPACED_RBAC, *CLUSTER_RBAC, CONFIG_MAP, DAEMONSET),
+    permissions=Permissions(role=(SCC_RULE,), cluster=tuple(_CLUSTER_RULES)),
 )

@@ -19,6 +19,7 @@ from components._k8s import (
 from components.component import Component
 from components.context import Manifest, RenderContext
 from components.keys import DEPLOY_GFD_LABEL, TRUE
+from components.kinds import CLUSTER_RBAC, DAEMONSET, NAMESPACED_RBAC
 from crd import ClusterPolicySpec, component_image
 
 NAME = "gpu-feature-discovery"
@@ -95,4 +96,11 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
     ]
 
 
-COMPONENT = Component(name=NAME, deploy_label=DEPLOY_GFD_LABEL, is_enabled=enabled, render=render)
+COMPONENT = Component(
+    name=NAME,
+    deploy_label=DEPLOY_GFD_LABEL,
+    is_enabled=enabled,
+    render=render,
+    kinds=(*NAMESPACED_RBAC, *CLUSTER_RBAC, DAEMONSET),
+    permissions=_config_manager.permissions(_ROLE_RULES),
+)

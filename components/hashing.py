@@ -10,7 +10,11 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-HASH_ANNOTATION = "gpuop.dev/applied-hash"
+HASH_ANNOTATION = "gpuop.io/applied-hash"
+LEGACY_HASH_ANNOTATION = "gpuop.dev/applied-hash"
+"""Where releases before the single `gpuop.io/` domain kept the hash: still read, so
+objects they applied are not rewritten only because the annotation moved."""
+_HASH_ANNOTATIONS = (HASH_ANNOTATION, LEGACY_HASH_ANNOTATION)
 HASH_LENGTH = 16
 
 
@@ -20,7 +24,7 @@ def manifest_hash(obj: Mapping[str, Any]) -> str:
     body = {k: v for k, v in obj.items() if k != "status"}
     metadata = dict(body.get("metadata") or {})
     annotations = {
-        k: v for k, v in (metadata.get("annotations") or {}).items() if k != HASH_ANNOTATION
+        k: v for k, v in (metadata.get("annotations") or {}).items() if k not in _HASH_ANNOTATIONS
     }
     if annotations:
         metadata["annotations"] = annotations
@@ -43,11 +47,15 @@ def with_hash(obj: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def applied_hash(obj: Mapping[str, Any] | None) -> str | None:
-    """The hash annotation an object carries, if any."""
+    """The hash annotation an object carries, if any (the legacy spelling too)."""
     if obj is None:
         return None
-    value = ((obj.get("metadata") or {}).get("annotations") or {}).get(HASH_ANNOTATION)
-    return value if isinstance(value, str) else None
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    for key in _HASH_ANNOTATIONS:
+        value = annotations.get(key)
+        if isinstance(value, str):
+            return value
+    return None
 
 
 def needs_apply(desired: Mapping[str, Any], observed: Mapping[str, Any] | None) -> bool:

@@ -6,6 +6,8 @@ manager pausing operands, GFD publishing capabilities) already rely on them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 NFD_GPU_LABELS: tuple[str, ...] = (
     "feature.node.kubernetes.io/pci-10de.present",
     "feature.node.kubernetes.io/pci-0302_10de.present",
@@ -32,24 +34,8 @@ DEPLOY_MIG_MANAGER_LABEL = "nvidia.com/gpu.deploy.mig-manager"
 DEPLOY_NODE_STATUS_EXPORTER_LABEL = "nvidia.com/gpu.deploy.node-status-exporter"
 DEPLOY_VALIDATOR_LABEL = "nvidia.com/gpu.deploy.operator-validator"
 DEPLOY_CLIENT_LABEL = "nvidia.com/gpu.deploy.client"
-"""Set with the others, as upstream does; selects GPU clients run on the node's behalf."""
-
-DEPLOY_LABELS: tuple[str, ...] = (
-    DEPLOY_DRIVER_LABEL,
-    DEPLOY_TOOLKIT_LABEL,
-    DEPLOY_VALIDATOR_LABEL,
-    DEPLOY_DEVICE_PLUGIN_LABEL,
-    DEPLOY_DCGM_LABEL,
-    DEPLOY_DCGM_EXPORTER_LABEL,
-    DEPLOY_GFD_LABEL,
-    DEPLOY_MIG_MANAGER_LABEL,
-    DEPLOY_NODE_STATUS_EXPORTER_LABEL,
-    DEPLOY_CLIENT_LABEL,
-)
-"""Every per-operand deploy label this operator manages. Like upstream, all are set on
-every GPU node whether or not the policy enables that operand (the mig-manager's only
-on MIG-capable nodes): enabling an operand later then needs no node relabelling, and
-users' node selectors see the same labels as with upstream."""
+"""Set with the operands' labels, as upstream does; selects GPU clients run on the node's
+behalf. No operand of ours owns it (see `components.registry.DEPLOY_LABELS`)."""
 
 MIG_CAPABLE_LABEL = "nvidia.com/mig.capable"
 """Set by GPU feature discovery: `true` on nodes whose GPUs support MIG."""
@@ -68,3 +54,19 @@ TRUE = "true"
 FALSE = "false"
 PAUSED_PREFIX = "paused-for-"
 """Deploy label values another component set to stop an operand for a while."""
+
+TAINT_KEY = "nvidia.com/gpu.health"
+TAINT_VALUE = "unhealthy"
+TAINT_EFFECT = "NoSchedule"
+"""The taint a node quarantined by GPU health remediation carries (`key=value:effect`);
+every operand tolerates it."""
+
+
+def is_gpu_node(labels: Mapping[str, str]) -> bool:
+    """NFD found an NVIDIA PCI device on the node."""
+    return any(labels.get(key) == TRUE for key in NFD_GPU_LABELS)
+
+
+def is_mig_capable(labels: Mapping[str, str]) -> bool:
+    """GPU feature discovery reported MIG support."""
+    return labels.get(MIG_CAPABLE_LABEL) == TRUE

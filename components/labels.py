@@ -7,7 +7,8 @@ alone). Only our own values are ever removed, and the result is a fixed point: a
 it and asking again yields no change.
 
 As upstream, every GPU node gets every operand's deploy label whether or not the policy
-enables that operand (the DaemonSet decides what runs), and a MIG-capable node without
+enables that operand (the DaemonSet decides what runs), where the operand is eligible
+(`Component.eligible`: the MIG manager's only on MIG-capable nodes), and a MIG-capable node without
 `nvidia.com/mig.config` gets the policy's default layout. That label is a request, not
 a mark of ours: once set, it is never changed or removed (uninstall included).
 """
@@ -17,42 +18,28 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from components.keys import (
-    DEPLOY_LABELS,
-    DEPLOY_MIG_MANAGER_LABEL,
     DEPLOY_OPERANDS_LABEL,
     FALSE,
     GPU_PRESENT_LABEL,
-    MIG_CAPABLE_LABEL,
     MIG_CONFIG_LABEL,
-    NFD_GPU_LABELS,
     PAUSED_PREFIX,
     TRUE,
 )
+from components.keys import is_gpu_node as is_gpu_node
+from components.keys import is_mig_capable as is_mig_capable
+from components.registry import DEPLOY_LABELS, eligible_deploy_labels
 from crd import ClusterPolicySpec
 
 LabelChanges = dict[str, str | None]
 """Label key to new value, or None to remove it."""
 
 
-def is_gpu_node(labels: Mapping[str, str]) -> bool:
-    """NFD found an NVIDIA PCI device on the node."""
-    return any(labels.get(key) == TRUE for key in NFD_GPU_LABELS)
-
-
-def is_mig_capable(labels: Mapping[str, str]) -> bool:
-    """GPU feature discovery reported MIG support."""
-    return labels.get(MIG_CAPABLE_LABEL) == TRUE
-
-
 def wanted_deploy_labels(labels: Mapping[str, str], spec: ClusterPolicySpec | None) -> set[str]:
     """Deploy labels that should be `true` on this node (before respecting user values):
-    all on a GPU node (the MIG manager's only where MIG is possible), none elsewhere."""
+    on a GPU node those of every operand it is eligible for, none elsewhere."""
     if spec is None or not is_gpu_node(labels) or labels.get(DEPLOY_OPERANDS_LABEL) == FALSE:
         return set()
-    wanted = set(DEPLOY_LABELS)
-    if not is_mig_capable(labels):
-        wanted.discard(DEPLOY_MIG_MANAGER_LABEL)
-    return wanted
+    return eligible_deploy_labels(labels)
 
 
 def _default_mig_config(labels: Mapping[str, str], spec: ClusterPolicySpec | None) -> str | None:

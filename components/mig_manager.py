@@ -36,10 +36,11 @@ from components._k8s import (
     validations_volume,
     wait_for_file,
 )
-from components.component import Component
+from components.component import Component, Permissions
 from components.context import Manifest, RenderContext
 from components.device_plugin import cdi_hook_path
-from components.keys import DEPLOY_MIG_MANAGER_LABEL, TRUE
+from components.keys import DEPLOY_MIG_MANAGER_LABEL, TRUE, is_mig_capable
+from components.kinds import CLUSTER_RBAC, CONFIG_MAP, DAEMONSET, NAMESPACED_RBAC
 from crd import ClusterPolicySpec, component_image
 
 NAME = "mig-manager"
@@ -201,5 +202,11 @@ _SCRIPT = entrypoint_script(
 )
 
 COMPONENT = Component(
-    name=NAME, deploy_label=DEPLOY_MIG_MANAGER_LABEL, is_enabled=enabled, render=render
+    name=NAME,
+    deploy_label=DEPLOY_MIG_MANAGER_LABEL,
+    is_enabled=enabled,
+    render=render,
+    kinds=(*NAMESPACED_RBAC, *CLUSTER_RBAC, CONFIG_MAP, DAEMONSET),
+    permissions=Permissions(role=tuple(_ROLE_RULES), cluster=tuple(_CLUSTER_RULES)),
+    eligible=is_mig_capable,
 )

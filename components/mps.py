@@ -28,6 +28,7 @@ from components.context import Manifest, RenderContext
 from components.device_plugin import SERVICE_ACCOUNT as DEVICE_PLUGIN_ACCOUNT
 from components.device_plugin import mps_root
 from components.keys import DEPLOY_DEVICE_PLUGIN_LABEL, MPS_CAPABLE_LABEL, TRUE
+from components.kinds import CLUSTER_RBAC, DAEMONSET, NAMESPACED_RBAC
 from crd import ClusterPolicySpec, component_image
 
 NAME = "mps-control-daemon"
@@ -105,4 +106,11 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
     ]
 
 
-COMPONENT = Component(name=NAME, deploy_label=None, is_enabled=enabled, render=render)
+COMPONENT = Component(
+    name=NAME,
+    deploy_label=None,  # runs where the device plugin does and MPS is configured
+    is_enabled=enabled,
+    render=render,
+    kinds=(*NAMESPACED_RBAC, *CLUSTER_RBAC, DAEMONSET),
+    permissions=_config_manager.permissions([SCC_RULE]),
+)

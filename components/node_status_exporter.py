@@ -25,9 +25,10 @@ from components._k8s import (
     run_nvidia_volume,
     service_account,
 )
-from components.component import Component
+from components.component import Component, Permissions
 from components.context import Manifest, RenderContext
 from components.keys import DEPLOY_NODE_STATUS_EXPORTER_LABEL, TRUE
+from components.kinds import CLUSTER_RBAC, DAEMONSET, NAMESPACED_RBAC, SERVICE
 from crd import ClusterPolicySpec
 
 NAME = "node-status-exporter"
@@ -129,5 +130,10 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
 
 
 COMPONENT = Component(
-    name=NAME, deploy_label=DEPLOY_NODE_STATUS_EXPORTER_LABEL, is_enabled=enabled, render=render
+    name=NAME,
+    deploy_label=DEPLOY_NODE_STATUS_EXPORTER_LABEL,
+    is_enabled=enabled,
+    render=render,
+    kinds=(*NAMESPACED_RBAC, *CLUSTER_RBAC, DAEMONSET, SERVICE),
+    permissions=Permissions(role=tuple(_ROLE_RULES), cluster=(READ_NODES,)),
 )

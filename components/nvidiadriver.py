@@ -31,6 +31,7 @@ from components.context import (
 from components.keys import DEPLOY_DRIVER_LABEL, GPU_PRESENT_LABEL, TRUE
 from crd import (
     OWNER_LABEL,
+    ClusterDriverUpgradePolicySpec,
     ClusterPolicySpec,
     DriverCertConfigSpec,
     DriverLicensingConfigSpec,
@@ -138,7 +139,9 @@ def policy_for(spec: NVIDIADriverSpec, base: ClusterPolicySpec) -> ClusterPolicy
         liveness_probe=spec.liveness_probe,
         readiness_probe=spec.readiness_probe,
         rdma=spec.rdma,
-        upgrade_policy=spec.upgrade_policy_with_defaults(),
+        upgrade_policy=ClusterDriverUpgradePolicySpec.model_validate(
+            spec.upgrade_policy_with_defaults().model_dump(by_alias=True)
+        ),
         manager=spec.manager,
         repository=spec.repository,
         image=spec.image,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from components._k8s import metadata
 from components.component import Component, always
 from components.context import Manifest, RenderContext
+from components.kinds import RUNTIME_CLASS
 from crd import ClusterPolicySpec
 
 NAME = "pre-requisites"
@@ -36,4 +37,6 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
     return classes
 
 
-COMPONENT = Component(name=NAME, deploy_label=None, is_enabled=always, render=render)
+COMPONENT = Component(
+    name=NAME, deploy_label=None, is_enabled=always, render=render, kinds=(RUNTIME_CLASS,)
+)

@@ -1,6 +1,15 @@
-"""All components in upstream rollout order, and the policy-wide views over them."""
+"""All operands in upstream rollout order, and every list derived from them.
+
+This tuple is the one place an operand is registered. What used to be kept in parallel
+lists is read from it: the rollout order (`statemachine.rollout`), the per-operand deploy
+labels and which nodes get them (`components.labels`), the kinds the controller watches
+and prunes (`gpuop.controller`), and the permissions the operator must hold to grant
+operands their RBAC (checked against the chart by a unit test).
+"""
 
 from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
 
 from components import (
     dcgm,
@@ -16,8 +25,9 @@ from components import (
     toolkit,
     validator,
 )
-from components.component import Component
+from components.component import Component, ObjectKind, Rule
 from components.context import Manifest, RenderContext
+from components.keys import DEPLOY_CLIENT_LABEL
 from crd import ClusterPolicySpec
 
 COMPONENTS: tuple[Component, ...] = (
@@ -36,6 +46,51 @@ COMPONENTS: tuple[Component, ...] = (
 )
 """Rollout order: a component rolls out once every earlier gating one is ready."""
 
+EXTRA_DEPLOY_LABELS: tuple[str, ...] = (DEPLOY_CLIENT_LABEL,)
+"""Deploy labels set with the operands' though no operand of ours owns them (upstream's)."""
+
+
+def rollout_order(components: Iterable[Component]) -> tuple[str, ...]:
+    """The rollout state names, in order."""
+    return tuple(c.name for c in components)
+
+
+def node_order(components: Iterable[Component]) -> tuple[str, ...]:
+    """The components that run pods on nodes (they render a DaemonSet), in rollout order:
+    the states of the per-node rollout machine."""
+    return tuple(c.name for c in components if any(k.kind == "DaemonSet" for k in c.kinds))
+
+
+def deploy_labels(components: Iterable[Component]) -> tuple[str, ...]:
+    """Every deploy label we manage: the operands' in rollout order, then the extras."""
+    owned = (c.deploy_label for c in components if c.deploy_label)
+    return tuple(dict.fromkeys((*owned, *EXTRA_DEPLOY_LABELS)))
+
+
+def owned_kinds(components: Iterable[Component]) -> tuple[ObjectKind, ...]:
+    """Every kind some operand renders, each once, in order of first appearance."""
+    return tuple(dict.fromkeys(k for c in components for k in c.kinds))
+
+
+def operand_rules(components: Iterable[Component]) -> tuple[tuple[Rule, ...], tuple[Rule, ...]]:
+    """(Role rules, ClusterRole rules) that operands grant their pods: the operator must
+    hold these in the namespace, resp. cluster-wide."""
+    items = list(components)
+    return (
+        tuple(r for c in items for r in c.permissions.role),
+        tuple(r for c in items for r in c.permissions.cluster),
+    )
+
+
+ROLLOUT_ORDER = rollout_order(COMPONENTS)
+NODE_ORDER = node_order(COMPONENTS)
+DEPLOY_LABELS = deploy_labels(COMPONENTS)
+"""Like upstream, all are set on every GPU node whether or not the policy enables that
+operand (but only where the operand is eligible: the MIG manager's on MIG-capable nodes),
+so enabling an operand later needs no node relabelling and users' node selectors see
+the same labels as with upstream."""
+OWNED_KINDS = owned_kinds(COMPONENTS)
+
 _BY_NAME = {c.name: c for c in COMPONENTS}
 
 
@@ -47,6 +102,15 @@ def component_by_name(name: str) -> Component:
 def enabled_components(spec: ClusterPolicySpec) -> list[str]:
     """Names of the components the policy switches on, in rollout order."""
     return [c.name for c in COMPONENTS if c.enabled(spec)]
+
+
+def eligible_deploy_labels(
+    labels: Mapping[str, str], components: Iterable[Component] = COMPONENTS
+) -> set[str]:
+    """The deploy labels a GPU node with these labels should carry."""
+    return {c.deploy_label for c in components if c.deploy_label and c.eligible(labels)} | set(
+        EXTRA_DEPLOY_LABELS
+    )
 
 
 def desired_objects(spec: ClusterPolicySpec, ctx: RenderContext) -> dict[str, list[Manifest]]:

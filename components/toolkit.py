@@ -36,9 +36,10 @@ from components._k8s import (
     service_account,
     validations_volume,
 )
-from components.component import Component
+from components.component import Component, Permissions
 from components.context import CONTAINERD, CRIO, DOCKER, Manifest, RenderContext
 from components.keys import DEPLOY_TOOLKIT_LABEL, TRUE
+from components.kinds import CONFIG_MAP, DAEMONSET, NAMESPACED_RBAC
 from crd import ClusterPolicySpec, component_image
 
 NAME = "container-toolkit"
@@ -217,5 +218,10 @@ _SCRIPT = entrypoint_script(
 )
 
 COMPONENT = Component(
-    name=NAME, deploy_label=DEPLOY_TOOLKIT_LABEL, is_enabled=enabled, render=render
+    name=NAME,
+    deploy_label=DEPLOY_TOOLKIT_LABEL,
+    is_enabled=enabled,
+    render=render,
+    kinds=(*NAMESPACED_RBAC, CONFIG_MAP, DAEMONSET),
+    permissions=Permissions(role=tuple(_RULES)),
 )

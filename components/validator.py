@@ -29,9 +29,10 @@ from components._k8s import (
     service_account,
     validations_volume,
 )
-from components.component import Component
+from components.component import Component, Permissions
 from components.context import Manifest, RenderContext
 from components.keys import DEPLOY_VALIDATOR_LABEL, TRUE
+from components.kinds import CLUSTER_RBAC, DAEMONSET, NAMESPACED_RBAC
 from crd import CUDA_SAMPLE_IMAGE, ClusterPolicySpec, ValidatorComponentSpec
 
 NAME = "operator-validation"
@@ -188,5 +189,7 @@ COMPONENT = Component(
     deploy_label=DEPLOY_VALIDATOR_LABEL,
     is_enabled=enabled,
     render=render,
+    kinds=(*NAMESPACED_RBAC, *CLUSTER_RBAC, DAEMONSET),
+    permissions=Permissions(role=tuple(_ROLE_RULES), cluster=tuple(_CLUSTER_RULES)),
     gates_rollout=False,
 )

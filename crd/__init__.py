@@ -142,6 +142,7 @@ from crd._status import (
     format_time,
     ignored_status,
     not_ready_status,
+    ready_error_conditions,
     ready_status,
     set_condition,
     set_conditions,
@@ -149,6 +150,8 @@ from crd._status import (
 )
 from crd._unsupported import UnsupportedField, unsupported_fields
 from crd._upgrade import (
+    CanarySpec,
+    ClusterDriverUpgradePolicySpec,
     DrainSpec,
     DriverUpgradePolicySpec,
     PodDeletionSpec,
@@ -204,6 +207,8 @@ __all__ = [
     "VERSION",
     "CCManagerSpec",
     "CDIConfigSpec",
+    "CanarySpec",
+    "ClusterDriverUpgradePolicySpec",
     "ClusterPolicy",
     "ClusterPolicySpec",
     "ClusterPolicyStatus",
@@ -295,6 +300,7 @@ __all__ = [
     "parse_nvidiadriver",
     "parse_policy",
     "parse_quantity",
+    "ready_error_conditions",
     "ready_status",
     "render_crd_yaml",
     "render_nvd_crd_yaml",

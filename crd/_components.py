@@ -23,7 +23,7 @@ from crd._common import (
     ResourceRequirements,
     Runtime,
 )
-from crd._upgrade import DriverUpgradePolicySpec
+from crd._upgrade import ClusterDriverUpgradePolicySpec
 
 
 class ImageSpec(K8sModel):
@@ -210,7 +210,9 @@ class DriverSpec(ComponentSpec):
     """Readiness probe of the driver container."""
     rdma: GPUDirectRDMASpec | None = None
     """GPUDirect RDMA."""
-    upgrade_policy: DriverUpgradePolicySpec = Field(default_factory=DriverUpgradePolicySpec)
+    upgrade_policy: ClusterDriverUpgradePolicySpec = Field(
+        default_factory=ClusterDriverUpgradePolicySpec
+    )
     """How driver upgrades roll across nodes."""
     manager: DriverManagerSpec | None = None
     """The driver manager sidecar."""

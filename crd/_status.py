@@ -74,9 +74,15 @@ class ComponentState(K8sModel):
     name: str
     """Rollout state name, e.g. driver or device-plugin."""
     state: Literal["ready", "notReady", "pending", "disabled"]
-    """ready, notReady (being rolled out), pending (waits for an earlier state), disabled."""
+    """ready, notReady (not yet ready on every node it runs on), disabled (pending: unused)."""
     message: str | None = None
     """What is missing, e.g. 3/4 pods available."""
+    nodes_ready: Annotated[int, Field(ge=0)] | None = None
+    """GPU nodes where this component's pod is Ready on the current revision."""
+    nodes_not_ready: Annotated[int, Field(ge=0)] | None = None
+    """GPU nodes it should run on whose pod is missing, not Ready or on an old revision."""
+    nodes_at: Annotated[int, Field(ge=0)] | None = None
+    """GPU nodes whose per-node rollout state is this component (first not Ready there)."""
 
 
 class ClusterPolicyStatus(K8sModel):
@@ -170,9 +176,24 @@ def _status(
     now: datetime,
     previous: ClusterPolicyStatus | None,
 ) -> ClusterPolicyStatus:
+    old = previous.conditions if previous is not None else None
+    return ClusterPolicyStatus(
+        state=state,
+        namespace=namespace,
+        conditions=set_conditions(old, *ready_error_conditions(ready, error, generation, now)),
+    )
+
+
+def ready_error_conditions(
+    ready: tuple[bool, str, str],
+    error: tuple[bool, str, str],
+    generation: int | None,
+    now: datetime,
+) -> list[Condition]:
+    """The Ready and Error conditions (upstream's pair) from (holds, reason, message)
+    verdicts; merged with set_conditions, an unchanged one keeps its transition time."""
     stamp = format_time(now)
-    pairs = ((CONDITION_READY, ready), (CONDITION_ERROR, error))
-    new = [
+    return [
         Condition(
             type=type_,
             status="True" if holds else "False",
@@ -181,12 +202,8 @@ def _status(
             observed_generation=generation,
             last_transition_time=stamp,
         )
-        for type_, (holds, reason, message) in pairs
+        for type_, (holds, reason, message) in ((CONDITION_READY, ready), (CONDITION_ERROR, error))
     ]
-    old = previous.conditions if previous is not None else None
-    return ClusterPolicyStatus(
-        state=state, namespace=namespace, conditions=set_conditions(old, *new)
-    )
 
 
 def ready_status(

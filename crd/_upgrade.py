@@ -65,3 +65,27 @@ class DriverUpgradePolicySpec(K8sModel):
     """Delete GPU pods first."""
     drain: DrainSpec = Field(default_factory=DrainSpec)
     """Drain the node first."""
+
+
+class CanarySpec(K8sModel):
+    """Upgrade a few nodes first and let them run a while before the rest (gpuop)."""
+
+    nodes: Annotated[int, Field(ge=1)] = 1
+    """How many nodes upgrade first; the rest wait until these validated and soaked."""
+    soak_seconds: Annotated[int, Field(ge=0)] = 0
+    """Seconds the canary nodes must run the new driver, validated, before others start."""
+
+
+class ClusterDriverUpgradePolicySpec(DriverUpgradePolicySpec):
+    """The ClusterPolicy's upgrade policy: upstream's fields plus gpuop's rollout gate.
+
+    Both extensions are optional; absent, upgrades behave as upstream's. Their state
+    lives on the ClusterPolicy (an annotation and a condition), never in memory.
+    """
+
+    canary: CanarySpec | None = None
+    """gpuop extension: upgrade this many nodes first and soak them before the rest."""
+    halt_after_failures: Annotated[int, Field(ge=1)] | None = None
+    """gpuop extension: start no new node upgrades once this many nodes reached
+    upgrade-failed in this rollout; resume with the gpuop.io/driver-upgrade-resume
+    annotation on the ClusterPolicy, or by changing the driver again."""

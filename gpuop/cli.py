@@ -109,6 +109,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         probe_port=args.probe_port,
         leader_elect=args.leader_elect,
+        node_stuck_seconds=args.node_stuck_seconds,
     )
     return asyncio.run(
         run_operator(config, kubeconfig, install=install, status_line=sys.stderr.isatty())
@@ -119,6 +120,13 @@ def _cmd_crd(args: argparse.Namespace) -> int:
     from crd import render_crd_yaml, render_nvd_crd_yaml
 
     sys.stdout.write(render_nvd_crd_yaml() if args.which == "nvidiadrivers" else render_crd_yaml())
+    return 0
+
+
+def _cmd_diagrams(args: argparse.Namespace) -> int:
+    from statemachine.diagram import diagrams_markdown
+
+    sys.stdout.write(diagrams_markdown())
     return 0
 
 
@@ -165,6 +173,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="image of this operator, also run as the validator on each node",
     )
     run.add_argument("--workers", type=int, default=8, help="parallel reconcile workers")
+    run.add_argument(
+        "--node-stuck-seconds",
+        type=float,
+        default=600.0,
+        help="name a GPU node as stuck once it has waited this long for an operand pod",
+    )
     run.add_argument(
         "--leader-elect",
         action="store_true",
@@ -235,6 +249,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="skip Helm (built by default: the chart tests need it)",
     )
     build.set_defaults(func=_cmd_cluster_build)
+
+    from gpuop.upgrades_cli import add_subcommands as add_upgrade
+
+    add_upgrade(sub)
+    diagrams = sub.add_parser(
+        "diagrams", help="print the state machines as Mermaid (docs/state-machines.md)"
+    )
+    diagrams.set_defaults(func=_cmd_diagrams)
 
     from gpuop.nodeagent.cli import add_subcommands as add_node_agent
 

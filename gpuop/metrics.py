@@ -22,6 +22,13 @@ class OperatorMetrics:
         self.gpu_nodes_total = Gauge(
             f"{PREFIX}gpu_nodes_total", "Number of nodes with GPUs", registry=r
         )
+        self.nodes_not_ready = Gauge(
+            f"{PREFIX}nodes_not_ready",
+            "GPU nodes stuck in the rollout (waiting longer than --node-stuck-seconds for"
+            " an operand pod), by the component each waits for",
+            ["state"],
+            registry=r,
+        )
         self.reconciliation_status = Gauge(
             f"{PREFIX}reconciliation_status",
             "1 ready, 0 not ready, -1 no ClusterPolicy, -2 error",
@@ -64,6 +71,27 @@ class OperatorMetrics:
         )
         self.upgrades_pending = Gauge(
             f"{PREFIX}nodes_upgrades_pending", "Nodes waiting for a driver upgrade", registry=r
+        )
+        # Driver rollout gate (a gpuop extension: upgradePolicy.canary, haltAfterFailures).
+        self.upgrade_halted = Gauge(
+            f"{PREFIX}driver_upgrade_halted",
+            "1 while the driver rollout is halted after haltAfterFailures failed nodes",
+            registry=r,
+        )
+        self.upgrade_canary = Gauge(
+            f"{PREFIX}driver_upgrade_canary_in_progress",
+            "1 while canary nodes upgrade or soak and the other nodes wait",
+            registry=r,
+        )
+        self.upgrade_held = Gauge(
+            f"{PREFIX}driver_upgrade_held_nodes",
+            "Nodes waiting for a driver upgrade that the rollout gate holds back",
+            registry=r,
+        )
+        self.upgrade_rollout_failures = Gauge(
+            f"{PREFIX}driver_upgrade_rollout_failed_nodes",
+            "Nodes that reached upgrade-failed in the current driver rollout",
+            registry=r,
         )
         # GPU health remediation (a gpuop extension, spec.healthRemediation).
         self.health_unhealthy = Gauge(

@@ -24,6 +24,8 @@ import aiohttp
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from components.registry import OWNED_KINDS
+
 FIELD_MANAGER = "gpuop"
 Obj = dict[str, Any]
 
@@ -54,26 +56,19 @@ class Kind:
 _KINDS = [
     Kind("v1", "Node", "nodes", False),
     Kind("v1", "Pod", "pods", True),
-    Kind("v1", "Service", "services", True),
-    Kind("v1", "ServiceAccount", "serviceaccounts", True),
-    Kind("v1", "ConfigMap", "configmaps", True),
     Kind("v1", "PodTemplate", "podtemplates", True),
     Kind("v1", "Namespace", "namespaces", False),
     Kind("v1", "Event", "events", True),
-    Kind("apps/v1", "DaemonSet", "daemonsets", True),
     Kind("apps/v1", "Deployment", "deployments", True),
     Kind("apps/v1", "ControllerRevision", "controllerrevisions", True),
-    Kind("node.k8s.io/v1", "RuntimeClass", "runtimeclasses", False),
-    Kind("rbac.authorization.k8s.io/v1", "Role", "roles", True),
-    Kind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings", True),
-    Kind("rbac.authorization.k8s.io/v1", "ClusterRole", "clusterroles", False),
-    Kind("rbac.authorization.k8s.io/v1", "ClusterRoleBinding", "clusterrolebindings", False),
-    Kind("monitoring.coreos.com/v1", "ServiceMonitor", "servicemonitors", True),
     Kind("nvidia.com/v1", "ClusterPolicy", "clusterpolicies", False),
     Kind("nvidia.com/v1alpha1", "NVIDIADriver", "nvidiadrivers", False),
     Kind("coordination.k8s.io/v1", "Lease", "leases", True),
+    Kind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets", True),
     Kind("apiextensions.k8s.io/v1", "CustomResourceDefinition", "customresourcedefinitions", False),
 ]
+_KINDS += [Kind(k.api_version, k.kind, k.plural, k.namespaced) for k in OWNED_KINDS]
+"""Operand kinds come from the operand registry: a new operand's kinds need no entry here."""
 KINDS: dict[tuple[str, str], Kind] = {(k.api_version, k.kind): k for k in _KINDS}
 
 

@@ -1,18 +1,25 @@
-"""Pure state machines: cluster rollout order, per-node driver upgrade, upgrade budget. No I/O.
+"""Pure decisions the controller carries out: rollout order, driver upgrades, upgrade
+slots, evictions, health remediation, driver ownership. No I/O and no clock of their own:
+every input (time included) arrives in a view the controller builds from its caches, so
+an operator restarted at any moment computes the same decisions from the cluster.
 
-Driving them from the controller:
+How the controller (gpuop/controller) drives them:
 
-- Rollout (`cluster` key): build `{name: ComponentStatus}` for every name in
-  `ROLLOUT_ORDER`, call `plan_rollout(snapshot, previous=<state from status>)`, apply
-  objects of `plan.apply`, delete objects of `plan.disabled`, write `plan.state` and
-  `plan.status_progress()` to the ClusterPolicy status (only when they changed).
-- Upgrade slots (`cluster` key, one consistent view of all GPU nodes):
-  `select_nodes([BudgetNode.from_view(v) for v in views], ...)`; call `next_step(...,
-  may_start=True)` only for `selection.start`; report `selection.blocked`.
-- Per node (`node/<name>` key): `d = next_step(view, policy)`; if `d.has_patch`, send
-  `d.merge_patch()` first; then perform `d.action`; re-enqueue after `d.requeue_after`
-  seconds if set. Completion of an action shows up in the caches, and the next pass's
-  guards move the node on.
+- Rollout (`cluster` key): a `ComponentStatus` for every name in `ROLLOUT_ORDER` (the
+  operand registry's order, components/registry.py) goes to `plan_rollout(snapshot,
+  previous=<status.rolloutState>)`; the objects of `plan.apply` are applied, owned objects
+  no enabled component renders any more are deleted, and `plan.state` with the
+  per-component states is written to the ClusterPolicy status when it differs.
+- Upgrade slots (`upgrades` key, one serial pass over the fleet, one budget per driver
+  owner): `select_nodes(...)` over `BudgetNode`s; the nodes in `selection.start` may start.
+- Per node (`node/<name>` key): `next_step(view, policy, may_start=<granted>)` gives a
+  `Decision`: its `merge_patch()` is sent first when `has_patch`, then its `action` is
+  performed, and the node is looked at again after `requeue_after` seconds when set.
+  Completion shows up in the caches; the next pass's guards move the node on. With
+  upgrades off, `cleanup_step` hands the node back (`holds_cordon`: whose cordon it is).
+- Emptying a node: `eviction.plan_removal` applies kubectl-drain rules to its pods.
+- Health remediation (`remediation` key): `remediation.plan_remediation` over the fleet.
+- NVIDIADrivers: `driver_owner.assign_owners` says which resource drives each node.
 """
 
 from statemachine.budget import (

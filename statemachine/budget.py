@@ -124,12 +124,14 @@ def select_nodes(
     *,
     max_parallel_upgrades: int,
     max_unavailable: int | str,
+    held: Mapping[str, str] | None = None,
 ) -> Selection:
     """Pick the `upgrade-required` nodes that may start now, deterministically.
 
     Order: already-unschedulable nodes first (free in availability terms), then by
     name. NotReady nodes and nodes without a driver pod are blocked, not waited on.
-    If the fleet is already over `maxUnavailable`, nothing starts.
+    If the fleet is already over `maxUnavailable`, nothing starts. `held` names nodes
+    the rollout gate keeps back (canary, halt), with why: reported as blocked.
     """
     _check_count("maxParallelUpgrades", max_parallel_upgrades)
     fleet = list(nodes)
@@ -146,6 +148,9 @@ def select_nodes(
     for node in sorted(
         (n for n in fleet if n.candidate), key=lambda n: (not n.unschedulable, n.name)
     ):
+        if held and node.name in held:
+            blocked[node.name] = held[node.name]
+            continue
         if not node.ready:
             blocked[node.name] = "node is NotReady"
             continue

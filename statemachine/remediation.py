@@ -28,6 +28,11 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+# The taint is spelled with the other node keys; re-exported for the remediation shell.
+from components.keys import TAINT_EFFECT as TAINT_EFFECT
+from components.keys import TAINT_KEY as TAINT_KEY
+from components.keys import TAINT_VALUE as TAINT_VALUE
+
 #: Node condition the node agent reports (True healthy, False a fault, Unknown no NVML).
 CONDITION_GPU_HEALTHY = "GPUHealthy"
 #: ClusterPolicy condition: True while the circuit breaker holds remediation.
@@ -35,10 +40,6 @@ CONDITION_REMEDIATION_PAUSED = "RemediationPaused"
 REASON_CIRCUIT_BREAKER = "CircuitBreakerOpen"
 REASON_RESUMED = "Resumed"
 
-#: The taint a quarantined node carries (``key=value:effect``).
-TAINT_KEY = "nvidia.com/gpu.health"
-TAINT_VALUE = "unhealthy"
-TAINT_EFFECT = "NoSchedule"
 
 # Our bookkeeping on the node: present exactly while we hold it in quarantine.
 QUARANTINED_ANNOTATION = "gpuop.io/gpu-health-quarantined"

@@ -16,23 +16,12 @@ from typing import Any
 
 from transitions import EventData
 
+from components import registry
 from statemachine._fsm import MachineDef, SharedMachine, StateDef, TransitionDef, named
 
-ROLLOUT_ORDER: tuple[str, ...] = (
-    "pre-requisites",
-    "operator-metrics",
-    "driver",
-    "container-toolkit",
-    "operator-validation",
-    "device-plugin",
-    "mps-control-daemon",
-    "dcgm",
-    "dcgm-exporter",
-    "gpu-feature-discovery",
-    "mig-manager",
-    "node-status-exporter",
-)
-"""Upstream state order; a component is only rolled out after all earlier ones settle."""
+ROLLOUT_ORDER: tuple[str, ...] = registry.ROLLOUT_ORDER
+"""Upstream state order, the operand registry's: a component is only rolled out after all
+earlier ones settle."""
 
 ROLLOUT_COMPLETE = "ready"
 """Terminal machine state: every component is ready or disabled."""

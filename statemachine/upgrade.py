@@ -214,6 +214,12 @@ def _definition() -> MachineDef:
         _t("start", (S.UPGRADE_REQUIRED,), S.CORDON_REQUIRED, g.slot_granted, _on_start),
         _t("cancel", (S.UPGRADE_REQUIRED,), S.UPGRADE_DONE, g.upgrade_cancelled),
         _t("cordoned", (S.CORDON_REQUIRED,), S.WAIT_FOR_JOBS_REQUIRED, g.node_cordoned),
+        _t(
+            "cordoned",
+            (S.CORDON_REQUIRED,),
+            S.POD_RESTART_REQUIRED,
+            g.cordoned_for_restart,
+        ),
         _t("jobs_finished", (S.WAIT_FOR_JOBS_REQUIRED,), S.POD_DELETION_REQUIRED, g.jobs_finished),
         _t("gpu_pods_deleted", (S.POD_DELETION_REQUIRED,), S.DRAIN_REQUIRED, g.gpu_pods_gone),
         _t(

@@ -118,8 +118,24 @@ def upgrade_cancelled(ctx: GuardContext) -> bool:
 # --- cordon and workload removal -------------------------------------------------------
 
 
+def restart_only(ctx: GuardContext) -> bool:
+    """Only the pod changed, not the driver (same config digest, as upstream 26.7
+    compares DRIVER_CONFIG_DIGEST): restart the pod without emptying the node. An
+    upgrade an administrator asked for always takes the full way."""
+    view = ctx.view
+    pod = view.driver_pod
+    if pod is None or not pod.config_digest:
+        return False
+    same = pod.config_digest == view.newest_config_digest
+    return same and driver_outdated(ctx) and not view.upgrade_requested
+
+
 def node_cordoned(ctx: GuardContext) -> bool:
-    return ctx.view.unschedulable
+    return ctx.view.unschedulable and not restart_only(ctx)
+
+
+def cordoned_for_restart(ctx: GuardContext) -> bool:
+    return ctx.view.unschedulable and restart_only(ctx)
 
 
 def jobs_finished(ctx: GuardContext) -> bool:

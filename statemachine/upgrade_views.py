@@ -46,6 +46,8 @@ class DriverPodView:
     restart_count: int = 0
     waiting_reason: str = ""
     """Why a container is not running yet (``ImagePullBackOff``...), for failure reasons."""
+    config_digest: str = ""
+    """The driver configuration digest the pod was made with ("" when unknown)."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,9 @@ class NodeUpgradeView:
     drain_refused: tuple[str, ...] = ()
     pods_left: tuple[str, ...] = ()
     validators_ready: bool = False
+    newest_config_digest: str = ""
+    """The digest in the DaemonSet's current template ("" when unknown): equal to the
+    pod's, the driver itself is unchanged and only the pod needs a restart."""
 
     @property
     def state_label(self) -> str | None:

@@ -34,7 +34,7 @@ from gpuop.progress import Progress
 from . import _procs
 from ._build import KWOK_STAGES, ensure_binaries
 from ._errors import ClusterError
-from ._nodes import SIMULATED_LABEL, node_manifests
+from ._nodes import LEGACY_SIMULATED_LABEL, SIMULATED_LABEL, node_manifests
 from ._stages import WORKLOAD_COMPLETE_STAGE
 from ._versions import BinaryPaths, Versions
 
@@ -576,6 +576,11 @@ async def create_nodes(api: Any, nodes: int, gpu_nodes: int, concurrency: int = 
 _NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 
 
+def _simulated(labels: dict[str, str]) -> bool:
+    """A node of ours, also one created before the label moved to `gpuop.io/`."""
+    return "true" in (labels.get(SIMULATED_LABEL), labels.get(LEGACY_SIMULATED_LABEL))
+
+
 async def wait_nodes_ready(api: Any, expected: int, timeout: float = 300.0) -> None:
     """Wait until ``expected`` simulated nodes report Ready (kwok heartbeats them) and
     the node lifecycle controller has lifted their ``not-ready`` taint, so pods can
@@ -586,11 +591,12 @@ async def wait_nodes_ready(api: Any, expected: int, timeout: float = 300.0) -> N
     progress = Progress("nodes ready", total=expected)
     deadline = time.monotonic() + timeout
     while True:
-        listed = await core.list_node(label_selector=f"{SIMULATED_LABEL}=true")
+        listed = await core.list_node()
         ready = sum(
             1
             for n in listed.items
-            if any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])
+            if _simulated(n.metadata.labels or {})
+            and any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])
             and not any(t.key == _NOT_READY_TAINT for t in n.spec.taints or [])
         )
         progress.done = ready

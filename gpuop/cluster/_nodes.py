@@ -11,9 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from components.keys import MIG_CAPABLE_LABEL, NFD_GPU_LABELS
+
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
-SIMULATED_LABEL = "gpuop.dev/simulated"
-NFD_GPU_LABEL = "feature.node.kubernetes.io/pci-10de.present"
+SIMULATED_LABEL = "gpuop.io/simulated"
+LEGACY_SIMULATED_LABEL = "gpuop.dev/simulated"
+"""What clusters made before the single `gpuop.io/` domain label their nodes with."""
+NFD_GPU_LABEL = NFD_GPU_LABELS[0]
 
 
 @dataclass(frozen=True)
@@ -59,14 +63,14 @@ def node_manifest(index: int, gpu: bool) -> dict[str, Any]:
         labels.update(
             {
                 NFD_GPU_LABEL: "true",
-                "feature.node.kubernetes.io/pci-0302_10de.present": "true",
+                NFD_GPU_LABELS[1]: "true",  # the 3D-controller class
                 "nvidia.com/gpu.product": model.product,
                 "nvidia.com/gpu.count": str(model.count),
                 "nvidia.com/gpu.memory": str(model.memory_mib),
                 "nvidia.com/gpu.family": model.family,
                 "nvidia.com/gpu.compute.major": str(model.compute_major),
                 "nvidia.com/gpu.compute.minor": str(model.compute_minor),
-                "nvidia.com/mig.capable": str(model.mig_capable).lower(),
+                MIG_CAPABLE_LABEL: str(model.mig_capable).lower(),
             }
         )
         capacity = {**capacity, "cpu": "64", "memory": "1Ti", "nvidia.com/gpu": str(model.count)}

@@ -18,3 +18,6 @@ class OperatorConfig:
     probe_port: int = 8081
     leader_elect: bool = False
     lease_name: str = "gpuop-leader"
+    node_stuck_seconds: float = 600.0
+    """A GPU node waiting this long for a missing or unready operand pod is named as
+    stuck (status message, NodesNotReady Event, gpu_operator_nodes_not_ready)."""

@@ -45,6 +45,8 @@ def trim_node(node: Obj) -> Obj:
             "name": shared(meta.get("name")),  # also every pod's nodeName
             "uid": meta.get("uid"),
             "resourceVersion": meta.get("resourceVersion"),
+            # When a new node's pods started to be due (per-node rollout, stuck nodes).
+            "creationTimestamp": meta.get("creationTimestamp"),
             "labels": _only(meta.get("labels"), READ_LABEL_PREFIXES),
             "annotations": _only(meta.get("annotations"), READ_ANNOTATION_PREFIXES),
         },

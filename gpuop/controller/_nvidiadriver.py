@@ -16,7 +16,6 @@ while any node carries an owner label or any resource's driver pod remains.
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -26,32 +25,26 @@ from components import RenderContext, daemonset_ready, is_gpu_node, with_hash
 from components.driver import DAEMONSET_NAME as POLICY_DRIVER_DS
 from components.nvidiadriver import NVIDIADriverRenderError, policy_for, render
 from crd import (
-    CONDITION_ERROR,
-    CONDITION_READY,
     NVD_API_VERSION,
     NVD_KIND,
     OWNER_LABEL,
     REASON_DRIVER_NOT_READY,
     REASON_RECONCILE_FAILED,
     REASON_RECONCILED,
-    Condition,
     ImageRefError,
     NVIDIADriver,
-    NVIDIADriverStatus,
-    format_time,
     parse_nvidiadriver,
-    set_conditions,
 )
 from gpuop.controller._nodes import labels
+from gpuop.controller._nvidiadriver_status import StatusWriter, is_policy_driver, nvd_owner
 from gpuop.controller._pods import pod_index, trim_pod
-from gpuop.controller._status import status_patch
 from gpuop.controller._upgrade import policy_view
 from gpuop.informer import Informer, Obj, ResourceSpec
 from gpuop.log import get_logger
 from gpuop.rest import by_kind
 from statemachine import UpgradePolicyView
 from statemachine.driver_owner import DriverResource, assign_owners
-from statemachine.upgrade_keys import STATE_LABEL
+from statemachine.upgrade_keys import SKIP_LABEL, STATE_LABEL
 
 if TYPE_CHECKING:
     from gpuop.controller._operator import Operator
@@ -64,62 +57,6 @@ NODE = by_kind("v1", "Node")
 DAEMONSET = by_kind("apps/v1", "DaemonSet")
 DRIVER_COMPONENTS = ("nvidia-driver", "nvidia-vgpu-host-manager")
 _DISABLED_MESSAGE = "useNvidiaDriverCRD is not enabled in ClusterPolicy"
-_SKIP_LABEL = "nvidia.com/gpu-driver-upgrade.skip"
-
-
-def _now() -> datetime:
-    return datetime.now(UTC)
-
-
-def is_policy_driver(name: str) -> bool:
-    """Whether a DaemonSet (or the `app` of a pod) is the ClusterPolicy's driver."""
-    return name == POLICY_DRIVER_DS or name.startswith(POLICY_DRIVER_DS + "-")
-
-
-def nvd_owner(obj: Obj) -> str | None:
-    """Name of the NVIDIADriver that controls ``obj``, if one does."""
-    for ref in obj["metadata"].get("ownerReferences") or ():
-        if ref.get("kind") == NVD_KIND and ref.get("controller"):
-            return str(ref["name"])
-    return None
-
-
-def _status(
-    state: str,
-    ready: tuple[bool, str, str],
-    error: tuple[bool, str, str],
-    namespace: str,
-    generation: int | None,
-    previous: Obj | None,
-) -> Obj:
-    stamp = format_time(_now())
-    new = [
-        Condition(
-            type=type_,
-            status="True" if holds else "False",
-            reason=reason,
-            message=message,
-            observed_generation=generation,
-            last_transition_time=stamp,
-        )
-        for type_, (holds, reason, message) in (
-            (CONDITION_READY, ready),
-            (CONDITION_ERROR, error),
-        )
-    ]
-    old: list[Condition] = []
-    if previous:
-        try:
-            old = NVIDIADriverStatus.model_validate(previous).conditions or []
-        except ValidationError:
-            old = []
-    status = NVIDIADriverStatus(
-        state=state,  # type: ignore[arg-type]
-        namespace=namespace,
-        conditions=set_conditions(old, *new),
-    )
-    dumped: Obj = status.model_dump(by_alias=True, exclude_none=True, mode="json")
-    return dumped
 
 
 class NVIDIADrivers:
@@ -144,6 +81,7 @@ class NVIDIADrivers:
             self._on_pod,
         )
         self._parsed: dict[str, tuple[str, NVIDIADriver | None]] = {}
+        self.status = StatusWriter(operator, self.drivers)
 
     # ------------------------------------------------------------ watching
     async def run(self) -> None:
@@ -244,7 +182,7 @@ class NVIDIADrivers:
             n["metadata"]["name"]
             for n in self.op.nodes.values()
             if labels(n).get(OWNER_LABEL)
-            and labels(n).get(_SKIP_LABEL) != "true"
+            and labels(n).get(SKIP_LABEL) != "true"
             and labels(n).get(STATE_LABEL) not in (None, "", "upgrade-done")
         )
 
@@ -357,14 +295,14 @@ class NVIDIADrivers:
             if not ok or self.op._needs_apply(obj):
                 problems.append(f"{obj['metadata']['name']}: {message}")
         if problems:
-            await self._write(
+            await self.status.write(
                 raw,
                 "notReady",
                 (False, "Error", ""),
                 (True, REASON_DRIVER_NOT_READY, "Waiting for driver pod to be ready"),
             )
         else:
-            await self._write(
+            await self.status.write(
                 raw,
                 "ready",
                 (True, REASON_RECONCILED, "All resources have been successfully reconciled"),
@@ -388,7 +326,7 @@ class NVIDIADrivers:
         for raw in raws:
             if raw["metadata"].get("deletionTimestamp"):
                 continue
-            await self._write(
+            await self.status.write(
                 raw, "disabled", (False, "Error", ""), (True, REASON_RECONCILED, _DISABLED_MESSAGE)
             )
 
@@ -410,41 +348,6 @@ class NVIDIADrivers:
             self.op.queue.add("cluster")
 
     async def _fail(self, raw: Obj, reason: str, message: str) -> None:
-        await self._write(raw, "notReady", (False, "Error", ""), (True, reason, message[:32000]))
-
-    async def _write(
-        self,
-        raw: Obj,
-        state: str,
-        ready: tuple[bool, str, str],
-        error: tuple[bool, str, str],
-    ) -> None:
-        meta = raw["metadata"]
-        desired = _status(
-            state,
-            ready,
-            error,
-            self.op.config.namespace,
-            meta.get("generation"),
-            raw.get("status"),
+        await self.status.write(
+            raw, "notReady", (False, "Error", ""), (True, reason, message[:32000])
         )
-        patch = status_patch(raw.get("status"), desired)
-        if patch is None:
-            return
-        try:
-            patched = await self.op.rest.merge_patch(NVD, meta["name"], patch, subresource="status")
-        except ApiException as err:
-            if err.status == 404:
-                return
-            raise
-        self.drivers.observe(patched)
-        if state != (raw.get("status") or {}).get("state"):
-            log.info("NVIDIADriver state", nvidiadriver=meta["name"], state=state)
-            involved = {"apiVersion": NVD_API_VERSION, "kind": NVD_KIND, "metadata": meta}
-            reason, message = (ready[1], ready[2]) if ready[0] else (error[1], error[2])
-            await self.op.upgrades.events.record(
-                involved,
-                reason,
-                f"NVIDIADriver is {state}: {message}",
-                warning=state == "notReady" and error[1] != REASON_DRIVER_NOT_READY,
-            )

@@ -14,6 +14,8 @@ from components._k8s import COMPONENT_LABEL, MANAGED_BY, MANAGED_BY_LABEL
 from components.driver import DAEMONSET_NAME as DRIVER_DS
 from components.driver import NAME as DRIVER_COMPONENT
 from components.hashing import applied_hash, needs_apply, with_hash
+from components.keys import MIG_CAPABLE_LABEL, NFD_GPU_LABELS
+from components.kinds import SERVICE_MONITOR
 from components.labels import any_mig_capable, is_gpu_node, node_label_changes
 from components.readiness import component_ready
 from crd import (
@@ -27,7 +29,6 @@ from crd import (
     ClusterPolicy,
     ClusterPolicySpec,
     ClusterPolicyStatus,
-    ComponentState,
     find_condition,
     ignored_status,
     not_ready_status,
@@ -38,13 +39,30 @@ from crd import (
 )
 from gpuop.controller._config import OperatorConfig
 from gpuop.controller._nodes import is_ready, labels, node_fingerprint, trim_node
-from gpuop.controller._nvidiadriver import NVD_KEY, NVIDIADrivers, is_policy_driver, nvd_owner
-from gpuop.controller._pods import pod_index, pod_selector, trim_pod, trim_revision
+from gpuop.controller._nvidiadriver import NVD_KEY, NVIDIADrivers
+from gpuop.controller._nvidiadriver_status import is_policy_driver, nvd_owner
+from gpuop.controller._owned import (
+    ALWAYS_WATCHED,
+    OWNED_BY_NAME,
+    OWNED_CLUSTER,
+    OWNED_NAMESPACED,
+    OptionalWatches,
+    rest_kind,
+)
+from gpuop.controller._pods import WATCHED_APPS, pod_index, trim_pod, trim_revision
 from gpuop.controller._remediation import (
     REMEDIATION_KEY,
     Remediation,
-    policy_facts,
     upgrade_drain,
+)
+from gpuop.controller._remediation_views import policy_facts
+from gpuop.controller._rollout_gate import RolloutGate, gate_facts
+from gpuop.controller._rollout_status import (
+    STUCK_KEY,
+    NodeRollouts,
+    component_states,
+    pod_facts,
+    rollout_message,
 )
 from gpuop.controller._status import (
     REFUSAL_RETRY_BASE,
@@ -70,7 +88,7 @@ from gpuop.metrics import (
 from gpuop.rest import Kind, Rest, by_kind, kind_of
 from statemachine import Action, UpgradePolicyView
 from statemachine.rollout import ComponentStatus, plan_rollout
-from statemachine.upgrade_keys import STATE_LABEL
+from statemachine.upgrade_keys import SKIP_LABEL, STATE_LABEL
 
 log = get_logger(__name__)
 
@@ -84,26 +102,11 @@ MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
 NODE = by_kind("v1", "Node")
 POLICY = by_kind("nvidia.com/v1", "ClusterPolicy")
 
-#: Namespaced kinds we create and watch (label-selected) in the operator namespace.
-_OWNED_NAMESPACED = (
-    by_kind("apps/v1", "DaemonSet"),
-    by_kind("v1", "Service"),
-    by_kind("v1", "ServiceAccount"),
-    by_kind("v1", "ConfigMap"),
-    by_kind("rbac.authorization.k8s.io/v1", "Role"),
-    by_kind("rbac.authorization.k8s.io/v1", "RoleBinding"),
-)
-_OWNED_CLUSTER = (
-    by_kind("node.k8s.io/v1", "RuntimeClass"),
-    by_kind("rbac.authorization.k8s.io/v1", "ClusterRole"),
-    by_kind("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"),
-)
-_OWNED_KINDS: dict[str, Kind] = {k.kind: k for k in (*_OWNED_NAMESPACED, *_OWNED_CLUSTER)}
-_NFD_LABELS = (
-    "feature.node.kubernetes.io/pci-10de.present",
-    "feature.node.kubernetes.io/pci-0302_10de.present",
-    "feature.node.kubernetes.io/pci-0300_10de.present",
-)
+#: What operands are made of, derived from the operand registry (components/registry.py).
+_OWNED_NAMESPACED = OWNED_NAMESPACED
+_OWNED_CLUSTER = OWNED_CLUSTER
+_OWNED_KINDS: dict[str, Kind] = OWNED_BY_NAME
+_SERVICE_MONITOR = rest_kind(SERVICE_MONITOR)
 
 
 def _now() -> datetime:
@@ -133,21 +136,23 @@ class Operator:
         self.policies = Informer(
             ResourceSpec("clusterpolicies", rest.lister(POLICY)), self._on_policy
         )
-        self.owned: dict[str, Informer] = {}
-        for kind in _OWNED_KINDS.values():
-            self.owned[kind.kind] = Informer(
-                ResourceSpec(
-                    kind.plural,
-                    rest.lister(kind, ns if kind.namespaced else None),
-                    label_selector=MANAGED_SELECTOR,
-                ),
-                self._on_owned,
-            )
+
+        def owned_informer(kind: Kind) -> Informer:
+            lister = rest.lister(kind, ns if kind.namespaced else None)
+            spec = ResourceSpec(kind.plural, lister, label_selector=MANAGED_SELECTOR)
+            return Informer(spec, self._on_owned)
+
+        self.owned: dict[str, Informer] = {k.kind: owned_informer(k) for k in ALWAYS_WATCHED}
+        #: Kinds a CRD may serve (ServiceMonitor): watched once discovery finds them.
+        self.watches = OptionalWatches(
+            self.owned, owned_informer, lambda: self.queue.add(CLUSTER_KEY)
+        )
         self.pods = Informer(
             ResourceSpec(
                 "pods",
                 rest.lister(by_kind("v1", "Pod"), ns),
-                label_selector=pod_selector(MANAGED_SELECTOR),
+                # Every operand pod: the per-node rollout reads each component's pod.
+                label_selector=MANAGED_SELECTOR,
                 transform=trim_pod,
                 index=pod_index,
                 page_size=100,
@@ -172,6 +177,13 @@ class Operator:
             daemonsets=self.owned["DaemonSet"],
             nodes=self.nodes,
         )
+        self.gate = RolloutGate(
+            rest,
+            metrics,
+            self.upgrades.events,
+            self.policies,
+            lambda delay: self.queue.add_after(UPGRADES_KEY, delay),
+        )
         self.remediation = Remediation(
             rest,
             metrics,
@@ -195,6 +207,15 @@ class Operator:
         self.synced = False
         self._started = time.monotonic()
         self.nvd = NVIDIADrivers(self)
+        self.rollouts = NodeRollouts(
+            self.pods,
+            self.revisions,
+            self.owned["DaemonSet"],
+            ns,
+            self.upgrades.events,
+            metrics,
+            stuck_seconds=config.node_stuck_seconds,
+        )
         self.upgrades.driver_app = self.nvd.driver_app
         self.upgrades.driver_pods = self.nvd.driver_pods
 
@@ -224,6 +245,7 @@ class Operator:
             )
             group.create_task(self.queue.run(), name="workqueue")
             group.create_task(self.nvd.run(), name="nvidiadrivers")
+            group.create_task(self.watches.run(), name="optional-watches")
             self.queue.add(CLUSTER_KEY)
             self.queue.add(UPGRADES_KEY)
             self.queue.add(REMEDIATION_KEY)
@@ -249,6 +271,8 @@ class Operator:
     def _on_policy(self, event: str, old: Obj | None, new: Obj | None) -> None:
         if policy_facts(old) != policy_facts(new):
             self.queue.add(REMEDIATION_KEY)
+        if gate_facts(old) != gate_facts(new):
+            self.queue.add(UPGRADES_KEY)  # the resume annotation, or the gate's record
         if (
             event == "MODIFIED"
             and old is not None
@@ -277,8 +301,11 @@ class Operator:
     def _on_pod(self, event: str, old: Obj | None, new: Obj | None) -> None:
         pod = new or old
         assert pod is not None
+        if pod_facts(old) != pod_facts(new):
+            self.queue.add(CLUSTER_KEY)  # where that node stands in the rollout
         node = (pod.get("spec") or {}).get("nodeName")
-        if node:
+        app = (pod["metadata"].get("labels") or {}).get("app")
+        if node and app in WATCHED_APPS:
             self.queue.add(NODE_PREFIX + node)
             # The fleet budget only asks whether a node has a driver pod at all.
             is_driver = (pod["metadata"].get("labels") or {}).get("app") == DRIVER_DS
@@ -304,6 +331,8 @@ class Operator:
             await self.remediation.reconcile()
         elif key == NVD_KEY:
             await self.nvd.reconcile()
+        elif key == STUCK_KEY:
+            self.queue.add(CLUSTER_KEY)  # a node is due to count as stuck
 
     def active_policy(self) -> tuple[Obj | None, ClusterPolicy | None, list[str]]:
         """The oldest ClusterPolicy is the active one; parsed once per resourceVersion."""
@@ -336,7 +365,7 @@ class Operator:
     async def _reconcile_cluster(self) -> None:
         nodes = self.nodes.values()
         gpu_nodes = [n for n in nodes if is_gpu_node(labels(n))]
-        has_nfd = any(any(k in labels(n) for k in _NFD_LABELS) for n in nodes)
+        has_nfd = any(any(k in labels(n) for k in NFD_GPU_LABELS) for n in nodes)
         self.metrics.gpu_nodes_total.set(len(gpu_nodes))
         self.metrics.reconciliation_has_nfd_labels.set(1 if has_nfd else 0)
 
@@ -391,6 +420,7 @@ class Operator:
             desired[DRIVER_COMPONENT] = [
                 o for o in desired[DRIVER_COMPONENT] if o["kind"] != "DaemonSet"
             ]
+        view = self.rollouts.view(desired, gpu_nodes)
         snapshot: dict[str, ComponentStatus] = {}
         actual: dict[str, tuple[bool, str]] = {}
         daemonsets = {d["metadata"]["name"]: d for d in self.owned["DaemonSet"].values()}
@@ -405,16 +435,17 @@ class Operator:
                 ready, message = False, "applying"
             if comp.name == DRIVER_COMPONENT:
                 ready, message = self._driver_handover(spec, held, ready, message)
+            ready, message = view.component(comp.name, ready, message)
             actual[comp.name] = (ready, message)
-            # A non-gating component never holds later ones back, but still
-            # counts for overall readiness below.
-            gate_ready = ready or not comp.gates_rollout
-            snapshot[comp.name] = ComponentStatus(enabled=True, ready=gate_ready, message=message)
+            snapshot[comp.name] = ComponentStatus(enabled=True, ready=ready, message=message)
 
+        # Every enabled component at once, as upstream: each node orders itself (init
+        # containers wait for its validation files), so a stuck node holds back only
+        # itself. The fleet machine below only summarises where the fleet stands.
         plan = plan_rollout(snapshot, previous.rollout_state if previous else None)
         refused: list[Refusal] = []
-        for name in plan.apply:
-            for obj in desired[name]:
+        for objs in desired.values():
+            for obj in objs:
                 refusal = await self._apply_or_refusal(obj)
                 if refusal is not None:
                     refused.append(refusal)
@@ -422,19 +453,12 @@ class Operator:
         for key in [k for k in self._refused if k not in wanted]:
             del self._refused[key]
         await self._cleanup(wanted)
+        await self.rollouts.release_abandoned(self.rest, gpu_nodes, desired)
+        self.rollouts.schedule(view, self.queue)
 
-        not_ready = [n for n, (ok, _) in actual.items() if not ok and n not in plan.pending]
+        not_ready = [n for n, (ok, _) in actual.items() if not ok]
         overall = plan.ready and not not_ready
-        components = [
-            ComponentState(
-                name=p.name,
-                state=p.phase.value,
-                message=actual.get(p.name, (True, ""))[1] or None
-                if p.phase.value != "disabled"
-                else None,
-            )
-            for p in plan.progress
-        ]
+        components = component_states(snapshot, actual, view)
         if refused:
             # The server's answer, not ours: an admin must see which object and why,
             # and the state must not keep saying ready (issue 14, item 7).
@@ -474,7 +498,7 @@ class Operator:
             status = not_ready_status(
                 self.config.namespace,
                 reason=REASON_OPERAND_NOT_READY,
-                message=f"{blocking} is not ready: {actual.get(blocking, (False, ''))[1]}",
+                message=rollout_message(view, blocking, actual.get(blocking, (False, ""))[1]),
                 error=False,
                 generation=generation,
                 now=_now(),
@@ -482,6 +506,7 @@ class Operator:
             )
             self.metrics.reconciliation_status.set(STATUS_NOT_READY)
         status = status.model_copy(update={"rollout_state": plan.state, "components": components})
+        await self.rollouts.announce(raw, view)
         await self._write_status(raw, _flag_unsupported(status, model, generation))
 
     def _driver_handover(
@@ -507,8 +532,9 @@ class Operator:
         never on a timer."""
         rv = str(raw["metadata"].get("generation"))  # not resourceVersion: status writes bump it
         if self._service_monitor_probe is None or self._service_monitor_probe[0] != rv:
-            found = await self.rest.api_group_exists("monitoring.coreos.com/v1")
+            found = await self.rest.api_group_exists(_SERVICE_MONITOR.api_version)
             self._service_monitor_probe = (rv, found)
+            self.watches.served(_SERVICE_MONITOR, found)
         return self._service_monitor_probe[1]
 
     def _needs_apply(self, obj: Obj) -> bool:
@@ -739,9 +765,10 @@ class Operator:
 
     async def reconcile_upgrades(self) -> None:
         """Grant upgrade slots over the whole fleet (one serial key keeps the budget)."""
-        spec = self.active_spec()
-        if spec is None:
+        raw, model, problems = self.active_policy()
+        if raw is None or model is None or problems:
             return
+        spec = model.spec
         # One budget per driver owner: the ClusterPolicy's nodes, and each
         # NVIDIADriver's nodes under that resource's own upgradePolicy.
         groups: dict[str | None, list[Obj]] = {}
@@ -755,8 +782,16 @@ class Operator:
             if not policy.auto_upgrade:
                 self.upgrades.granted.difference_update(n["metadata"]["name"] for n in nodes)
                 continue
-            for name in self.upgrades.select(nodes, policy, newest):
+            held = None
+            if owner is None:  # canary and halt: the ClusterPolicy's own rollout
+                gate = await self.gate.reconcile(raw, spec, nodes, newest, self._revision_of)
+                held = gate.held
+            for name in self.upgrades.select(nodes, policy, newest, held):
                 self.queue.add(NODE_PREFIX + name)
+
+    def _revision_of(self, node: str) -> str | None:
+        pod = self.upgrades.driver_pod(node)
+        return pod.revision_hash if pod is not None else None
 
 
 def _flag_unsupported(
@@ -767,9 +802,14 @@ def _flag_unsupported(
     return with_unsupported_fields(status, fields, generation=generation, now=_now())
 
 
+#: Status keys that change with every pod during a rollout: written at most every
+#: STATUS_COALESCE_SECONDS, not per pod.
+_PROGRESS_KEYS = frozenset(("message", "nodesReady", "nodesNotReady", "nodesAt"))
+
+
 def _without_messages(value: Any) -> Any:
     if isinstance(value, dict):
-        return {k: _without_messages(v) for k, v in value.items() if k != "message"}
+        return {k: _without_messages(v) for k, v in value.items() if k not in _PROGRESS_KEYS}
     if isinstance(value, list):
         return [_without_messages(v) for v in value]
     return value
@@ -820,7 +860,7 @@ def _budget_facts(node: Obj | None) -> Any:
     return (
         node_labels.get(STATE_LABEL),
         node_labels.get(OWNER_LABEL),  # which budget the node counts in
-        node_labels.get("nvidia.com/gpu-driver-upgrade.skip"),
+        node_labels.get(SKIP_LABEL),
         is_gpu_node(node_labels),
         node["spec"].get("unschedulable", False),
         is_ready(node),
@@ -834,7 +874,7 @@ def _gpu_facts(node: Obj | None) -> Any:
     owner = node_labels.get(OWNER_LABEL)
     return (
         is_gpu_node(node_labels),
-        node_labels.get("nvidia.com/mig.capable"),
+        node_labels.get(MIG_CAPABLE_LABEL),
         owner,  # holds the ClusterPolicy's driver back
         node_labels.get(STATE_LABEL) if owner else None,  # NVIDIADriver upgrades: not ready
     )

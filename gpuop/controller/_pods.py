@@ -1,32 +1,34 @@
 """What the controller keeps of our operand Pods and ControllerRevisions.
 
 At fleet scale operand pods outnumber everything else (six or seven per GPU node)
-and a whole Pod is tens of kilobytes. The controller reads two of them per node
-(driver and validator) and a handful of their fields, so that is all it watches
-and keeps. What pods have in common (the labels and owner of a DaemonSet
-revision, the node, the status) is shared between them (:mod:`gpuop.compact`),
-leaving a few hundred bytes unique to each pod.
+and a whole Pod is tens of kilobytes. The controller reads a handful of fields of
+each: the per-node rollout asks, for every component, whether its pod on a node is
+there, Ready and on the current revision; the upgrade code reads the driver and
+validator pods more closely. What pods have in common (the labels and owner of a
+DaemonSet revision, the node, the status) is shared between them
+(:mod:`gpuop.compact`), leaving a few hundred bytes unique to each pod.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from components.driver import CONFIG_DIGEST_ENV, digest_in
 from components.driver import DAEMONSET_NAME as DRIVER_DS
 from components.validator import DAEMONSET_NAME as VALIDATOR_DS
 from gpuop.compact import shared
 
 Obj = dict[str, Any]
 
-#: The operand pods the controller reads: the driver pod a node upgrade restarts and
-#: the validator pod it waits for. The other five or so operand pods per node are
-#: never read, so they are not watched at all: at 3,000 nodes that is 15,000 pods
-#: fewer in memory and their status churn never reaches the operator.
+#: The operand pods a node's upgrade reads (the driver pod it restarts and the validator
+#: pod it waits for): only their events wake that node's reconcile. Every operand pod
+#: is watched (the per-node rollout reads them all) but the others wake only the
+#: cluster pass, and only when what it reads of them changes.
 WATCHED_APPS = (DRIVER_DS, VALIDATOR_DS)
 
 
 def pod_selector(managed: str) -> str:
-    """``managed`` (our objects) narrowed to the pods of :data:`WATCHED_APPS`."""
+    """``managed`` (our objects) narrowed to the pods of :data:`WATCHED_APPS` (tools)."""
     return f"{managed},app in ({','.join(WATCHED_APPS)})"
 
 
@@ -47,7 +49,7 @@ def trim_pod(pod: Obj) -> Obj:
                 ]
             ),
         },
-        "spec": shared({"nodeName": (pod.get("spec") or {}).get("nodeName")}),
+        "spec": shared(_spec(pod.get("spec") or {})),
         "status": shared(
             {
                 "phase": status.get("phase"),
@@ -60,6 +62,15 @@ def trim_pod(pod: Obj) -> Obj:
             }
         ),
     }
+
+
+def _spec(spec: Obj) -> Obj:
+    """The node, and the driver's config digest (restart-only upgrades compare it)."""
+    kept: Obj = {"nodeName": spec.get("nodeName")}
+    digest = digest_in(spec)
+    if digest:
+        kept["containers"] = [{"env": [{"name": CONFIG_DIGEST_ENV, "value": digest}]}]
+    return kept
 
 
 def _container(status: Obj) -> Obj:

@@ -23,8 +23,14 @@ from typing import Any
 from components.labels import is_gpu_node
 from crd import ClusterPolicy, ClusterPolicySpec, Condition, set_condition
 from crd import format_time as format_condition_time
-from gpuop.controller._nodes import gpu_health, labels
-from gpuop.controller._status import parse_status
+from gpuop.controller._nodes import labels
+from gpuop.controller._remediation_views import (
+    node_facts,
+    node_view,
+    paused_condition,
+    policy_view,
+)
+from gpuop.controller._status import parse_status, write_policy_conditions
 from gpuop.controller._upgrade import Upgrades
 from gpuop.controller._upgrade import policy_view as upgrade_policy_view
 from gpuop.events import EventRecorder
@@ -46,18 +52,14 @@ from statemachine.remediation import (
     TAINT_KEY,
     TAINT_VALUE,
     FleetHealthView,
-    Health,
-    HealthNodeView,
     Quarantine,
     Release,
-    RemediationAction,
     RemediationPlan,
     RemediationPolicyView,
     plan_remediation,
     quarantined_taints,
     released_taints,
 )
-from statemachine.upgrade_keys import IN_PROGRESS_STATES, STATE_LABEL, parse_state
 
 log = get_logger(__name__)
 
@@ -70,71 +72,6 @@ _SETTLE_SLACK_SECONDS = 1.0
 
 ActivePolicy = Callable[[], tuple[Obj | None, ClusterPolicy | None, list[str]]]
 Drain = Callable[[str, ClusterPolicySpec], Awaitable[None]]
-
-
-def policy_view(spec: ClusterPolicySpec | None) -> RemediationPolicyView:
-    section = spec.health_remediation if spec is not None else None
-    if section is None:
-        return RemediationPolicyView()
-    return RemediationPolicyView(
-        enabled=section.enabled,
-        dry_run=section.dry_run,
-        action=RemediationAction(section.action),
-        max_unhealthy=section.max_unhealthy,
-        settle_seconds=section.settle_seconds,
-    )
-
-
-def _epoch(stamp: str | None) -> float | None:
-    if not stamp:
-        return None
-    try:
-        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
-def node_view(node: Obj) -> HealthNodeView:
-    cond = gpu_health(node) or {}
-    node_labels = labels(node)
-    annotations = node["metadata"].get("annotations") or {}
-    return HealthNodeView(
-        name=node["metadata"]["name"],
-        health=Health.parse(cond.get("status")),
-        since=_epoch(cond.get("lastTransitionTime")),
-        reason=str(cond.get("reason") or ""),
-        message=str(cond.get("message") or ""),
-        gpu=is_gpu_node(node_labels),
-        quarantined=QUARANTINED_ANNOTATION in annotations,
-        cordoned_by_us=annotations.get(CORDONED_ANNOTATION) == "true",
-        unschedulable=bool(node["spec"].get("unschedulable")),
-        in_upgrade=parse_state(node_labels.get(STATE_LABEL)) in IN_PROGRESS_STATES,
-    )
-
-
-def node_facts(node: Obj | None) -> Any:
-    """What the planner reads of a node: a change in it wakes the remediation key."""
-    return None if node is None else node_view(node)
-
-
-def policy_facts(policy: Obj | None) -> Any:
-    """What the planner reads of a policy besides its spec (generation)."""
-    if policy is None:
-        return None
-    meta = policy["metadata"]
-    paused = _paused_condition(policy)
-    return (
-        meta.get("generation"),
-        (meta.get("annotations") or {}).get(RESUME_ANNOTATION),
-        paused.get("status") if paused else None,
-    )
-
-
-def _paused_condition(policy: Obj) -> dict[str, Any] | None:
-    for cond in (policy.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == CONDITION_REMEDIATION_PAUSED:
-            return dict(cond)
-    return None
 
 
 class Remediation:
@@ -195,7 +132,7 @@ class Remediation:
             if is_gpu_node(labels(n))
             or QUARANTINED_ANNOTATION in (n["metadata"].get("annotations") or {})
         )
-        paused_cond = _paused_condition(raw) if raw is not None else None
+        paused_cond = paused_condition(raw) if raw is not None else None
         paused = (paused_cond or {}).get("status") == "True" or (
             self._paused_written and paused_cond is None
         )
@@ -308,7 +245,7 @@ class Remediation:
         if plan.paused:
             message = plan.pause_message(policy.max_unhealthy)
             condition = ("True", REASON_CIRCUIT_BREAKER, message)
-        elif plan.resumed or _paused_condition(raw) is not None:
+        elif plan.resumed or paused_condition(raw) is not None:
             condition = ("False", REASON_RESUMED, "GPU health remediation is active")
         else:
             return  # never paused: no condition at all, the status stays upstream's
@@ -343,17 +280,7 @@ class Remediation:
         self._paused_written = condition is not None and condition[0] == "True"
         if wanted == conditions:
             return
-        dumped = [c.model_dump(by_alias=True, exclude_none=True, mode="json") for c in wanted]
-        patched = await self.rest.merge_patch(
-            POLICY,
-            raw["metadata"]["name"],
-            {
-                "metadata": {"resourceVersion": raw["metadata"].get("resourceVersion")},
-                "status": {"conditions": dumped or None},
-            },
-            subresource="status",
-        )
-        self._policies.observe(patched)
+        await write_policy_conditions(self.rest, self._policies, raw, wanted)
 
     # ---------------------------------------------------------------- dry run
     async def _report_dry_run(

@@ -6,9 +6,31 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from crd import ClusterPolicyStatus
+from crd import ClusterPolicyStatus, Condition
+from gpuop.informer import Informer
+from gpuop.rest import Rest, by_kind
 
 Obj = dict[str, Any]
+POLICY = by_kind("nvidia.com/v1", "ClusterPolicy")
+
+
+async def write_policy_conditions(
+    rest: Rest, policies: Informer, raw: Obj, wanted: list[Condition]
+) -> None:
+    """Replace the policy's status conditions with ``wanted``, guarded by the cached
+    resourceVersion (a concurrent status write fails with a conflict and the pass is
+    retried on fresh data instead of dropping the other writer's conditions)."""
+    dumped = [c.model_dump(by_alias=True, exclude_none=True, mode="json") for c in wanted]
+    patched = await rest.merge_patch(
+        POLICY,
+        raw["metadata"]["name"],
+        {
+            "metadata": {"resourceVersion": raw["metadata"].get("resourceVersion")},
+            "status": {"conditions": dumped or None},
+        },
+        subresource="status",
+    )
+    policies.observe(patched)
 
 
 def status_dict(status: ClusterPolicyStatus) -> Obj:

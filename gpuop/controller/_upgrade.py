@@ -19,6 +19,7 @@ from typing import Any
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from components.driver import DAEMONSET_NAME as DRIVER_DS
+from components.driver import digest_in
 from components.labels import is_gpu_node
 from components.validator import DAEMONSET_NAME as VALIDATOR_DS
 from crd import ClusterPolicySpec
@@ -43,7 +44,7 @@ from statemachine import (
     select_nodes,
 )
 from statemachine.eviction import RemovalPlan, RemovalRules, gpu_workload, plan_removal
-from statemachine.upgrade_keys import STATE_LABEL
+from statemachine.upgrade_keys import DRIVER_REVISION_LABEL, SKIP_LABEL, STATE_LABEL
 from statemachine.upgrade_views import DRIVER_READY_TIMEOUT_SECONDS
 
 log = get_logger(__name__)
@@ -100,7 +101,24 @@ def _state_of(node_labels: Mapping[str, str]) -> UpgradeState:
     return UpgradeState(raw) if raw in _STATE_VALUES else UpgradeState.UNKNOWN
 
 
-def _pod_ready(pod: Obj) -> bool:
+def newest_revision(ds: Obj | None, revisions: Iterable[Obj]) -> str | None:
+    """The hash of the DaemonSet's newest ControllerRevision: the target of upgrades."""
+    if ds is None:
+        return None
+    uid = ds["metadata"].get("uid")
+    newest: tuple[int, str] | None = None
+    for rev in revisions:
+        owners = rev["metadata"].get("ownerReferences") or []
+        if not any(o.get("uid") == uid for o in owners):
+            continue
+        number = int(rev.get("revision", 0))
+        hash_ = (rev["metadata"].get("labels") or {}).get(DRIVER_REVISION_LABEL, "")
+        if newest is None or number > newest[0]:
+            newest = (number, hash_)
+    return newest[1] if newest else None
+
+
+def pod_ready(pod: Obj) -> bool:
     status = pod.get("status") or {}
     return status.get("phase") == "Running" and any(
         c.get("type") == "Ready" and c.get("status") == "True"
@@ -195,20 +213,15 @@ class Upgrades:
 
     # ------------------------------------------------------------- inputs
     def newest_driver_revision(self, app: str = DRIVER_DS) -> str | None:
+        return newest_revision(
+            self._daemonsets.get(f"{self.namespace}/{app}"), self._revisions.values()
+        )
+
+    def template_digest(self, app: str) -> str:
+        """The driver config digest of the DaemonSet's current pod template."""
         ds = self._daemonsets.get(f"{self.namespace}/{app}")
-        if ds is None:
-            return None
-        uid = ds["metadata"].get("uid")
-        newest: tuple[int, str] | None = None
-        for rev in self._revisions.values():
-            owners = rev["metadata"].get("ownerReferences") or []
-            if not any(o.get("uid") == uid for o in owners):
-                continue
-            number = int(rev.get("revision", 0))
-            hash_ = (rev["metadata"].get("labels") or {}).get("controller-revision-hash", "")
-            if newest is None or number > newest[0]:
-                newest = (number, hash_)
-        return newest[1] if newest else None
+        template = ((ds or {}).get("spec") or {}).get("template") or {}
+        return digest_in(template.get("spec") or {})
 
     def _pods_on(self, node: str, app: str) -> list[Obj]:
         pods: list[Obj] = self._pods.indexed((node, app))
@@ -228,11 +241,12 @@ class Upgrades:
         pod = max(pods, key=lambda p: p["metadata"].get("creationTimestamp", ""))
         return DriverPodView(
             uid=pod["metadata"]["uid"],
-            revision_hash=(pod["metadata"].get("labels") or {}).get("controller-revision-hash", ""),
+            revision_hash=(pod["metadata"].get("labels") or {}).get(DRIVER_REVISION_LABEL, ""),
             running=(pod.get("status") or {}).get("phase") == "Running",
-            ready=_pod_ready(pod),
+            ready=pod_ready(pod),
             restart_count=_restarts(pod),
             waiting_reason=_waiting_reason(pod),
+            config_digest=digest_in(pod.get("spec") or {}),
         )
 
     def has_driver_pod(self, node: str) -> bool:
@@ -249,7 +263,7 @@ class Upgrades:
 
     def validators_ready(self, node: str) -> bool:
         pods = self._pods_on(node, VALIDATOR_DS)
-        return bool(pods) and all(_pod_ready(p) for p in pods)
+        return bool(pods) and all(pod_ready(p) for p in pods)
 
     async def _node_pods(self, node: str, label_selector: str = "") -> list[Obj]:
         selectors = {"field_selector": f"spec.nodeName={node}"}
@@ -322,11 +336,19 @@ class Upgrades:
             drain_refused=drain.refusals,
             pods_left=left,
             validators_ready=self.validators_ready(name),
+            newest_config_digest=self.template_digest(self.driver_app(name)),
         )
 
     # --------------------------------------------------------- fleet budget
-    def select(self, nodes: list[Obj], policy: UpgradePolicyView, newest: str | None) -> list[str]:
-        """Grant start slots; returns the nodes newly granted. Updates the metrics."""
+    def select(
+        self,
+        nodes: list[Obj],
+        policy: UpgradePolicyView,
+        newest: str | None,
+        held: Mapping[str, str] | None = None,
+    ) -> list[str]:
+        """Grant start slots; returns the nodes newly granted. Updates the metrics.
+        ``held``: nodes the rollout gate keeps back; a grant they still hold is dropped."""
         fleet: list[BudgetNode] = []
         counts = {"in_progress": 0, "done": 0, "failed": 0, "pending": 0}
         for node in nodes:
@@ -335,6 +357,8 @@ class Upgrades:
             if not is_gpu_node(node_labels):
                 continue
             state = _state_of(node_labels)
+            if held and name in held:
+                self.granted.discard(name)
             if name in self.granted and state is UpgradeState.UPGRADE_REQUIRED:
                 state = UpgradeState.CORDON_REQUIRED  # holds its slot until it moves
             elif name in self.granted:
@@ -345,7 +369,7 @@ class Upgrades:
                     state=state,
                     ready=is_ready(node),
                     unschedulable=bool(node["spec"].get("unschedulable")),
-                    skip=node_labels.get("nvidia.com/gpu-driver-upgrade.skip") == "true",
+                    skip=node_labels.get(SKIP_LABEL) == "true",
                     driver_pod_present=self.has_driver_pod(name),
                 )
             )
@@ -361,6 +385,7 @@ class Upgrades:
             fleet,
             max_parallel_upgrades=policy.max_parallel_upgrades,
             max_unavailable=policy.max_unavailable,
+            held=held,
         )
         self.metrics.upgrades_in_progress.set(counts["in_progress"])
         self.metrics.upgrades_done.set(counts["done"])
@@ -494,7 +519,3 @@ def requeue_after(decision: Decision) -> float | None:
     if decision.target in _EMPTYING:
         delays.append(EMPTYING_POLL_SECONDS)
     return min(delays) if delays else None
-
-
-def needs_upgrade_pass(labels_: Mapping[str, str]) -> bool:
-    return is_gpu_node(labels_)

@@ -61,10 +61,10 @@ async def eventually(
 class Running:
     """An operator running in this process against the test cluster."""
 
-    def __init__(self, api: client.ApiClient) -> None:
+    def __init__(self, api: client.ApiClient, config: OperatorConfig | None = None) -> None:
         self.rest = Rest(api)
         self.operator = Operator(
-            self.rest, OperatorConfig(namespace=NAMESPACE, workers=4), OperatorMetrics()
+            self.rest, config or OperatorConfig(namespace=NAMESPACE, workers=4), OperatorMetrics()
         )
         self.task: asyncio.Task[None] | None = None
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 import crd
-from components import COMPONENTS, RenderContext
+from components import COMPONENTS, RenderContext, rbac
 from gpuop.controller._operator import _OWNED_CLUSTER, _OWNED_NAMESPACED
 from gpuop.rest import Kind
 from tests.integration.helm_chart import (
@@ -303,16 +303,7 @@ def _rules(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
 def _allows(
     rules: list[dict[str, Any]], group: str, resource: str, verb: str, name: str = ""
 ) -> bool:
-    for rule in rules:
-        names = rule.get("resourceNames")
-        if (
-            group in rule.get("apiGroups", [])
-            and resource in rule.get("resources", [])
-            and verb in rule.get("verbs", [])
-            and (not names or (name and name in names))
-        ):
-            return True
-    return False
+    return rbac.allows(rules, rbac.Need(False, group, resource, verb, name))
 
 
 @pytest.mark.parametrize("values", [(), ALL_DISABLED, EVERYTHING_ON], ids=["default", "off", "on"])

@@ -83,3 +83,24 @@ def test_whole_policy_is_stable_across_renders() -> None:
         for name, objs in c.desired_objects(spec, CTX).items()
     }
     assert first == second
+
+
+def test_objects_applied_under_the_old_domain_are_not_rewritten() -> None:
+    """Releases before the single `gpuop.io/` domain stored the hash under `gpuop.dev/`:
+    an object they applied with the same content needs no write; a changed one does, and
+    the new spelling replaces the old."""
+    from components.hashing import LEGACY_HASH_ANNOTATION
+
+    desired = driver_ds(crd.ClusterPolicySpec())
+    written = with_hash(desired)
+    assert HASH_ANNOTATION == "gpuop.io/applied-hash"
+    annotations = written["metadata"]["annotations"]
+    old = copy.deepcopy(written)
+    old["metadata"]["annotations"] = {
+        **{k: v for k, v in annotations.items() if k != HASH_ANNOTATION},
+        LEGACY_HASH_ANNOTATION: annotations[HASH_ANNOTATION],
+    }
+    assert not needs_apply(desired, old)
+    changed = driver_ds(crd.ClusterPolicySpec.model_validate({"driver": {"version": "1.2.3"}}))
+    assert needs_apply(changed, old)
+    assert LEGACY_HASH_ANNOTATION not in with_hash(changed)["metadata"]["annotations"]

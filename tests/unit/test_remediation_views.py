@@ -8,8 +8,8 @@ from typing import Any
 
 import crd
 from gpuop.controller._nodes import node_fingerprint, trim_node
-from gpuop.controller._remediation import (
-    Remediation,
+from gpuop.controller._remediation import Remediation
+from gpuop.controller._remediation_views import (
     node_facts,
     node_view,
     policy_facts,

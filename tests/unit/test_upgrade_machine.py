@@ -120,6 +120,7 @@ def test_every_declared_transition() -> None:
         ("start", "upgrade-required", "cordon-required"),
         ("cancel", "upgrade-required", "upgrade-done"),
         ("cordoned", "cordon-required", "wait-for-jobs-required"),
+        ("cordoned", "cordon-required", "pod-restart-required"),
         ("jobs_finished", "wait-for-jobs-required", "pod-deletion-required"),
         ("gpu_pods_deleted", "pod-deletion-required", "drain-required"),
         ("pod_deletion_failed", "pod-deletion-required", "upgrade-failed"),
@@ -1246,6 +1247,7 @@ pods = st.one_of(
         running=st.booleans(),
         ready=st.booleans(),
         restart_count=st.integers(0, 15),
+        config_digest=st.sampled_from(["", "d1", "d2"]),
     ),
 )
 times = st.one_of(st.none(), st.integers(0, 2000).map(lambda ago: since(ago)))
@@ -1279,6 +1281,7 @@ views = st.builds(
     drain_pods=st.integers(0, 2),
     drain_refused=st.sampled_from([(), ("ns/a (x)",)]),
     validators_ready=st.booleans(),
+    newest_config_digest=st.sampled_from(["", "d1"]),
 )
 policies = st.builds(
     UpgradePolicyView,
@@ -1390,3 +1393,50 @@ def test_decision_invariants(
         assert "start" in d.triggers or d.entered_failed
     assert bool(d.failure) is d.entered_failed
     assert d.requeue_after is None or d.requeue_after >= 0
+
+
+# --- restart without drain -------------------------------------------------------------------
+
+SAME = replace(OLD_POD, config_digest="d1")
+
+
+def test_only_the_pod_changed_restarts_it_without_emptying_the_node() -> None:
+    """Same DRIVER_CONFIG_DIGEST in the old pod and the new template: cordon, restart the
+    pod, validate, uncordon; no job wait, no GPU pod deletion, no drain."""
+    drain_all = replace(
+        DRAIN,
+        wait_for_completion=WaitForCompletionView(pod_selector="app=x", timeout_seconds=0),
+    )
+    v = view(
+        S.CORDON_REQUIRED,
+        driver_pod=SAME,
+        newest_config_digest="d1",
+        unschedulable=True,
+        wait_pods_running=2,
+        gpu_pods=2,
+        drain_pods=3,
+        annotations={REPLACE_POD_ANNOTATION: "pod-old"},
+    )
+    d = next_step(v, drain_all)
+    assert d.target is S.POD_RESTART_REQUIRED
+    assert d.action is Action.RESTART_DRIVER_POD
+    assert d.triggers == ("cordoned",)
+
+
+def test_a_changed_digest_or_a_request_takes_the_full_way() -> None:
+    base = view(
+        S.CORDON_REQUIRED,
+        driver_pod=SAME,
+        unschedulable=True,
+        annotations={REPLACE_POD_ANNOTATION: "pod-old"},
+    )
+    asked = replace(
+        base,
+        newest_config_digest="d1",
+        annotations={**base.annotations, REQUESTED_ANNOTATION: "true"},
+    )
+    changed = replace(base, newest_config_digest="d2")
+    unknown = replace(base, newest_config_digest="")
+    for v in (changed, unknown, asked):
+        # The first hop empties the node (jobs, GPU pods, drain) before the restart.
+        assert next_step(v, DRAIN).hops[0][2] is S.WAIT_FOR_JOBS_REQUIRED

@@ -1,0 +1,95 @@
+"""What the operator's own RBAC must hold because of its operands, as data to check.
+
+Two sources, both read from the operand registry: every permission an operand's Role or
+ClusterRole grants (Kubernetes lets the operator grant only what it holds itself, short
+of the broad `escalate`/`bind`), and every verb the controller uses on each kind it owns
+(watch, server-side apply, prune). The chart's hand-written rules are checked against
+this by a unit test, so an operand that needs more cannot ship without the chart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from components.component import Component, Rule
+from components.registry import owned_kinds
+
+NAMESPACED_VERBS = ("list", "watch", "create", "patch", "delete")
+"""On a namespaced owned kind, in the operator namespace: watch, apply, prune."""
+CLUSTER_VERBS = ("list", "watch", "create")
+"""On a cluster-scoped owned kind, cluster-wide; `patch` and `delete` by name only."""
+CLUSTER_NAMED_VERBS = ("patch", "delete")
+
+
+@dataclass(frozen=True)
+class Need:
+    """One permission the operator must hold."""
+
+    cluster_wide: bool
+    """Must a ClusterRole grant it (else a Role in the operator namespace may)?"""
+    group: str
+    resource: str
+    verb: str
+    name: str = ""
+    """Only this object (empty: any)."""
+    why: str = ""
+
+    def __str__(self) -> str:
+        scope = "cluster-wide" if self.cluster_wide else "in the operator namespace"
+        named = f" {self.name}" if self.name else ""
+        return f"{self.verb} {self.group or 'core'}/{self.resource}{named} {scope} ({self.why})"
+
+
+def allows(rules: Iterable[Rule], need: Need) -> bool:
+    """Whether one of `rules` grants `need` (no wildcards: the chart uses none)."""
+    for rule in rules:
+        names = rule.get("resourceNames")
+        if (
+            need.group in rule.get("apiGroups", ())
+            and need.resource in rule.get("resources", ())
+            and need.verb in rule.get("verbs", ())
+            and (not names or (need.name and need.name in names))
+        ):
+            return True
+    return False
+
+
+def operand_needs(
+    components: Iterable[Component], cluster_names: Mapping[str, Iterable[str]] | None = None
+) -> list[Need]:
+    """Everything the operator must hold for these operands. `cluster_names` (kind ->
+    names of the cluster-scoped objects rendered) adds the by-name verbs on each."""
+    items = list(components)
+    needs: list[Need] = []
+    for comp in items:
+        for cluster_wide, rules in (
+            (False, comp.permissions.role),
+            (True, comp.permissions.cluster),
+        ):
+            for rule in rules:
+                needs += [
+                    Need(cluster_wide, group, resource, verb, name, why=f"{comp.name} grants it")
+                    for group in rule.get("apiGroups", ())
+                    for resource in rule.get("resources", ())
+                    for verb in rule.get("verbs", ())
+                    for name in rule.get("resourceNames") or ("",)
+                ]
+    for kind in owned_kinds(items):
+        why = f"owns {kind.kind}"
+        verbs = NAMESPACED_VERBS if kind.namespaced else CLUSTER_VERBS
+        needs += [Need(not kind.namespaced, kind.group, kind.plural, v, why=why) for v in verbs]
+        for name in (cluster_names or {}).get(kind.kind, ()) if not kind.namespaced else ():
+            needs += [
+                Need(True, kind.group, kind.plural, v, name, why=why) for v in CLUSTER_NAMED_VERBS
+            ]
+    return needs
+
+
+def missing(
+    cluster_rules: Sequence[Rule], role_rules: Sequence[Rule], needs: Iterable[Need]
+) -> list[Need]:
+    """The needs the operator's ClusterRole (`cluster_rules`) and namespaced Role
+    (`role_rules`) do not grant; a ClusterRole's grant holds in the namespace too."""
+    namespaced = [*cluster_rules, *role_rules]
+    return [n for n in needs if not allows(cluster_rules if n.cluster_wide else namespaced, n)]

@@ -1,0 +1,188 @@
+"""`gpuop upgrade status` and `gpuop upgrade plan`: read the cluster, print a report."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from gpuop.informer import Informer, ResourceSpec
+from gpuop.kube import api_client
+from gpuop.rest import Rest
+from gpuop.upgrades_cli._snapshot import (
+    DAEMONSET,
+    NODE,
+    PDB,
+    POD,
+    POLICY,
+    REVISION,
+    Objects,
+    PlanError,
+    Snapshot,
+    list_objects,
+    snapshot,
+)
+from statemachine.fleet_report import (
+    StatusReport,
+    plan_upgrade,
+    render_plan,
+    render_status,
+    status_report,
+)
+from statemachine.rollout_gate import GatePolicy
+
+#: A burst of watch events (a node moving through several states) redraws once.
+REDRAW_DEBOUNCE_SECONDS = 0.3
+
+
+def kubeconfig_for(args: argparse.Namespace) -> Path | None:
+    """Like kubectl: --kubeconfig, $KUBECONFIG, in-cluster; else the local cluster's
+    kubeconfig when `gpuop cluster up` left one (as `gpuop run` does)."""
+    if args.kubeconfig:
+        return Path(args.kubeconfig)
+    if os.environ.get("KUBECONFIG") or "KUBERNETES_SERVICE_HOST" in os.environ:
+        return None
+    from gpuop.cluster import LocalCluster
+
+    local = LocalCluster(Path(args.dir) if args.dir else None)
+    if local.info() is not None:
+        return local.kubeconfig
+    return None
+
+
+def _status(snap: Snapshot) -> StatusReport:
+    return status_report(
+        snap.nodes,
+        snap.policy,
+        snap.rules,
+        snap.pdbs,
+        snap.target,
+        namespace=snap.namespace,
+        now=time.time(),
+        gate=snap.gate,
+        held=snap.held,
+    )
+
+
+def _print_status(report: StatusReport, output: str) -> None:
+    if output == "json":
+        print(json.dumps(report.as_json(), indent=2, sort_keys=True))
+    else:
+        sys.stdout.write(render_status(report, wide=output == "wide"))
+
+
+async def _watch(rest: Rest, args: argparse.Namespace) -> int:
+    """Redraw on every watch event (debounced); never polls. Ends on Ctrl-C."""
+    changed = asyncio.Event()
+
+    def handler(event: str, old: Any, new: Any) -> None:
+        changed.set()
+
+    ns = args.namespace
+    informers = [
+        Informer(ResourceSpec(name, rest.lister(kind, namespace)), handler)
+        for name, kind, namespace in (
+            ("nodes", NODE, None),
+            ("pods", POD, None),
+            ("pdbs", PDB, None),
+            ("daemonsets", DAEMONSET, ns),
+            ("revisions", REVISION, ns),
+            ("policies", POLICY, None),
+        )
+    ]
+    tasks = [asyncio.create_task(i.run()) for i in informers]
+    report: StatusReport | None = None
+    try:
+        await asyncio.gather(*(i.synced.wait() for i in informers))
+        while True:
+            changed.clear()
+            objects = Objects(*(list(i.store.values()) for i in informers))
+            report = _status(snapshot(objects, ns))
+            if sys.stdout.isatty():
+                sys.stdout.write("\x1b[H\x1b[2J")
+            print(time.strftime("%H:%M:%S"), "gpuop upgrade status --watch (Ctrl-C ends)")
+            _print_status(report, args.output)
+            sys.stdout.flush()
+            await changed.wait()
+            await asyncio.sleep(REDRAW_DEBOUNCE_SECONDS)
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        pass
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(BaseException):
+                await task
+    return 1 if report is not None and report.failed else 0
+
+
+async def _status_main(args: argparse.Namespace) -> int:
+    async with api_client(kubeconfig_for(args)) as api:
+        rest = Rest(api)
+        if args.watch:
+            return await _watch(rest, args)
+        report = _status(snapshot(await list_objects(rest, args.namespace), args.namespace))
+    _print_status(report, args.output)
+    return 1 if report.failed else 0
+
+
+async def _plan_main(args: argparse.Namespace) -> int:
+    async with api_client(kubeconfig_for(args)) as api:
+        objects = await list_objects(Rest(api), args.namespace)
+    snap = snapshot(objects, args.namespace, args.set or ())
+    canary = snap.spec.driver.upgrade_policy.canary
+    gate = GatePolicy(
+        canary_nodes=canary.nodes if canary else 0,
+        soak_seconds=canary.soak_seconds if canary else 0,
+    )
+    plan = plan_upgrade(
+        snap.nodes,
+        snap.policy,
+        gate,
+        snap.rules,
+        snap.pdbs,
+        namespace=snap.namespace,
+        target=snap.target,
+        template_digest=snap.template_digest,
+        proposed=bool(args.set),
+    )
+    if args.output == "json":
+        print(
+            json.dumps(
+                {
+                    "waves": [[n.name for n in w] for w in plan.waves],
+                    "restartOnly": [n.name for w in plan.waves for n in w if n.restart_only],
+                    "notStarted": dict(plan.excluded),
+                    "blockers": [{"node": n, "why": b} for n, b in plan.blockers],
+                    "estimateSeconds": plan.estimate_seconds,
+                },
+                indent=2,
+                sort_keys=True,
+            )
+        )
+    else:
+        sys.stdout.write(render_plan(plan, proposal=", ".join(args.set or ())))
+    return 0
+
+
+def _run(main: Any, args: argparse.Namespace) -> int:
+    try:
+        code: int = asyncio.run(main(args))
+    except PlanError as err:
+        print(f"gpuop: error: {err}", file=sys.stderr)
+        return 2
+    return code
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    return _run(_status_main, args)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    return _run(_plan_main, args)

@@ -1,0 +1,211 @@
+"""Reading the cluster for the upgrade reports: one snapshot from lists or watch caches."""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from components.driver import DAEMONSET_NAME as DRIVER_DS
+from components.driver import digest_in
+from components.labels import is_gpu_node
+from crd import ClusterPolicySpec, parse_policy
+from gpuop.controller._rollout_gate import gate_policy
+from gpuop.controller._upgrade import (
+    drain_rules,
+    gpu_pod_rules,
+    newest_revision,
+    policy_view,
+)
+from gpuop.rest import Rest, by_kind
+from statemachine.fleet_report import NodeFacts, Rules
+from statemachine.rollout_gate import (
+    RECORD_ANNOTATION,
+    GateNode,
+    GatePhase,
+    GateRecord,
+    phase_of,
+    plan_gate,
+)
+from statemachine.upgrade_keys import DRIVER_REVISION_LABEL, FAILED_REVISION_ANNOTATION
+from statemachine.upgrade_views import UpgradePolicyView
+
+Obj = dict[str, Any]
+NODE = by_kind("v1", "Node")
+POD = by_kind("v1", "Pod")
+PDB = by_kind("policy/v1", "PodDisruptionBudget")
+DAEMONSET = by_kind("apps/v1", "DaemonSet")
+REVISION = by_kind("apps/v1", "ControllerRevision")
+POLICY = by_kind("nvidia.com/v1", "ClusterPolicy")
+
+
+class PlanError(ValueError):
+    """The cluster or the proposal cannot be planned (no policy, a bad --set)."""
+
+
+@dataclass
+class Objects:
+    """Raw objects, as listed or as a watch cache holds them."""
+
+    nodes: list[Obj] = field(default_factory=list)
+    pods: list[Obj] = field(default_factory=list)
+    pdbs: list[Obj] = field(default_factory=list)
+    daemonsets: list[Obj] = field(default_factory=list)
+    revisions: list[Obj] = field(default_factory=list)
+    policies: list[Obj] = field(default_factory=list)
+
+
+async def list_objects(rest: Rest, namespace: str) -> Objects:
+    return Objects(
+        nodes=await rest.list(NODE),
+        pods=await rest.list(POD),
+        pdbs=await rest.list(PDB),
+        daemonsets=await rest.list(DAEMONSET, namespace),
+        revisions=await rest.list(REVISION, namespace),
+        policies=await rest.list(POLICY),
+    )
+
+
+def apply_sets(raw: Obj, sets: Sequence[str]) -> Obj:
+    """The policy with ``path.to.field=value`` changes under ``spec`` (values as YAML)."""
+    changed = copy.deepcopy(raw)
+    for item in sets:
+        path, sep, value = item.partition("=")
+        if not sep or not path:
+            raise PlanError(f"--set wants path=value, got {item!r}")
+        target = changed.setdefault("spec", {})
+        keys = path.split(".")
+        for key in keys[:-1]:
+            target = target.setdefault(key, {})
+            if not isinstance(target, dict):
+                raise PlanError(f"--set {path}: {key} is not an object")
+        target[keys[-1]] = yaml.safe_load(value) if value else ""
+    return changed
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything a report needs, parsed."""
+
+    spec: ClusterPolicySpec
+    policy: UpgradePolicyView
+    rules: Rules
+    nodes: tuple[NodeFacts, ...]
+    pdbs: tuple[Obj, ...]
+    target: str | None
+    template_digest: str
+    gate: str
+    namespace: str
+    held: Mapping[str, str] = field(default_factory=dict)
+
+
+def _active(policies: Iterable[Obj]) -> Obj | None:
+    ordered = sorted(
+        policies,
+        key=lambda p: (p["metadata"].get("creationTimestamp", ""), p["metadata"]["name"]),
+    )
+    return ordered[0] if ordered else None
+
+
+def _pod_ready(pod: Mapping[str, Any]) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def snapshot(
+    objects: Objects, namespace: str, sets: Sequence[str] = (), now: float | None = None
+) -> Snapshot:
+    raw = _active(objects.policies)
+    if raw is None:
+        raise PlanError("no ClusterPolicy in the cluster")
+    if sets:
+        raw = apply_sets(raw, sets)
+    model, problems = parse_policy(raw)
+    if model is None or problems:
+        raise PlanError(
+            "invalid ClusterPolicy: " + "; ".join(f"{p.path}: {p.message}" for p in problems)
+        )
+    spec = model.spec
+    view = policy_view(spec)
+    by_node: dict[str, list[Obj]] = {}
+    for pod in objects.pods:
+        node = (pod.get("spec") or {}).get("nodeName")
+        if node:
+            by_node.setdefault(node, []).append(pod)
+    ds = next((d for d in objects.daemonsets if d["metadata"]["name"] == DRIVER_DS), None)
+    template = ((ds or {}).get("spec") or {}).get("template") or {}
+    facts = []
+    for node in objects.nodes:
+        if not is_gpu_node(node["metadata"].get("labels") or {}):
+            continue
+        pods = by_node.get(node["metadata"]["name"], [])
+        drivers = [
+            p
+            for p in pods
+            if p["metadata"].get("namespace") == namespace
+            and (p["metadata"].get("labels") or {}).get("app") == DRIVER_DS
+            and not p["metadata"].get("deletionTimestamp")
+        ]
+        driver = max(
+            drivers, key=lambda p: p["metadata"].get("creationTimestamp", ""), default=None
+        )
+        facts.append(
+            NodeFacts(
+                node=node,
+                driver_pod=driver,
+                driver_revision=(driver["metadata"].get("labels") or {}).get(DRIVER_REVISION_LABEL)
+                if driver
+                else None,
+                driver_digest=digest_in(driver.get("spec") or {}) if driver else "",
+                pods=tuple(pods),
+                validator_ready=False,
+            )
+        )
+    gate = gate_policy(spec)
+    record = GateRecord.loads((raw["metadata"].get("annotations") or {}).get(RECORD_ANNOTATION))
+    now = time.time() if now is None else now
+    phase = phase_of(record, gate, now)
+    target = newest_revision(ds, objects.revisions)
+    # What the operator's gate holds back now (computed the same way, nothing written).
+    held = plan_gate(
+        gate,
+        [
+            GateNode(
+                name=f.name,
+                state=f.state,
+                revision=f.driver_revision,
+                failed_revision=f.annotations.get(FAILED_REVISION_ANNOTATION),
+                unschedulable=f.unschedulable,
+                ready=f.ready,
+                skip=f.skip,
+            )
+            for f in facts
+        ],
+        target,
+        record,
+        now=now,
+    ).held
+    gate_text = "" if phase is GatePhase.OFF else phase.value
+    for cond in (raw.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "DriverUpgradeGate" and cond.get("message"):
+            gate_text = f"{phase.value}: {cond['message']}"
+    rules = Rules(
+        gpu_pods=gpu_pod_rules(view) if view.pod_deletion is not None else None,
+        drain=drain_rules(view) if view.drain.enable else None,
+    )
+    return Snapshot(
+        spec=spec,
+        policy=view,
+        rules=rules,
+        nodes=tuple(facts),
+        pdbs=tuple(objects.pdbs),
+        target=target,
+        template_digest=digest_in(template.get("spec") or {}),
+        gate=gate_text,
+        namespace=namespace,
+        held=held,
+    )
