@@ -111,6 +111,14 @@ class WorkQueue:
     def is_idle(self) -> bool:
         return not self._queued and not self._active and not self._timers
 
+    def quiet_within(self, horizon: float) -> bool:
+        """No key queued or running and no timer due in the next ``horizon`` seconds: a
+        far-off timer (a node counted as stuck after ten minutes) is not pending work."""
+        if self._queued or self._active:
+            return False
+        limit = asyncio.get_running_loop().time() + horizon
+        return all(timer.when() > limit for timer in self._timers.values())
+
     async def wait_idle(self) -> None:
         while not self.is_idle():
             self._idle.clear()

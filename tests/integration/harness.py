@@ -83,12 +83,17 @@ class Running:
         with contextlib.suppress(asyncio.CancelledError):
             await self.task
 
-    async def settle(self, quiet: float = 1.0) -> None:
-        """Wait until the queue is idle and stays idle for ``quiet`` seconds."""
+    async def settle(self, quiet: float = 1.0, horizon: float = 30.0) -> None:
+        """Wait until no work is queued, running or due within ``horizon`` seconds, and it
+        stays so for ``quiet`` seconds (a timer further out is not work to wait for)."""
+        deadline = asyncio.get_running_loop().time() + 60
         while True:
-            await asyncio.wait_for(self.operator.queue.wait_idle(), 60)
+            while not self.operator.queue.quiet_within(horizon):
+                if asyncio.get_running_loop().time() > deadline:
+                    raise TimeoutError(f"queue not quiet: {len(self.operator.queue)} keys")
+                await asyncio.sleep(0.05)
             await asyncio.sleep(quiet)
-            if self.operator.queue.is_idle():
+            if self.operator.queue.quiet_within(horizon):
                 return
 
 

@@ -252,62 +252,67 @@ async def test_halt_after_one_failure_survives_a_restart_and_resumes_by_annotati
     gpu = await _gpu(rest)
     blocked = {"key": "gpuop.io/test-no-new-pods", "value": "x", "effect": "NoSchedule"}
     taints: dict[str, list[Any]] = {}
-    async with Running(api_client) as run:
-        run.operator.upgrades.driver_ready_timeout_seconds = 10
-        await eventually(lambda: policy_state_is(rest, "ready"), timeout=90, what="ready")
-        await run.settle()
-        for name in gpu:
-            node = await rest.get(NODE, name)
-            assert node is not None
-            taints[name] = node["spec"].get("taints") or []
-            await rest.merge_patch(NODE, name, {"spec": {"taints": [*taints[name], blocked]}})
-        since = _now()
-        await rest.apply(_policy("600.10.01", **base, **extra))
+    try:
+        async with Running(api_client) as run:
+            run.operator.upgrades.driver_ready_timeout_seconds = 10
+            await eventually(lambda: policy_state_is(rest, "ready"), timeout=90, what="ready")
+            await run.settle()
+            for name in gpu:
+                node = await rest.get(NODE, name)
+                assert node is not None
+                taints[name] = node["spec"].get("taints") or []
+                await rest.merge_patch(NODE, name, {"spec": {"taints": [*taints[name], blocked]}})
+            since = _now()
+            await rest.apply(_policy("600.10.01", **base, **extra))
 
-        async def halted() -> bool:
-            return (await _gate_condition(rest)).get("reason") == "Halted"
+            async def halted() -> bool:
+                return (await _gate_condition(rest)).get("reason") == "Halted"
 
-        await eventually(halted, timeout=90, what="halted")
-        await run.settle()
-        states = await _states(rest, gpu)
-        failed = [n for n, s in states.items() if s == "upgrade-failed"]
-        assert len(failed) == 1, states
-        others = [s for n, s in states.items() if n not in failed]
-        assert set(others) == {"upgrade-required"}, states
-        assert run.operator.metrics.upgrade_halted._value.get() == 1
-        assert "cluster-policy" in await _events(rest, "DriverUpgradeHalted", since)
-        code, text = await _cli(local_cluster, "status", "-o", "wide", capture="status-halted")
-        assert code == 1
-        assert f"FAILED: {failed[0]}" in text
-        assert "rollout gate: halted" in text
-    # A restarted operator stays halted: the record is on the ClusterPolicy.
-    async with Running(api_client) as run:
-        run.operator.upgrades.driver_ready_timeout_seconds = 10
-        await run.settle()
-        assert await halted()
-        states = await _states(rest, gpu)
-        assert [n for n, s in states.items() if s == "upgrade-failed"] == failed
-        assert sum(1 for s in states.values() if s == "upgrade-required") == len(gpu) - 1
-        # The cause is fixed and the administrator resumes: the rest of the fleet goes on.
-        for name in gpu:
-            await rest.merge_patch(NODE, name, {"spec": {"taints": taints[name] or None}})
-        await rest.merge_patch(
-            POLICY,
-            "cluster-policy",
-            {"metadata": {"annotations": {"gpuop.io/driver-upgrade-resume": "true"}}},
-        )
+            await eventually(halted, timeout=90, what="halted")
+            await run.settle()
+            states = await _states(rest, gpu)
+            failed = [n for n, s in states.items() if s == "upgrade-failed"]
+            assert len(failed) == 1, states
+            others = [s for n, s in states.items() if n not in failed]
+            assert set(others) == {"upgrade-required"}, states
+            assert run.operator.metrics.upgrade_halted._value.get() == 1
+            assert "cluster-policy" in await _events(rest, "DriverUpgradeHalted", since)
+            code, text = await _cli(local_cluster, "status", "-o", "wide", capture="status-halted")
+            assert code == 1
+            assert f"FAILED: {failed[0]}" in text
+            assert "rollout gate: halted" in text
+        # A restarted operator stays halted: the record is on the ClusterPolicy.
+        async with Running(api_client) as run:
+            run.operator.upgrades.driver_ready_timeout_seconds = 10
+            await run.settle()
+            assert await halted()
+            states = await _states(rest, gpu)
+            assert [n for n, s in states.items() if s == "upgrade-failed"] == failed
+            assert sum(1 for s in states.values() if s == "upgrade-required") == len(gpu) - 1
+            # The cause is fixed and the administrator resumes: the rest of the fleet goes on.
+            for name in gpu:
+                await rest.merge_patch(NODE, name, {"spec": {"taints": taints[name] or None}})
+            await rest.merge_patch(
+                POLICY,
+                "cluster-policy",
+                {"metadata": {"annotations": {"gpuop.io/driver-upgrade-resume": "true"}}},
+            )
 
-        async def all_done() -> bool:
-            return set((await _states(rest, gpu)).values()) == {"upgrade-done"}
+            async def all_done() -> bool:
+                return set((await _states(rest, gpu)).values()) == {"upgrade-done"}
 
-        await eventually(all_done, timeout=240, what="all nodes upgraded after the resume")
-        policy = await rest.get(POLICY, "cluster-policy")
-        assert policy is not None
-        assert "gpuop.io/driver-upgrade-resume" not in policy["metadata"]["annotations"]
-        cond = await _gate_condition(rest)
-        assert cond.get("reason") in ("Proceeding", "Idle"), cond  # Idle: nothing left to do
-        assert cond.get("status") == "False"
-        assert "cluster-policy" in await _events(rest, "DriverUpgradeResumed", since)
+            await eventually(all_done, timeout=240, what="all nodes upgraded after the resume")
+            policy = await rest.get(POLICY, "cluster-policy")
+            assert policy is not None
+            assert "gpuop.io/driver-upgrade-resume" not in policy["metadata"]["annotations"]
+            cond = await _gate_condition(rest)
+            assert cond.get("reason") in ("Proceeding", "Idle"), cond  # Idle: nothing left to do
+            assert cond.get("status") == "False"
+            assert "cluster-policy" in await _events(rest, "DriverUpgradeResumed", since)
+    finally:
+        # A failure above must not leave the nodes tainted for the tests after this one.
+        for name, before in taints.items():
+            await rest.merge_patch(NODE, name, {"spec": {"taints": before or None}})
     await rest.delete(POLICY, "cluster-policy")
 
 

@@ -157,3 +157,24 @@ async def test_longest_running_names_the_oldest_active_key() -> None:
 
 async def _noop(key: str) -> None:
     return None
+
+
+async def test_quiet_within_ignores_timers_beyond_the_horizon_only() -> None:
+    async def reconcile(key: str) -> None:
+        return None
+
+    queue = WorkQueue(reconcile, workers=1)
+    assert queue.quiet_within(5)
+    queue.add_after("far", 600)
+    assert queue.quiet_within(5)
+    assert not queue.is_idle()
+    queue.add_after("near", 1)
+    assert not queue.quiet_within(5)
+    queue.forget("near")
+    queue.add("now")
+    assert not queue.quiet_within(5)
+    task = await _run(queue)
+    await asyncio.sleep(0.05)
+    assert queue.quiet_within(5)
+    await _stop(task)
+    queue.forget("far")
