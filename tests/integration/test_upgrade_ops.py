@@ -201,15 +201,22 @@ async def test_canary_of_two_nodes_then_the_rest(
     async with Running(api_client) as run:
         await eventually(lambda: policy_state_is(rest, "ready"), timeout=90, what="ready")
         await run.settle()
+        before = await _driver_hashes(rest)
         since = _now()
         await rest.apply(_policy("600.10.01", canary=canary, drain={"enable": False}, **base))  # type: ignore[arg-type]
         started: list[str] = []
         done_before_others: set[str] = set()
+        deadline = asyncio.get_running_loop().time() + 240
         while True:
             states = await _states(rest, gpu)
+            assert asyncio.get_running_loop().time() < deadline, (started, states)
+            # A node counts as started once seen in progress or with a new driver pod: on
+            # a busy machine a node can go through every state between two polls.
+            hashes = await _driver_hashes(rest)
             for name, state in states.items():
                 moving = UpgradeState(state or "unknown") in IN_PROGRESS_STATES
-                if moving and name not in started:
+                moved = hashes.get(name, before[name]) != before[name]
+                if (moving or moved) and name not in started:
                     if len(started) >= 2:
                         # A node beyond the canary starts only after both canaries are done.
                         assert done_before_others >= set(started[:2]), states
@@ -338,8 +345,10 @@ async def test_a_pod_only_change_restarts_driver_pods_and_evicts_nothing(
         policy["spec"].setdefault("daemonsets", {})["annotations"] = {"example.com/touch": "1"}
         await rest.apply(policy)
         seen: dict[str, set[str]] = {n: set() for n in gpu}
+        deadline = asyncio.get_running_loop().time() + 240
         while True:
             states = await _states(rest, gpu)
+            assert asyncio.get_running_loop().time() < deadline, seen
             for name, state in states.items():
                 seen[name].add(state)
             hashes = await _driver_hashes(rest)
