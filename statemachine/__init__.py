@@ -11,9 +11,11 @@ How the controller (gpuop/controller) drives them:
   no enabled component renders any more are deleted, and `plan.state` with the
   per-component states is written to the ClusterPolicy status when it differs.
 - Upgrade slots (`upgrades` key, one serial pass over the fleet, one budget per driver
-  owner): `select_nodes(...)` over `BudgetNode`s; the nodes in `selection.start` may start.
-- Per node (`node/<name>` key): `next_step(view, policy, may_start=<granted>)` gives a
-  `Decision`: its `merge_patch()` is sent first when `has_patch`, then its `action` is
+  owner): `select_nodes(...)` over `BudgetNode`s counts persisted in-progress states;
+  each node in `selection.start` is started with `start_step(view, policy)`, one patch
+  to `cordon-required`: the slot is that label, never memory.
+- Per node (`node/<name>` key): `next_step(view, policy)` gives a `Decision` (never a
+  start): its `merge_patch()` is sent first when `has_patch`, then its `action` is
   performed, and the node is looked at again after `requeue_after` seconds when set.
   Completion shows up in the caches; the next pass's guards move the node on. With
   upgrades off, `cleanup_step` hands the node back (`holds_cordon`: whose cordon it is).
@@ -38,7 +40,7 @@ from statemachine.rollout import (
     StateProgress,
     plan_rollout,
 )
-from statemachine.upgrade import cleanup_step, holds_cordon, next_step
+from statemachine.upgrade import cleanup_step, holds_cordon, next_step, start_step
 from statemachine.upgrade_keys import IN_PROGRESS_STATES, UpgradeState, parse_state
 from statemachine.upgrade_views import (
     Action,
@@ -78,4 +80,5 @@ __all__ = [
     "plan_rollout",
     "resolve_max_unavailable",
     "select_nodes",
+    "start_step",
 ]

@@ -34,6 +34,10 @@ class StateDef:
     name: str
     on_enter: tuple[Callback, ...] = ()
 
+    def describe(self) -> str:
+        """What the state does, for the docs diagram ("" when nothing to say)."""
+        return ""
+
 
 @dataclass(frozen=True)
 class TransitionDef:

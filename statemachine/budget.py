@@ -109,7 +109,9 @@ class BudgetNode:
 @dataclass(frozen=True)
 class Selection:
     """`start`: give these a slot now. `waiting`: eligible, no slot left.
-    `blocked`: passed over, with why (reported, never stalling others)."""
+    `blocked`: passed over, with why (reported, never stalling others).
+    `available`: slots still free once `start` has started (upstream's
+    `nodes_upgrades_available`: how many more nodes may start now)."""
 
     start: tuple[str, ...]
     waiting: tuple[str, ...]
@@ -117,6 +119,7 @@ class Selection:
     in_progress: int = 0
     unavailable: int = 0
     max_unavailable: int = 0
+    available: int = 0
 
 
 def select_nodes(
@@ -145,6 +148,7 @@ def select_nodes(
     start: list[str] = []
     waiting: list[str] = []
     blocked: dict[str, str] = {}
+    cordoned_starts = 0  # were unavailable already; now they count as in progress
     for node in sorted(
         (n for n in fleet if n.candidate), key=lambda n: (not n.unschedulable, n.name)
     ):
@@ -162,6 +166,7 @@ def select_nodes(
             waiting.append(node.name)
             continue
         start.append(node.name)
+        cordoned_starts += 1 - cost
         parallel_left -= 1
         unavailable_left -= cost
     return Selection(
@@ -171,4 +176,11 @@ def select_nodes(
         in_progress=in_progress,
         unavailable=unavailable,
         max_unavailable=limit,
+        available=available_slots(
+            total_gpu_nodes=len(fleet),
+            in_progress=in_progress + len(start),
+            unavailable=unavailable - cordoned_starts,
+            max_parallel_upgrades=max_parallel_upgrades,
+            max_unavailable=max_unavailable,
+        ),
     )

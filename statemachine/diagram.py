@@ -44,7 +44,17 @@ def mermaid(definition: MachineDef, title: str | None = None) -> str:
     assert isinstance(text, str)
     # Mermaid keywords are lower case; some renderers reject the "Class" spelling.
     text = text.replace("\n  Class ", "\n  class ")
-    return _safe_ids(text, definition.state_names)
+    return _safe_ids(text, definition.state_names).rstrip("\n") + "\n" + _notes(definition)
+
+
+def _notes(definition: MachineDef) -> str:
+    """What each state does (its action, its bound, its failure), as Mermaid notes."""
+    lines = [
+        f"  note right of {s.name.replace('-', '_')} : {s.describe()}\n"
+        for s in definition.states
+        if s.describe()
+    ]
+    return "".join(lines)
 
 
 def _safe_ids(text: str, names: tuple[str, ...]) -> str:

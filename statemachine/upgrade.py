@@ -22,7 +22,6 @@ from statemachine._fsm import (
     Condition,
     MachineDef,
     SharedMachine,
-    StateDef,
     TransitionDef,
     named,
 )
@@ -39,6 +38,7 @@ from statemachine.upgrade_keys import (
     TIMER_ANNOTATIONS,
     UpgradeState,
 )
+from statemachine.upgrade_states import STATE_TABLE, pod_deletion_problem
 from statemachine.upgrade_views import (
     Action,
     Decision,
@@ -125,7 +125,10 @@ def _on_start(event: EventData) -> None:
 
 def _on_enter_failed(event: EventData) -> None:
     model = _model(event)
-    model.failure = _failure_reason(model.ctx, event.event.name)
+    assert event.transition is not None
+    failure = STATE_TABLE[S(event.transition.source)].failure
+    assert failure is not None, "a state that can fail names its failure reason"
+    model.failure = failure(model.ctx)
     model.set(REASON_ANNOTATION, model.failure)
     model.set(FAILED_REVISION_ANNOTATION, model.ctx.view.newest_revision)
     # This attempt used up any request; retrying takes a new one (or a new revision),
@@ -139,57 +142,9 @@ def _on_enter_done(event: EventData) -> None:
     model.set(REPLACE_POD_ANNOTATION, None)
 
 
-def _listing(items: tuple[str, ...], limit: int = 5) -> str:
-    shown = "; ".join(items[:limit])
-    return shown + (f"; and {len(items) - limit} more" if len(items) > limit else "")
-
-
-def _pods_left(view_pods: tuple[str, ...], count: int) -> str:
-    return f"{count} pods left" + (f": {_listing(view_pods)}" if view_pods else "")
-
-
-def _pod_deletion_problem(ctx: g.GuardContext) -> str:
-    view, deletion = ctx.view, ctx.policy.pod_deletion
-    if view.gpu_pods_refused:
-        return f"GPU pods may not be deleted: {_listing(view.gpu_pods_refused)}"
-    timeout = deletion.timeout_seconds if deletion else 0
-    return f"GPU pod deletion timed out after {timeout}s with " + _pods_left(
-        view.pods_left, view.gpu_pods
-    )
-
-
-def _driver_not_ready(ctx: g.GuardContext) -> str:
-    pod = g.new_driver_pod(ctx)
-    if pod is None:
-        why = "no new driver pod on the node"
-    elif pod.waiting_reason:
-        why = f"new driver pod waiting: {pod.waiting_reason}"
-    else:
-        why = "new driver pod " + ("not Ready" if pod.running else "not running")
-    return f"new driver pod not ready after {ctx.policy.driver_ready_timeout_seconds}s ({why})"
-
-
-def _failure_reason(ctx: g.GuardContext, trigger: str) -> str:
-    policy, view = ctx.policy, ctx.view
-    if trigger == "pod_deletion_failed":
-        return _pod_deletion_problem(ctx)
-    if trigger == "drain_failed":
-        if view.drain_refused:
-            return f"drain may not evict: {_listing(view.drain_refused)}"
-        return f"drain timed out after {policy.drain.timeout_seconds}s with " + _pods_left(
-            view.pods_left, view.drain_pods
-        )
-    if g.driver_crash_looping(ctx):
-        restarts = view.driver_pod.restart_count if view.driver_pod else 0
-        return f"driver pod restarted {restarts} times (limit {policy.driver_restart_limit})"
-    if trigger == "driver_failed":
-        return _driver_not_ready(ctx)
-    return f"validation did not pass within {policy.validation_timeout_seconds}s"
-
-
 def _on_deletion_fallback(event: EventData) -> None:
     model = _model(event)
-    model.notice = _pod_deletion_problem(model.ctx) + "; draining the node instead"
+    model.notice = pod_deletion_problem(model.ctx) + "; draining the node instead"
 
 
 # --- the rulebook ---------------------------------------------------------------------
@@ -262,7 +217,9 @@ def _definition() -> MachineDef:
         S.UPGRADE_FAILED: (named("record_failure", _on_enter_failed),),
         S.UPGRADE_DONE: (named("forget_upgrade_record", _on_enter_done),),
     }
-    states = tuple(StateDef(s.value, on_enter=(enter, *extra.get(s, ()))) for s in UpgradeState)
+    states = tuple(
+        replace(row, on_enter=(enter, *extra.get(s, ()))) for s, row in STATE_TABLE.items()
+    )
     return MachineDef(
         name="driver-upgrade",
         states=states,
@@ -316,46 +273,6 @@ def _remaining(view: NodeUpgradeView, state: S, timeout_seconds: int) -> float |
     return max(0.0, g.state_started_at(view, state) + timeout_seconds - view.now)
 
 
-def _action(ctx: g.GuardContext, state: S, failure: str) -> tuple[Action, str, float | None]:
-    """The side effect for the state the node rests in: (action, reason, requeue)."""
-    view, policy = ctx.view, ctx.policy
-    if state is S.UNKNOWN:
-        return Action.NONE, "no driver pod or revision to compare yet", None
-    if state is S.UPGRADE_DONE:
-        return Action.NONE, "driver is up to date", None
-    if state is S.UPGRADE_REQUIRED:
-        if view.skip:
-            why = "skip label set"
-        else:
-            why = "not Ready" if not view.node_ready else "waiting for an upgrade slot"
-        return Action.NONE, why, None
-    if state is S.CORDON_REQUIRED:
-        return Action.CORDON, "cordoning node", None
-    if state is S.WAIT_FOR_JOBS_REQUIRED:
-        wait = policy.wait_for_completion
-        left = _remaining(view, state, wait.timeout_seconds)
-        return Action.WAIT_JOBS, f"waiting for {view.wait_pods_running} job pods", left
-    if state is S.POD_DELETION_REQUIRED:
-        deletion = policy.pod_deletion
-        left = _remaining(view, state, deletion.timeout_seconds if deletion else 0)
-        return Action.DELETE_GPU_PODS, f"deleting {view.gpu_pods} GPU pods", left
-    if state is S.DRAIN_REQUIRED:
-        left = _remaining(view, state, policy.drain.timeout_seconds)
-        return Action.DRAIN, f"draining {view.drain_pods} pods", left
-    if state is S.POD_RESTART_REQUIRED:
-        left = _remaining(view, state, policy.driver_ready_timeout_seconds)
-        pod = view.driver_pod
-        if pod is not None and g.new_driver_pod(ctx) is None:
-            return Action.RESTART_DRIVER_POD, "restarting the driver pod", left
-        return Action.WAIT_DRIVER_POD, "waiting for the new driver pod", left
-    if state is S.VALIDATION_REQUIRED:
-        left = _remaining(view, state, policy.validation_timeout_seconds)
-        return Action.WAIT_VALIDATION, "waiting for validator pods", left
-    if state is S.UNCORDON_REQUIRED:
-        return Action.UNCORDON, "uncordoning node", None
-    return Action.NONE, failure or view.annotations.get(REASON_ANNOTATION, "failed"), None
-
-
 def _diff(view: NodeUpgradeView, wanted: dict[str, str | None]) -> dict[str, str | None]:
     return {k: v for k, v in wanted.items() if view.annotations.get(k) != v}
 
@@ -370,9 +287,10 @@ def next_step(
 ) -> Decision:
     """Decide one node's next step.
 
-    `may_start` is the fleet budget's verdict for this node (see `budget.select_nodes`);
-    without it, or with the skip label, a node waits in `upgrade-required`. Auto-upgrade
-    off delegates to `cleanup_step`, skip label or not.
+    Node keys never start an upgrade: without `may_start` a node waits in
+    `upgrade-required` until the fleet pass moves it on (`start_step`). `may_start`
+    runs the start here too, for a whole path in one call (tests, simulations); the
+    skip label still stops it. Auto-upgrade off delegates to `cleanup_step`.
     """
     current = view.state
     if not policy.auto_upgrade:
@@ -381,9 +299,36 @@ def next_step(
     model = _NodeModel(g.GuardContext(view, policy, may_start))
     with _MACHINE.attached(model, current.value):
         hops = _MACHINE.run_to_rest(model)
-        target = S(model.state)
+    return _decision(view, model, current, hops)
+
+
+def start_step(view: NodeUpgradeView, policy: UpgradePolicyView) -> Decision | None:
+    """The fleet pass's grant: `upgrade-required` -> `cordon-required`, nothing further.
+
+    Only the serial fleet key calls this, for nodes `budget.select_nodes` picked; node
+    keys carry the node on from `cordon-required`. The slot is the persisted state, so
+    the budget never rests on memory. None when the node cannot start (not in
+    `upgrade-required`, skip label, NotReady, nothing to upgrade).
+    """
+    current = view.state
+    if not policy.auto_upgrade or current is not S.UPGRADE_REQUIRED:
+        return None
+    model = _NodeModel(g.GuardContext(view, policy, may_start=True))
+    with _MACHINE.attached(model, current.value):
+        if not model.trigger("start"):
+            return None
+    return _decision(view, model, current, [("start", current.value, model.state)])
+
+
+def _decision(
+    view: NodeUpgradeView, model: _NodeModel, current: S, hops: list[tuple[str, str, str]]
+) -> Decision:
+    """The decision for the state the model rests in, its action and clock from the table."""
+    target = S(model.state)
     _normalize(model, target)
-    action, reason, requeue = _action(model.ctx, target, model.failure)
+    row = STATE_TABLE[target]
+    action, reason = row.act(model.ctx)
+    timeout = row.timeout.seconds(model.ctx.policy) if row.timeout is not None else 0
     return Decision(
         node=view.name,
         current=current,
@@ -393,7 +338,7 @@ def next_step(
         hops=tuple((trigger, S(src), S(dst)) for trigger, src, dst in hops),
         labels=_label_patch(view, target),
         annotations=_diff(view, model.annotations),
-        requeue_after=requeue,
+        requeue_after=_remaining(model.ctx.view, target, timeout),
         failure=model.failure,
         notice=model.notice,
     )

@@ -38,7 +38,7 @@ from crd import (
 from gpuop.controller._nodes import labels
 from gpuop.controller._nvidiadriver_status import StatusWriter, is_policy_driver, nvd_owner
 from gpuop.controller._pods import pod_index, trim_pod
-from gpuop.controller._upgrade import policy_view
+from gpuop.controller._upgrade_inputs import policy_view
 from gpuop.informer import Informer, Obj, ResourceSpec
 from gpuop.log import get_logger
 from gpuop.rest import by_kind

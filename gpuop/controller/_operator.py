@@ -764,7 +764,7 @@ class Operator:
             self.queue.add(UPGRADES_KEY)
 
     async def reconcile_upgrades(self) -> None:
-        """Grant upgrade slots over the whole fleet (one serial key keeps the budget)."""
+        """Start upgrades over the whole fleet: the one writer of slots (persisted states)."""
         raw, model, problems = self.active_policy()
         if raw is None or model is None or problems:
             return
@@ -780,14 +780,16 @@ class Operator:
         for owner, nodes in groups.items():
             policy = policies.get(owner, UpgradePolicyView(auto_upgrade=False))
             if not policy.auto_upgrade:
-                self.upgrades.granted.difference_update(n["metadata"]["name"] for n in nodes)
                 continue
             held = None
             if owner is None:  # canary and halt: the ClusterPolicy's own rollout
                 gate = await self.gate.reconcile(raw, spec, nodes, newest, self._revision_of)
                 held = gate.held
-            for name in self.upgrades.select(nodes, policy, newest, held):
+            started, conflict = await self.upgrades.grant(nodes, policy, held)
+            for name in started:
                 self.queue.add(NODE_PREFIX + name)
+            if conflict:  # the cache was behind a node: count again once it caught up
+                self.queue.add_after(UPGRADES_KEY, 1.0)
 
     def _revision_of(self, node: str) -> str | None:
         pod = self.upgrades.driver_pod(node)
@@ -853,7 +855,7 @@ def _owned_by(obj: Obj, owner: Obj) -> Obj:
 
 
 def _budget_facts(node: Obj | None) -> Any:
-    """What ``Upgrades.select`` reads of a node."""
+    """What ``Upgrades.grant`` reads of a node."""
     if node is None:
         return None
     node_labels = labels(node)

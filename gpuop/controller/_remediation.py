@@ -32,7 +32,7 @@ from gpuop.controller._remediation_views import (
 )
 from gpuop.controller._status import parse_status, write_policy_conditions
 from gpuop.controller._upgrade import Upgrades
-from gpuop.controller._upgrade import policy_view as upgrade_policy_view
+from gpuop.controller._upgrade_inputs import policy_view as upgrade_policy_view
 from gpuop.events import EventRecorder
 from gpuop.informer import Obj
 from gpuop.log import get_logger

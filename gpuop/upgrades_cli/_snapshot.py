@@ -14,13 +14,9 @@ from components.driver import DAEMONSET_NAME as DRIVER_DS
 from components.driver import digest_in
 from components.labels import is_gpu_node
 from crd import ClusterPolicySpec, parse_policy
+from gpuop.controller._eviction import drain_rules, gpu_pod_rules
 from gpuop.controller._rollout_gate import gate_policy
-from gpuop.controller._upgrade import (
-    drain_rules,
-    gpu_pod_rules,
-    newest_revision,
-    policy_view,
-)
+from gpuop.controller._upgrade_inputs import newest_revision, policy_view
 from gpuop.rest import Rest, by_kind
 from statemachine.fleet_report import NodeFacts, Rules
 from statemachine.rollout_gate import (

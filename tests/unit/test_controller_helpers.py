@@ -8,9 +8,10 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 import crd
 from components import node_facts
+from gpuop.controller._eviction import eviction_error
 from gpuop.controller._nodes import is_ready, node_fingerprint, trim_node
 from gpuop.controller._status import status_patch
-from gpuop.controller._upgrade import eviction_error, policy_view
+from gpuop.controller._upgrade_inputs import policy_view
 from gpuop.rest import by_kind
 
 

@@ -1,0 +1,134 @@
+"""Cluster objects turned into the upgrade rulebook's inputs, without I/O.
+
+Pure functions of cached objects (the policy, DaemonSets, ControllerRevisions,
+pods, nodes): split from ``_upgrade`` so the node and fleet passes, the
+``gpuop upgrades`` reports and the tests share one reading of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from components.driver import digest_in
+from crd import ClusterPolicySpec
+from gpuop.controller._nodes import is_ready, labels
+from gpuop.informer import Obj
+from statemachine import (
+    BudgetNode,
+    DrainView,
+    DriverPodView,
+    PodDeletionView,
+    UpgradePolicyView,
+    UpgradeState,
+    WaitForCompletionView,
+)
+from statemachine.upgrade_keys import DRIVER_REVISION_LABEL, SKIP_LABEL, STATE_LABEL
+
+
+def policy_view(spec: ClusterPolicySpec) -> UpgradePolicyView:
+    """The rulebook's view of ``driver.upgradePolicy``."""
+    up = spec.driver.upgrade_policy
+    return UpgradePolicyView(
+        auto_upgrade=bool(spec.driver.enabled and up.auto_upgrade),
+        max_parallel_upgrades=up.max_parallel_upgrades,
+        max_unavailable=up.max_unavailable,
+        wait_for_completion=WaitForCompletionView(
+            pod_selector=up.wait_for_completion.pod_selector or "",
+            timeout_seconds=up.wait_for_completion.timeout_seconds,
+        ),
+        pod_deletion=PodDeletionView(
+            force=up.pod_deletion.force,
+            timeout_seconds=up.pod_deletion.timeout_seconds,
+            delete_empty_dir=up.pod_deletion.delete_empty_dir,
+        ),
+        drain=DrainView(
+            enable=up.drain.enable,
+            force=up.drain.force,
+            pod_selector=up.drain.pod_selector or "",
+            timeout_seconds=up.drain.timeout_seconds,
+            delete_empty_dir=up.drain.delete_empty_dir,
+        ),
+        validation_enabled=spec.validator.enabled if spec.validator.enabled is not None else True,
+    )
+
+
+#: Label values the rulebook knows; anything else reads as ``UNKNOWN``. Built once:
+#: the fleet pass looks at every GPU node's state on every pod and node event.
+_STATE_VALUES = frozenset(s.value for s in UpgradeState)
+
+
+def state_of(node_labels: Mapping[str, str]) -> UpgradeState:
+    raw = node_labels.get(STATE_LABEL, "")
+    return UpgradeState(raw) if raw in _STATE_VALUES else UpgradeState.UNKNOWN
+
+
+def newest_revision(ds: Obj | None, revisions: Iterable[Obj]) -> str | None:
+    """The hash of the DaemonSet's newest ControllerRevision: the target of upgrades."""
+    if ds is None:
+        return None
+    uid = ds["metadata"].get("uid")
+    newest: tuple[int, str] | None = None
+    for rev in revisions:
+        owners = rev["metadata"].get("ownerReferences") or []
+        if not any(o.get("uid") == uid for o in owners):
+            continue
+        number = int(rev.get("revision", 0))
+        hash_ = (rev["metadata"].get("labels") or {}).get(DRIVER_REVISION_LABEL, "")
+        if newest is None or number > newest[0]:
+            newest = (number, hash_)
+    return newest[1] if newest else None
+
+
+def pod_ready(pod: Obj) -> bool:
+    status = pod.get("status") or {}
+    return status.get("phase") == "Running" and any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
+
+
+def _restarts(pod: Obj) -> int:
+    return sum(
+        int(c.get("restartCount", 0))
+        for c in (pod.get("status") or {}).get("containerStatuses") or []
+    )
+
+
+def _waiting_reason(pod: Obj) -> str:
+    for c in (pod.get("status") or {}).get("containerStatuses") or []:
+        if c.get("waiting"):
+            return str(c["waiting"])
+    return ""
+
+
+def driver_pod_view(pod: Obj) -> DriverPodView:
+    """The rulebook's view of a node's driver pod."""
+    return DriverPodView(
+        uid=pod["metadata"]["uid"],
+        revision_hash=(pod["metadata"].get("labels") or {}).get(DRIVER_REVISION_LABEL, ""),
+        running=(pod.get("status") or {}).get("phase") == "Running",
+        ready=pod_ready(pod),
+        restart_count=_restarts(pod),
+        waiting_reason=_waiting_reason(pod),
+        config_digest=digest_in(pod.get("spec") or {}),
+    )
+
+
+def budget_node(node: Obj, driver_pod_present: bool) -> BudgetNode:
+    """A node as the fleet budget sees it: its persisted state and availability."""
+    node_labels = labels(node)
+    return BudgetNode(
+        name=node["metadata"]["name"],
+        state=state_of(node_labels),
+        ready=is_ready(node),
+        unschedulable=bool(node["spec"].get("unschedulable")),
+        skip=node_labels.get(SKIP_LABEL) == "true",
+        driver_pod_present=driver_pod_present,
+    )
+
+
+def selector(value: Mapping[str, str] | str) -> str:
+    """A policy pod selector as a label selector string."""
+    if isinstance(value, str):
+        return value.strip()
+    return ",".join(f"{k}={v}" for k, v in value.items())
