@@ -21,8 +21,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from components.labels import is_gpu_node
-from crd import ClusterPolicy, ClusterPolicySpec, Condition, set_condition
+from crd import ClusterPolicySpec, Condition, set_condition
 from crd import format_time as format_condition_time
+from gpuop.controller._active import ActivePolicy
 from gpuop.controller._nodes import labels
 from gpuop.controller._remediation_views import (
     node_facts,
@@ -70,7 +71,6 @@ POLICY = by_kind("nvidia.com/v1", "ClusterPolicy")
 #: sure the pass then sees it as reached.
 _SETTLE_SLACK_SECONDS = 1.0
 
-ActivePolicy = Callable[[], tuple[Obj | None, ClusterPolicy | None, list[str]]]
 Drain = Callable[[str, ClusterPolicySpec], Awaitable[None]]
 
 
