@@ -10,6 +10,7 @@ readiness, per-node rollout counts, refusals and whether NFD has labelled any no
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from components import COMPONENTS, RenderContext, node_facts
@@ -52,40 +53,24 @@ Desired = dict[str, list[Obj]]
 _SERVICE_MONITOR = rest_kind(SERVICE_MONITOR)
 
 
+@dataclass(kw_only=True)
 class ClusterReconciler:
     """The cluster pass over the operator's caches; keeps only the ServiceMonitor probe."""
 
-    def __init__(
-        self,
-        *,
-        config: OperatorConfig,
-        rest: Rest,
-        metrics: OperatorMetrics,
-        nodes: Informer,
-        daemonsets: Informer,
-        active_policy: ActivePolicy,
-        applier: Applier,
-        status: PolicyStatusWriter,
-        rollouts: NodeRollouts,
-        reports: RolloutReports,
-        nvd: NVIDIADrivers,
-        watches: OptionalWatches,
-        timers: Timers,
-    ) -> None:
-        self.config = config
-        self.rest = rest
-        self.metrics = metrics
-        self.nodes = nodes
-        self.daemonsets = daemonsets
-        self.active_policy = active_policy
-        self.applier = applier
-        self.status = status
-        self.rollouts = rollouts
-        self.reports = reports
-        self.nvd = nvd
-        self.watches = watches
-        self.timers = timers
-        self._service_monitors: VersionMemo[str, bool] = VersionMemo()
+    config: OperatorConfig
+    rest: Rest
+    metrics: OperatorMetrics
+    nodes: Informer
+    daemonsets: Informer
+    active_policy: ActivePolicy
+    applier: Applier
+    status: PolicyStatusWriter
+    rollouts: NodeRollouts
+    reports: RolloutReports
+    nvd: NVIDIADrivers
+    watches: OptionalWatches
+    timers: Timers
+    _service_monitors: VersionMemo[str, bool] = field(default_factory=VersionMemo, init=False)
 
     async def reconcile(self) -> None:
         self.metrics.reconciliation_total.inc()

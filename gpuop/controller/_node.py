@@ -8,6 +8,7 @@ budget (the ClusterPolicy's, and each NVIDIADriver's under its own upgradePolicy
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from components.labels import is_gpu_node, node_label_changes
@@ -32,27 +33,17 @@ log = get_logger(__name__)
 NODE = by_kind("v1", "Node")
 
 
+@dataclass(kw_only=True)
 class NodeReconciler:
     """Node and fleet passes over the operator's caches; remembers nothing itself."""
 
-    def __init__(
-        self,
-        *,
-        rest: Rest,
-        nodes: Informer,
-        queue: WorkQueue,
-        active_policy: ActivePolicy,
-        upgrades: Upgrades,
-        gate: RolloutGate,
-        nvd: NVIDIADrivers,
-    ) -> None:
-        self.rest = rest
-        self.nodes = nodes
-        self.queue = queue
-        self.active_policy = active_policy
-        self.upgrades = upgrades
-        self.gate = gate
-        self.nvd = nvd
+    rest: Rest
+    nodes: Informer
+    queue: WorkQueue
+    active_policy: ActivePolicy
+    upgrades: Upgrades
+    gate: RolloutGate
+    nvd: NVIDIADrivers
 
     async def reconcile_node(self, name: str) -> None:
         node = self.nodes.get(name)

@@ -36,7 +36,7 @@ from gpuop.controller._rollout_gate import RolloutGate, gate_facts
 from gpuop.controller._rollout_status import STUCK_KEY, RolloutReports
 from gpuop.controller._rollout_view import NodeRollouts, pod_facts
 from gpuop.controller._upgrade import Upgrades
-from gpuop.informer import Informer, Obj, ResourceSpec
+from gpuop.informer import Handler, Informer, Obj, ResourceSpec
 from gpuop.log import get_logger
 from gpuop.metrics import OperatorMetrics
 from gpuop.rest import Kind, Rest, by_kind
@@ -47,6 +47,8 @@ log = get_logger(__name__)
 MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
 NODE = by_kind("v1", "Node")
 POLICY = by_kind("nvidia.com/v1", "ClusterPolicy")
+POD = by_kind("v1", "Pod")
+REVISION = by_kind("apps/v1", "ControllerRevision")
 
 
 class Operator:
@@ -79,26 +81,19 @@ class Operator:
         self.watches = OptionalWatches(
             self.owned, owned_informer, lambda: self.queue.add(CLUSTER_KEY)
         )
-        self.pods = Informer(
-            ResourceSpec(
-                "pods",
-                rest.lister(by_kind("v1", "Pod"), ns),
-                # Every operand pod: the per-node rollout reads each component's pod.
-                label_selector=MANAGED_SELECTOR,
-                transform=trim_pod,
-                index=pod_index,
-                page_size=100,
-            ),
-            self._on_pod,
+
+        def managed_cache(name: str, kind: Kind, handler: Handler, **opts: Any) -> Informer:
+            lister = rest.lister(kind, ns)
+            return Informer(
+                ResourceSpec(name, lister, label_selector=MANAGED_SELECTOR, **opts), handler
+            )
+
+        # Every operand pod: the per-node rollout reads each component's pod.
+        self.pods = managed_cache(
+            "pods", POD, self._on_pod, transform=trim_pod, index=pod_index, page_size=100
         )
-        self.revisions = Informer(
-            ResourceSpec(
-                "controllerrevisions",
-                rest.lister(by_kind("apps/v1", "ControllerRevision"), ns),
-                label_selector=MANAGED_SELECTOR,
-                transform=trim_revision,
-            ),
-            self._on_revision,
+        self.revisions = managed_cache(
+            "controllerrevisions", REVISION, self._on_revision, transform=trim_revision
         )
         self.upgrades = Upgrades(
             rest,

@@ -23,8 +23,12 @@ from crd import (
     Condition,
     not_ready_status,
     ready_status,
+    set_condition,
     unsupported_fields,
     with_unsupported_fields,
+)
+from crd import (
+    format_time as format_condition_time,
 )
 from gpuop.controller._rollout_view import RolloutView
 from gpuop.informer import Informer
@@ -53,6 +57,38 @@ async def write_policy_conditions(
         subresource="status",
     )
     policies.observe(patched)
+
+
+@dataclass(frozen=True)
+class ConditionChange:
+    """The policy's stored conditions, and what they become with one condition set."""
+
+    stored: list[Condition]
+    wanted: list[Condition]
+
+
+def condition_change(
+    raw: Obj, kind: str, condition: tuple[str, str, str] | None, now: datetime
+) -> ConditionChange | None:
+    """Set the condition ``kind`` to (status, reason, message), or with None remove it;
+    None when the stored status cannot be read (writing ours alone would drop Ready and
+    Error). A condition that does not change keeps its transition time."""
+    previous = parse_status(raw)
+    if previous is None and (raw.get("status") or {}).get("conditions"):
+        return None
+    conditions = list(previous.conditions or []) if previous is not None else []
+    if condition is None:
+        return ConditionChange(conditions, [c for c in conditions if c.type != kind])
+    status, reason, message = condition
+    new = Condition(
+        type=kind,
+        status=status,  # type: ignore[arg-type]
+        reason=reason,
+        message=message,
+        observed_generation=raw["metadata"].get("generation"),
+        last_transition_time=format_condition_time(now),
+    )
+    return ConditionChange(conditions, set_condition(conditions, new))
 
 
 def status_dict(status: ClusterPolicyStatus) -> Obj:
