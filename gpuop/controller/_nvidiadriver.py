@@ -35,6 +35,9 @@ from crd import (
     NVIDIADriver,
     parse_nvidiadriver,
 )
+from gpuop.controller._apply import owned_by, owner_reference
+from gpuop.controller._keys import CLUSTER_KEY, UPGRADES_KEY, node_key
+from gpuop.controller._memo import VersionMemo
 from gpuop.controller._nodes import labels
 from gpuop.controller._nvidiadriver_status import StatusWriter, is_policy_driver, nvd_owner
 from gpuop.controller._pods import pod_index, trim_pod
@@ -80,7 +83,7 @@ class NVIDIADrivers:
             ),
             self._on_pod,
         )
-        self._parsed: dict[str, tuple[str, NVIDIADriver | None]] = {}
+        self._parsed: VersionMemo[str, NVIDIADriver | None] = VersionMemo()
         self.status = StatusWriter(operator, self.drivers)
 
     # ------------------------------------------------------------ watching
@@ -108,12 +111,12 @@ class NVIDIADrivers:
         assert pod is not None
         node = (pod.get("spec") or {}).get("nodeName")
         if node:
-            self.op.queue.add("node/" + node)  # the node's upgrade reads its driver pod
+            self.op.queue.add(node_key(node))  # the node's upgrade reads its driver pod
         if event == "MODIFIED":
             return  # hand-over gates and the fleet budget only ask whether one is there
         self.op.queue.add(NVD_KEY)
-        self.op.queue.add("cluster")
-        self.op.queue.add("upgrades")
+        self.op.queue.add(CLUSTER_KEY)
+        self.op.queue.add(UPGRADES_KEY)
 
     # ----------------------------------------------------------- questions
     def _enabled(self) -> bool:
@@ -136,15 +139,7 @@ class NVIDIADrivers:
         if raw is None or raw["metadata"].get("deletionTimestamp"):
             return None
         rv = str(raw["metadata"].get("resourceVersion"))
-        cached = self._parsed.get(name)
-        if cached is not None and cached[0] == rv:
-            return cached[1]
-        try:
-            model: NVIDIADriver | None = parse_nvidiadriver(raw)
-        except ValidationError:
-            model = None
-        self._parsed[name] = (rv, model)
-        return model
+        return self._parsed.get(name, rv, lambda: _parse_or_none(raw))
 
     def driver_app(self, node: str) -> str:
         """The driver DaemonSet (`app`) running on ``node``: the ClusterPolicy's, or the
@@ -263,21 +258,11 @@ class NVIDIADrivers:
         except (NVIDIADriverRenderError, ImageRefError) as err:
             await self._fail(raw, REASON_RECONCILE_FAILED, str(err))
             return
-        owner = {
-            "apiVersion": NVD_API_VERSION,
-            "kind": NVD_KIND,
-            "name": meta["name"],
-            "uid": meta["uid"],
-            "controller": True,
-            "blockOwnerDeletion": False,
-        }
-        objs = [
-            with_hash({**o, "metadata": {**o["metadata"], "ownerReferences": [owner]}})
-            for o in desired
-        ]
+        owner = owner_reference(NVD_API_VERSION, NVD_KIND, meta)
+        objs = [with_hash(owned_by(o, owner)) for o in desired]
         for obj in objs:
-            if self.op._needs_apply(obj):
-                await self.op._apply(obj)
+            if self.op.applier.needs_apply(obj):
+                await self.op.applier.apply(obj)
         wanted = {o["metadata"]["name"] for o in objs}
         daemonsets = self.op.owned["DaemonSet"]
         for ds in daemonsets.values():
@@ -292,7 +277,7 @@ class NVIDIADrivers:
         for obj in objs:
             observed = daemonsets.get(f"{obj['metadata']['namespace']}/{obj['metadata']['name']}")
             ok, message = daemonset_ready(observed) if observed else (False, "not created yet")
-            if not ok or self.op._needs_apply(obj):
+            if not ok or self.op.applier.needs_apply(obj):
                 problems.append(f"{obj['metadata']['name']}: {message}")
         if problems:
             await self.status.write(
@@ -345,9 +330,16 @@ class NVIDIADrivers:
         if changes:
             # Our own write may have been cached before its watch event arrives, and the
             # ClusterPolicy's driver waits on owner labels: tell it now.
-            self.op.queue.add("cluster")
+            self.op.queue.add(CLUSTER_KEY)
 
     async def _fail(self, raw: Obj, reason: str, message: str) -> None:
         await self.status.write(
             raw, "notReady", (False, "Error", ""), (True, reason, message[:32000])
         )
+
+
+def _parse_or_none(raw: Obj) -> NVIDIADriver | None:
+    try:
+        return parse_nvidiadriver(raw)
+    except ValidationError:
+        return None

@@ -21,8 +21,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from components.labels import is_gpu_node
-from crd import ClusterPolicy, ClusterPolicySpec, Condition, set_condition
+from crd import ClusterPolicySpec
 from crd import format_time as format_condition_time
+from gpuop.controller._active import ActivePolicy
 from gpuop.controller._nodes import labels
 from gpuop.controller._remediation_views import (
     node_facts,
@@ -30,7 +31,7 @@ from gpuop.controller._remediation_views import (
     paused_condition,
     policy_view,
 )
-from gpuop.controller._status import parse_status, write_policy_conditions
+from gpuop.controller._status import condition_change, write_policy_conditions
 from gpuop.controller._upgrade import Upgrades
 from gpuop.controller._upgrade_inputs import policy_view as upgrade_policy_view
 from gpuop.events import EventRecorder
@@ -70,7 +71,6 @@ POLICY = by_kind("nvidia.com/v1", "ClusterPolicy")
 #: sure the pass then sees it as reached.
 _SETTLE_SLACK_SECONDS = 1.0
 
-ActivePolicy = Callable[[], tuple[Obj | None, ClusterPolicy | None, list[str]]]
 Drain = Callable[[str, ClusterPolicySpec], Awaitable[None]]
 
 
@@ -258,29 +258,15 @@ class Remediation:
         self, raw: Obj, condition: tuple[str, str, str] | None, now: datetime
     ) -> None:
         """Set (or with None remove) RemediationPaused, guarded by resourceVersion."""
-        previous = parse_status(raw)
-        if previous is None and (raw.get("status") or {}).get("conditions"):
+        change = condition_change(raw, CONDITION_REMEDIATION_PAUSED, condition, now)
+        if change is None:
             # Unreadable status: writing ours alone would drop Ready and Error.
             log.warning("policy status unreadable; RemediationPaused not written")
             return
-        conditions = list(previous.conditions or []) if previous is not None else []
-        if condition is None:
-            wanted = [c for c in conditions if c.type != CONDITION_REMEDIATION_PAUSED]
-        else:
-            status, reason, message = condition
-            new = Condition(
-                type=CONDITION_REMEDIATION_PAUSED,
-                status=status,  # type: ignore[arg-type]
-                reason=reason,
-                message=message,
-                observed_generation=raw["metadata"].get("generation"),
-                last_transition_time=format_condition_time(now),
-            )
-            wanted = set_condition(conditions, new)
         self._paused_written = condition is not None and condition[0] == "True"
-        if wanted == conditions:
+        if change.wanted == change.stored:
             return
-        await write_policy_conditions(self.rest, self._policies, raw, wanted)
+        await write_policy_conditions(self.rest, self._policies, raw, change.wanted)
 
     # ---------------------------------------------------------------- dry run
     async def _report_dry_run(

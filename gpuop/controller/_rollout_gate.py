@@ -15,10 +15,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from components.labels import is_gpu_node
-from crd import ClusterPolicySpec, Condition, set_condition
-from crd import format_time as format_condition_time
+from crd import ClusterPolicySpec
 from gpuop.controller._nodes import is_ready, labels
-from gpuop.controller._status import parse_status, write_policy_conditions
+from gpuop.controller._status import condition_change, write_policy_conditions
 from gpuop.events import EventRecorder
 from gpuop.informer import Obj
 from gpuop.log import get_logger
@@ -207,26 +206,12 @@ class RolloutGate:
 
     async def _write_condition(self, raw: Obj, condition: tuple[str, str, str] | None) -> None:
         """Set (or with None remove) the gate's condition, guarded by resourceVersion."""
-        previous = parse_status(raw)
-        if previous is None and (raw.get("status") or {}).get("conditions"):
+        if condition is not None:
+            condition = (condition[0], condition[1], condition[2][:32768])
+        change = condition_change(raw, CONDITION_TYPE, condition, datetime.now(UTC))
+        if change is None:
             log.warning("policy status unreadable; %s not written", CONDITION_TYPE)
             return
-        conditions = list(previous.conditions or []) if previous is not None else []
-        if condition is None:
-            wanted = [c for c in conditions if c.type != CONDITION_TYPE]
-        else:
-            status, reason, message = condition
-            wanted = set_condition(
-                conditions,
-                Condition(
-                    type=CONDITION_TYPE,
-                    status=status,  # type: ignore[arg-type]
-                    reason=reason,
-                    message=message[:32768],
-                    observed_generation=raw["metadata"].get("generation"),
-                    last_transition_time=format_condition_time(datetime.now(UTC)),
-                ),
-            )
-        if wanted == conditions:
+        if change.wanted == change.stored:
             return
-        await write_policy_conditions(self.rest, self._policies, raw, wanted)
+        await write_policy_conditions(self.rest, self._policies, raw, change.wanted)

@@ -1,275 +1,62 @@
-"""Per-node rollout progress over the watch caches: counts, stuck nodes, Event, metric.
+"""What the per-node rollout view leads to outside the process: pods released from dead
+nodes, the stuck-node timer, the ``NodesNotReady`` Event and the metric.
 
-The cluster pass applies every enabled component at once (as upstream); the order per
-node is enforced on the node by the operands' init containers. This module only
-*observes* where each GPU node stands (:mod:`statemachine.node_rollout`), from the pods
-indexed by (node, app), and says which nodes are stuck and at what. It writes nothing
-itself: the counts go into ``status.components``, the stuck nodes into the status
-message, a ``NodesNotReady`` Event and ``gpu_operator_nodes_not_ready``.
-
-When a node started waiting comes from the cluster where it can (the pod's, the node's
-or the DaemonSet revision's creation time), so a restarted operator reports the same
-stuck nodes; this process only adds when it last saw the node done, so a short blip of
-a long-running pod is not reported as stuck at once.
+:mod:`gpuop.controller._rollout_view` says where each node stands and writes nothing;
+this module acts on its answer: operand pods on nodes whose kubelet is gone are deleted
+(they only block rolling updates elsewhere), the cluster pass is woken when the next
+node becomes due to count as stuck, and the stuck nodes are told through a Warning
+Event and ``gpu_operator_nodes_not_ready``.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from datetime import datetime
-from functools import lru_cache
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Protocol
 
-from crd import ComponentState
+from gpuop.controller._policy_status import policy_ref, stored_condition
+from gpuop.controller._rollout_view import NodeRollouts, Obj, RolloutView, rolls_out
 from gpuop.events import EventRecorder
-from gpuop.informer import Informer
 from gpuop.log import get_logger
 from gpuop.metrics import OperatorMetrics
 from gpuop.rest import Rest, by_kind
-from statemachine.node_rollout import (
-    NODE_DONE,
-    NODE_ORDER,
-    ComponentCounts,
-    NodeStep,
-    PodState,
-    StuckNode,
-    abandoned,
-    count_components,
-    kubelet_gone,
-    node_step,
-    stuck_after,
-    stuck_message,
-)
-from statemachine.rollout import ROLLOUT_ORDER, ComponentStatus
-from statemachine.upgrade_keys import DRIVER_REVISION_LABEL
+from statemachine.node_rollout import NODE_ORDER
 
 log = get_logger(__name__)
-
-Obj = dict[str, Any]
 
 STUCK_KEY = "rollout-stuck"
 """Work-queue key of the timer that re-runs the cluster pass when a node becomes due to
 count as stuck (a key of its own, so dropping it never drops a refusal's retry)."""
 REASON_NODES_NOT_READY = "NodesNotReady"
 """Event reason (Warning, on the ClusterPolicy) when the set of stuck nodes changes."""
-DEFAULT_NODE_STUCK_SECONDS = 600.0
-"""A node waiting this long for a pod that is missing or not Ready is stuck. Upstream's
-validator gives a driver 600 s too; a driver container that compiles its modules takes
-minutes, so a shorter default would name healthy nodes during a normal rollout."""
-_HASH_LABEL = DRIVER_REVISION_LABEL
 _POD = by_kind("v1", "Pod")
-_WORST = {
-    PodState.ABSENT: 0,
-    PodState.READY: 1,
-    PodState.OUTDATED: 2,
-    PodState.NOT_READY: 3,
-    PodState.MISSING: 4,
-}
 
 
-@lru_cache(maxsize=8192)
-def _epoch(stamp: str | None) -> float:
-    if not stamp:
-        return float("-inf")
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+class Timers(Protocol):
+    """The part of the work queue the stuck-node timer needs."""
+
+    def add_after(self, key: str, delay: float) -> None: ...
+
+    def forget(self, key: str) -> None: ...
 
 
-@dataclass(frozen=True)
-class _Daemon:
-    """One desired DaemonSet as the per-node view needs it."""
-
-    component: str
-    app: str
-    selector: tuple[tuple[str, str], ...]
-    revision: str | None
-    """Hash of the newest ControllerRevision; None: no revision check (OnDelete, whose
-    pods move only when the upgrade machine restarts them)."""
-    revision_time: float
-
-
-@dataclass
-class RolloutView:
-    """What one pass saw: per-component counts and the nodes stuck, by name."""
-
-    counts: dict[str, ComponentCounts]
-    not_done: list[str]
-    stuck: list[StuckNode]
-    next_due: float | None
-    """Seconds until another node would count as stuck (the caller re-runs then)."""
-    message: str | None = None
-    states: dict[str, str] = field(default_factory=dict)
-
-    def component(self, name: str, ready: bool, message: str) -> tuple[bool, str]:
-        """A component is ready only once it is ready on every node it should run on
-        (its DaemonSet may not count a node whose kubelet is gone)."""
-        counts = self.counts.get(name)
-        if counts is None or counts.not_ready == 0:
-            return ready, message
-        total = counts.ready + counts.not_ready
-        return False, f"{counts.ready}/{total} nodes ready; {message}"
-
-
-class NodeRollouts:
-    """Reads the node, pod and revision caches; remembers only when nodes were done."""
+class RolloutReports:
+    """Acts on a :class:`RolloutView`; remembers only the stuck nodes last announced."""
 
     def __init__(
         self,
-        pods: Informer,
-        revisions: Informer,
-        daemonsets: Informer,
-        namespace: str,
+        rest: Rest,
+        rollouts: NodeRollouts,
         events: EventRecorder,
         metrics: OperatorMetrics,
-        stuck_seconds: float = DEFAULT_NODE_STUCK_SECONDS,
-        clock: Callable[[], float] = time.time,
     ) -> None:
-        self._pods = pods
-        self._revisions = revisions
-        self._daemonsets = daemonsets
-        self._namespace = namespace
+        self._rest = rest
+        self._rollouts = rollouts
         self._events = events
         self._metrics = metrics
-        self.stuck_seconds = stuck_seconds
-        self._clock = clock
-        self._last_done: dict[str, float] = {}
-        self._states: dict[str, str] = {}
         self._announced: str | None = None
 
-    def view(self, desired: Mapping[str, Iterable[Obj]], gpu_nodes: Iterable[Obj]) -> RolloutView:
-        daemons = self._daemons(desired)
-        now = self._clock()
-        observed: dict[str, dict[str, PodState]] = {}
-        steps: dict[str, NodeStep] = {}
-        stuck: list[StuckNode] = []
-        not_done: list[str] = []
-        due: float | None = None
-        seen: set[str] = set()
-        for node in gpu_nodes:
-            meta = node["metadata"]
-            name = str(meta["name"])
-            seen.add(name)
-            pods, since = self._observe(name, meta["labels"], daemons)
-            observed[name] = pods
-            step = node_step(pods, self._states.get(name))
-            steps[name] = step
-            if step.moved_back:
-                log.debug("node rollout moved back", node=name, state=step.state)
-            self._states[name] = step.state
-            if step.done:
-                self._last_done[name] = now
-                continue
-            not_done.append(name)
-            start = max(
-                since.get(step.state, float("-inf")),
-                _epoch(meta.get("creationTimestamp")),
-                self._last_done.get(name, float("-inf")),
-            )
-            at = stuck_after(step, start, self.stuck_seconds)
-            if at is None:
-                continue
-            assert step.waiting is not None
-            if at <= now:
-                stuck.append(StuckNode(name, step.state, step.waiting))
-            elif due is None or at - now < due:
-                due = at - now
-        for gone in set(self._states) - seen:
-            self._states.pop(gone, None)
-            self._last_done.pop(gone, None)
-        return RolloutView(
-            counts=count_components(observed, steps),
-            not_done=sorted(not_done),
-            stuck=stuck,
-            next_due=due,
-            message=stuck_message(stuck) if stuck else None,
-            states=dict(self._states),
-        )
-
-    def _observe(
-        self, node: str, labels: Mapping[str, str], daemons: list[_Daemon]
-    ) -> tuple[dict[str, PodState], dict[str, float]]:
-        """Each component's pod state on the node, and since when it waits (cluster time)."""
-        states: dict[str, PodState] = {}
-        since: dict[str, float] = {}
-        for daemon in daemons:
-            if any(labels.get(k) != v for k, v in daemon.selector):
-                continue
-            pods = [
-                p
-                for p in self._pods.indexed((node, daemon.app))
-                if not p["metadata"].get("deletionTimestamp")
-            ]
-            state, created = _pod_state(pods, daemon.revision)
-            known = states.get(daemon.component)
-            if known is None or _WORST[state] > _WORST[known]:
-                states[daemon.component] = state  # one DaemonSet per node, normally
-            since[daemon.component] = max(
-                since.get(daemon.component, float("-inf")), created, daemon.revision_time
-            )
-        return states, since
-
-    def _daemons(self, desired: Mapping[str, Iterable[Obj]]) -> list[_Daemon]:
-        newest: dict[str, tuple[int, str, float]] = {}
-        for rev in self._revisions.values():
-            meta = rev["metadata"]
-            number = int(rev.get("revision", 0))
-            for owner in meta.get("ownerReferences") or []:
-                uid = owner.get("uid")
-                if uid and (uid not in newest or number > newest[uid][0]):
-                    newest[uid] = (
-                        number,
-                        (meta.get("labels") or {}).get(_HASH_LABEL, ""),
-                        _epoch(meta.get("creationTimestamp")),
-                    )
-        daemons: list[_Daemon] = []
-        for component, objs in desired.items():
-            if component not in NODE_ORDER:
-                continue
-            for obj in objs:
-                if obj.get("kind") != "DaemonSet":
-                    continue
-                name = obj["metadata"]["name"]
-                spec = obj["spec"]
-                template = spec["template"]["spec"]
-                observed = self._daemonsets.get(f"{self._namespace}/{name}")
-                uid = (observed or {}).get("metadata", {}).get("uid")
-                number, hash_, created = newest.get(uid or "", (0, "", float("-inf")))
-                on_delete = (spec.get("updateStrategy") or {}).get("type") == "OnDelete"
-                daemons.append(
-                    _Daemon(
-                        component=component,
-                        app=spec["selector"]["matchLabels"]["app"],
-                        selector=tuple(sorted((template.get("nodeSelector") or {}).items())),
-                        revision=None if on_delete or not hash_ else hash_,
-                        revision_time=created,
-                    )
-                )
-        return daemons
-
-    def abandoned_pods(self, gpu_nodes: Iterable[Obj], apps: Iterable[str]) -> list[Obj]:
-        """Our pods on nodes whose kubelet is gone that block rolling updates elsewhere
-        (:func:`statemachine.node_rollout.abandoned`); only not-done nodes are asked."""
-        found: list[Obj] = []
-        names = tuple(apps)
-        for node in gpu_nodes:
-            name = str(node["metadata"]["name"])
-            if self._states.get(name, NODE_DONE) == NODE_DONE:
-                continue
-            conditions = node["status"].get("conditions") or []
-            ready = next((str(c.get("status")) for c in conditions), None)
-            if not kubelet_gone(ready, node["spec"].get("taints") or []):
-                continue
-            for app in names:
-                for pod in self._pods.indexed((name, app)):
-                    meta = pod["metadata"]
-                    phase = (pod.get("status") or {}).get("phase")
-                    if abandoned(phase, bool(meta.get("deletionTimestamp"))):
-                        found.append(pod)
-        return found
-
     async def release_abandoned(
-        self, rest: Rest, gpu_nodes: Iterable[Obj], desired: Mapping[str, Iterable[Obj]]
+        self, gpu_nodes: Iterable[Obj], desired: Mapping[str, Iterable[Obj]]
     ) -> None:
         """Delete (grace period 0) our pods that only block rolling updates elsewhere."""
         apps = [
@@ -278,7 +65,7 @@ class NodeRollouts:
             for o in objs
             if o.get("kind") == "DaemonSet" and rolls_out(o)
         ]
-        for pod in self.abandoned_pods(gpu_nodes, apps):
+        for pod in self._rollouts.abandoned_pods(gpu_nodes, apps):
             meta = pod["metadata"]
             body = {
                 "apiVersion": "v1",
@@ -286,14 +73,14 @@ class NodeRollouts:
                 "gracePeriodSeconds": 0,
                 "preconditions": {"uid": meta.get("uid")},
             }
-            await rest.delete(_POD, meta["name"], meta.get("namespace"), body=body)
+            await self._rest.delete(_POD, meta["name"], meta.get("namespace"), body=body)
             log.warning(
                 "deleted an operand pod on a node whose kubelet is gone",
                 pod=meta["name"],
                 node=pod["spec"].get("nodeName"),
             )
 
-    def schedule(self, view: RolloutView, queue: Any) -> None:
+    def schedule(self, view: RolloutView, queue: Timers) -> None:
         """Wake the cluster pass when the next node becomes due to count as stuck; no
         timer at all once every node is done or already reported (an idle queue)."""
         if view.next_due is None:
@@ -315,93 +102,9 @@ class NodeRollouts:
         if view.message == self._announced:
             return
         self._announced = view.message
-        ready: Obj = next(
-            (
-                c
-                for c in (policy.get("status") or {}).get("conditions") or []
-                if c.get("type") == "Ready"
-            ),
-            {},
-        )
+        ready = stored_condition(policy, "Ready")
         if view.message in str(ready.get("message", "")):
             return
-        involved = {
-            "apiVersion": "nvidia.com/v1",
-            "kind": "ClusterPolicy",
-            "metadata": policy["metadata"],
-        }
-        await self._events.record(involved, REASON_NODES_NOT_READY, view.message, warning=True)
-
-
-def component_states(
-    snapshot: Mapping[str, ComponentStatus],
-    actual: Mapping[str, tuple[bool, str]],
-    view: RolloutView,
-) -> list[ComponentState]:
-    """``status.components``: every state in rollout order, with node counts for the
-    ones that run pods on nodes."""
-    states: list[ComponentState] = []
-    for name in ROLLOUT_ORDER:
-        if not snapshot[name].enabled:
-            states.append(ComponentState(name=name, state="disabled"))
-            continue
-        ready, message = actual.get(name, (True, ""))
-        counts = view.counts.get(name)
-        states.append(
-            ComponentState(
-                name=name,
-                state="ready" if ready else "notReady",
-                message=message or None,
-                nodes_ready=counts.ready if counts else None,
-                nodes_not_ready=counts.not_ready if counts else None,
-                nodes_at=counts.at if counts else None,
-            )
+        await self._events.record(
+            policy_ref(policy), REASON_NODES_NOT_READY, view.message, warning=True
         )
-    return states
-
-
-def rollout_message(view: RolloutView, blocking: str, detail: str) -> str:
-    """The notReady message: stuck nodes (and where) first, then the first component,
-    in rollout order, that is not ready everywhere."""
-    component = f"{blocking} is not ready: {detail}"
-    return f"{view.message}; {component}" if view.message else component
-
-
-def _pod_state(pods: list[Obj], revision: str | None) -> tuple[PodState, float]:
-    if not pods:
-        return PodState.MISSING, float("-inf")
-    pod = pods[0]
-    created = _epoch(pod["metadata"].get("creationTimestamp"))
-    ready = any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in (pod.get("status") or {}).get("conditions") or []
-    )
-    if not ready:
-        return PodState.NOT_READY, created
-    if revision is not None and (pod["metadata"].get("labels") or {}).get(_HASH_LABEL) != revision:
-        return PodState.OUTDATED, created
-    return PodState.READY, created
-
-
-def pod_facts(pod: Obj | None) -> Any:
-    """What the per-node view reads of a pod: a change of anything else wakes nothing."""
-    if pod is None:
-        return None
-    meta = pod["metadata"]
-    return (
-        (pod.get("spec") or {}).get("nodeName"),
-        bool(meta.get("deletionTimestamp")),
-        (meta.get("labels") or {}).get(_HASH_LABEL),
-        any(
-            c.get("type") == "Ready" and c.get("status") == "True"
-            for c in (pod.get("status") or {}).get("conditions") or []
-        ),
-    )
-
-
-def rolls_out(daemonset: Obj) -> bool:
-    """Whether the DaemonSet controller replaces its pods itself (RollingUpdate): only
-    then can a pod on a dead node stall the others. An OnDelete DaemonSet (the driver,
-    restarted by the upgrade machine alone) is never touched here."""
-    strategy = (daemonset.get("spec") or {}).get("updateStrategy") or {}
-    return bool(strategy.get("type", "RollingUpdate") == "RollingUpdate")

@@ -1,14 +1,40 @@
-"""Turning a rollout outcome into a ClusterPolicy status, and the patch that writes it."""
+"""Turning a rollout outcome into a ClusterPolicy status, and the patch that writes it.
+
+:func:`cluster_status` is pure: what the cluster pass observed (and when) in, the status
+and the ``reconciliation_status`` metric out, so every branch is a unit test.
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
-from crd import ClusterPolicyStatus, Condition
+from crd import (
+    REASON_INVALID_SPEC,
+    REASON_NFD_LABELS_MISSING,
+    REASON_OPERAND_NOT_READY,
+    REASON_RECONCILE_FAILED,
+    ClusterPolicy,
+    ClusterPolicyStatus,
+    ComponentState,
+    Condition,
+    not_ready_status,
+    ready_status,
+    set_condition,
+    unsupported_fields,
+    with_unsupported_fields,
+)
+from crd import (
+    format_time as format_condition_time,
+)
+from gpuop.controller._rollout_view import RolloutView
 from gpuop.informer import Informer
+from gpuop.metrics import STATUS_ERROR, STATUS_NOT_READY, STATUS_READY
 from gpuop.rest import Rest, by_kind
+from statemachine.rollout import ROLLOUT_ORDER, ComponentStatus, RolloutPlan
 
 Obj = dict[str, Any]
 POLICY = by_kind("nvidia.com/v1", "ClusterPolicy")
@@ -31,6 +57,38 @@ async def write_policy_conditions(
         subresource="status",
     )
     policies.observe(patched)
+
+
+@dataclass(frozen=True)
+class ConditionChange:
+    """The policy's stored conditions, and what they become with one condition set."""
+
+    stored: list[Condition]
+    wanted: list[Condition]
+
+
+def condition_change(
+    raw: Obj, kind: str, condition: tuple[str, str, str] | None, now: datetime
+) -> ConditionChange | None:
+    """Set the condition ``kind`` to (status, reason, message), or with None remove it;
+    None when the stored status cannot be read (writing ours alone would drop Ready and
+    Error). A condition that does not change keeps its transition time."""
+    previous = parse_status(raw)
+    if previous is None and (raw.get("status") or {}).get("conditions"):
+        return None
+    conditions = list(previous.conditions or []) if previous is not None else []
+    if condition is None:
+        return ConditionChange(conditions, [c for c in conditions if c.type != kind])
+    status, reason, message = condition
+    new = Condition(
+        type=kind,
+        status=status,  # type: ignore[arg-type]
+        reason=reason,
+        message=message,
+        observed_generation=raw["metadata"].get("generation"),
+        last_transition_time=format_condition_time(now),
+    )
+    return ConditionChange(conditions, set_condition(conditions, new))
 
 
 def status_dict(status: ClusterPolicyStatus) -> Obj:
@@ -120,3 +178,135 @@ def parse_status(raw: Obj) -> ClusterPolicyStatus | None:
         return ClusterPolicyStatus.model_validate(data)
     except ValueError:
         return None
+
+
+# ------------------------------------------------------------ the status itself
+NFD_MISSING_MESSAGE = (
+    "no node has NFD's PCI labels (feature.node.kubernetes.io/pci-10de.present);"
+    " deploy Node Feature Discovery or enable it in the chart"
+)
+
+
+@dataclass(frozen=True)
+class ClusterObservation:
+    """What one cluster pass saw and did, as far as the ClusterPolicy status tells."""
+
+    namespace: str
+    model: ClusterPolicy
+    generation: int | None
+    previous: ClusterPolicyStatus | None
+    plan: RolloutPlan
+    snapshot: Mapping[str, ComponentStatus]
+    actual: Mapping[str, tuple[bool, str]]
+    """Each enabled component's (ready, message) after node counts and hand-over."""
+    view: RolloutView
+    refused: Sequence[Refusal]
+    has_nfd: bool
+
+
+def cluster_status(seen: ClusterObservation, now: datetime) -> tuple[ClusterPolicyStatus, int]:
+    """The status the active policy should hold, and the ``reconciliation_status`` metric
+    (``STATUS_*``) that goes with it."""
+    not_ready = [n for n, (ok, _) in seen.actual.items() if not ok]
+    why: tuple[str, str, bool] | None  # (reason, message, error) of a notReady status
+    if seen.refused:
+        # The server's answer, not ours: an admin must see which object and why,
+        # and the state must not keep saying ready (issue 14, item 7).
+        why = (REASON_RECONCILE_FAILED, refusals_message(list(seen.refused)), True)
+        outcome = STATUS_ERROR
+    elif not seen.has_nfd:
+        why = (REASON_NFD_LABELS_MISSING, NFD_MISSING_MESSAGE, False)
+        outcome = STATUS_NOT_READY
+    elif seen.plan.ready and not not_ready:
+        why = None
+        outcome = STATUS_READY
+    else:
+        blocking = seen.plan.current or not_ready[0]
+        detail = seen.actual.get(blocking, (False, ""))[1]
+        why = (REASON_OPERAND_NOT_READY, rollout_message(seen.view, blocking, detail), False)
+        outcome = STATUS_NOT_READY
+    if why is None:
+        status = ready_status(
+            seen.namespace, generation=seen.generation, now=now, previous=seen.previous
+        )
+    else:
+        reason, message, error = why
+        status = not_ready_status(
+            seen.namespace,
+            reason=reason,
+            message=message,
+            error=error,
+            generation=seen.generation,
+            now=now,
+            previous=seen.previous,
+        )
+    components = component_states(seen.snapshot, seen.actual, seen.view)
+    status = status.model_copy(update={"rollout_state": seen.plan.state, "components": components})
+    return flag_unsupported(status, seen.model, seen.generation, now), outcome
+
+
+def invalid_status(
+    namespace: str,
+    model: ClusterPolicy | None,
+    problems: Sequence[str],
+    generation: int | None,
+    previous: ClusterPolicyStatus | None,
+    now: datetime,
+) -> ClusterPolicyStatus:
+    """The status of a policy that does not validate: notReady, with every problem."""
+    message = "invalid ClusterPolicy: " + "; ".join(problems)
+    status = not_ready_status(
+        namespace,
+        reason=REASON_INVALID_SPEC,
+        message=message[:32000],
+        error=True,
+        generation=generation,
+        now=now,
+        previous=previous,
+    )
+    return flag_unsupported(status, model, generation, now)
+
+
+def flag_unsupported(
+    status: ClusterPolicyStatus,
+    model: ClusterPolicy | None,
+    generation: int | None,
+    now: datetime,
+) -> ClusterPolicyStatus:
+    """Add the UnsupportedFields condition for what the policy sets but we ignore."""
+    fields = [str(f) for f in unsupported_fields(model.spec)] if model is not None else []
+    return with_unsupported_fields(status, fields, generation=generation, now=now)
+
+
+def component_states(
+    snapshot: Mapping[str, ComponentStatus],
+    actual: Mapping[str, tuple[bool, str]],
+    view: RolloutView,
+) -> list[ComponentState]:
+    """``status.components``: every state in rollout order, with node counts for the
+    ones that run pods on nodes."""
+    states: list[ComponentState] = []
+    for name in ROLLOUT_ORDER:
+        if not snapshot[name].enabled:
+            states.append(ComponentState(name=name, state="disabled"))
+            continue
+        ready, message = actual.get(name, (True, ""))
+        counts = view.counts.get(name)
+        states.append(
+            ComponentState(
+                name=name,
+                state="ready" if ready else "notReady",
+                message=message or None,
+                nodes_ready=counts.ready if counts else None,
+                nodes_not_ready=counts.not_ready if counts else None,
+                nodes_at=counts.at if counts else None,
+            )
+        )
+    return states
+
+
+def rollout_message(view: RolloutView, blocking: str, detail: str) -> str:
+    """The notReady message: stuck nodes (and where) first, then the first component,
+    in rollout order, that is not ready everywhere."""
+    component = f"{blocking} is not ready: {detail}"
+    return f"{view.message}; {component}" if view.message else component

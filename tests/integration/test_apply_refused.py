@@ -59,7 +59,7 @@ async def test_refused_object_becomes_status_event_and_metric_without_retry_loop
     await rest.apply(_refused_policy())
     run = Running(api_client)
     # Timer retries far away: every send of the refused object below is event-driven.
-    run.operator.refusal_retry_base = 3600.0
+    run.operator.applier.refusal_retry_base = 3600.0
     async with run:
         error = await eventually(lambda: _refusal_condition(rest), timeout=150)
         message = error["message"]

@@ -13,7 +13,7 @@ import yaml
 
 import crd
 from components import COMPONENTS, RenderContext, rbac
-from gpuop.controller._operator import _OWNED_CLUSTER, _OWNED_NAMESPACED
+from gpuop.controller._owned import OWNED_CLUSTER, OWNED_NAMESPACED
 from gpuop.rest import Kind
 from tests.integration.helm_chart import (
     CHART,
@@ -344,7 +344,7 @@ def test_operator_holds_what_it_does_and_what_it_grants_nothing_more() -> None:
     need(True, "nvidia.com", "nvidiadrivers/status", ["patch"])
     need(False, "", "pods", ["list", "watch"])
     need(False, "apps", "controllerrevisions", ["list", "watch"])
-    for kind in _OWNED_NAMESPACED:
+    for kind in OWNED_NAMESPACED:
         need(False, _group(kind), kind.plural, ["list", "watch", "create", "patch", "delete"])
     # Driver upgrades (cordon is a node patch): evict or delete GPU pods anywhere.
     need(True, "", "pods", ["delete"])
@@ -361,11 +361,11 @@ def test_operator_holds_what_it_does_and_what_it_grants_nothing_more() -> None:
     cluster_named = {
         (o["kind"], o["metadata"]["name"]) for o in objects if "namespace" not in o["metadata"]
     }
-    for kind in _OWNED_CLUSTER:
+    for kind in OWNED_CLUSTER:
         assert {k for k, _ in cluster_named} >= {kind.kind} or kind.kind == "RuntimeClass"
         need(True, _group(kind), kind.plural, ["list", "watch", "create"])
     for kind_name, name in cluster_named:
-        kind = next(k for k in _OWNED_CLUSTER if k.kind == kind_name)
+        kind = next(k for k in OWNED_CLUSTER if k.kind == kind_name)
         need(True, _group(kind), kind.plural, ["patch", "delete"], name)
     for obj in objects:
         if obj["kind"] in ("ClusterRole", "Role"):

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from gpuop.controller._operator import _new_error
+from gpuop.controller._policy_status import _new_error
 from gpuop.controller._status import (
     REFUSAL_RETRY_CAP,
     Refusal,

@@ -183,7 +183,7 @@ sys.meta_path.insert(0, Patched())
 import components as c
 import crd
 from components import rbac
-from gpuop.controller import _operator, _owned
+from gpuop.controller import _owned
 from gpuop.rest import kind_of
 from statemachine.rollout import ROLLOUT_ORDER, ComponentStatus, plan_rollout
 
@@ -196,9 +196,9 @@ gpu = {"feature.node.kubernetes.io/pci-10de.present": "true"}
 policy = crd.default_policy().spec
 out["labels_eligible"] = c.node_label_changes({**gpu, "example.com/dummy": "true"}, policy)
 out["labels_other"] = c.node_label_changes(gpu, policy)
-out["owned"] = sorted(k.kind for k in _operator._OWNED_NAMESPACED)
+out["owned"] = sorted(k.kind for k in _owned.OWNED_NAMESPACED)
 out["watched"] = sorted(k.kind for k in _owned.ALWAYS_WATCHED)
-out["pruned"] = _operator._OWNED_KINDS["PodDisruptionBudget"].plural
+out["pruned"] = _owned.OWNED_BY_NAME["PodDisruptionBudget"].plural
 ctx = c.RenderContext(namespace="ns", operator_image="x")
 (obj,) = c.component_by_name("dummy-operand").objects(policy, ctx)
 out["rest_path"] = kind_of(obj).collection("ns")

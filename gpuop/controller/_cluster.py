@@ -1,0 +1,223 @@
+"""The cluster pass (key ``cluster``): one ClusterPolicy in, every operand object out.
+
+It takes the active policy, renders every enabled component, holds the ClusterPolicy's
+driver back while NVIDIADrivers hand nodes over, applies what changed, prunes what no
+component wants, and writes a status assembled by a pure function
+(:func:`gpuop.controller._status.cluster_status`) from what it observed: per-component
+readiness, per-node rollout counts, refusals and whether NFD has labelled any node.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from components import COMPONENTS, RenderContext, node_facts
+from components.driver import NAME as DRIVER_COMPONENT
+from components.hashing import with_hash
+from components.keys import NFD_GPU_LABELS
+from components.kinds import SERVICE_MONITOR
+from components.labels import any_mig_capable, is_gpu_node
+from components.readiness import component_ready
+from crd import ClusterPolicySpec
+from gpuop.controller._active import ActivePolicy
+from gpuop.controller._apply import Applier, owned_by, owner_reference
+from gpuop.controller._config import OperatorConfig
+from gpuop.controller._memo import VersionMemo
+from gpuop.controller._nodes import labels
+from gpuop.controller._owned import OptionalWatches, rest_kind
+from gpuop.controller._policy_status import PolicyStatusWriter, generation, now
+from gpuop.controller._rollout_status import RolloutReports, Timers
+from gpuop.controller._rollout_view import NodeRollouts, RolloutView
+from gpuop.controller._status import (
+    POLICY,
+    ClusterObservation,
+    cluster_status,
+    invalid_status,
+    parse_status,
+)
+from gpuop.informer import Informer, Obj
+from gpuop.log import get_logger
+from gpuop.metrics import STATUS_ERROR, STATUS_NO_POLICY, STATUS_READY, OperatorMetrics
+from gpuop.rest import Rest
+from statemachine.rollout import ComponentStatus, plan_rollout
+
+if TYPE_CHECKING:
+    from gpuop.controller._nvidiadriver import NVIDIADrivers
+
+log = get_logger(__name__)
+
+Desired = dict[str, list[Obj]]
+"""Each component's desired objects, by component name (every component, maybe [])."""
+_SERVICE_MONITOR = rest_kind(SERVICE_MONITOR)
+
+
+@dataclass(kw_only=True)
+class ClusterReconciler:
+    """The cluster pass over the operator's caches; keeps only the ServiceMonitor probe."""
+
+    config: OperatorConfig
+    rest: Rest
+    metrics: OperatorMetrics
+    nodes: Informer
+    daemonsets: Informer
+    active_policy: ActivePolicy
+    applier: Applier
+    status: PolicyStatusWriter
+    rollouts: NodeRollouts
+    reports: RolloutReports
+    nvd: NVIDIADrivers
+    watches: OptionalWatches
+    timers: Timers
+    _service_monitors: VersionMemo[str, bool] = field(default_factory=VersionMemo, init=False)
+
+    async def reconcile(self) -> None:
+        self.metrics.reconciliation_total.inc()
+        try:
+            await self._reconcile()
+        except Exception:
+            self.metrics.reconciliation_failed_total.inc()
+            self.metrics.reconciliation_status.set(STATUS_ERROR)
+            raise
+
+    async def _reconcile(self) -> None:
+        nodes = self.nodes.values()
+        gpu_nodes = [n for n in nodes if is_gpu_node(labels(n))]
+        has_nfd = any(any(k in labels(n) for k in NFD_GPU_LABELS) for n in nodes)
+        self.metrics.gpu_nodes_total.set(len(gpu_nodes))
+        self.metrics.reconciliation_has_nfd_labels.set(1 if has_nfd else 0)
+
+        raw, model, problems = self.active_policy()
+        if raw is None:
+            self.metrics.reconciliation_status.set(STATUS_NO_POLICY)
+            await self.applier.prune([])
+            return
+        await self.status.mark_ignored(raw["metadata"]["name"])
+        previous = parse_status(raw)
+        gen = generation(raw)
+        if model is None or problems:
+            status = invalid_status(self.config.namespace, model, problems, gen, previous, now())
+            await self.status.write(raw, status)
+            self.metrics.reconciliation_status.set(STATUS_ERROR)
+            log.warning(
+                "ClusterPolicy is invalid", policy=raw["metadata"]["name"], problems=problems
+            )
+            return
+
+        spec = model.spec
+        self.metrics.driver_auto_upgrade_enabled.set(
+            1 if spec.driver.enabled and spec.driver.upgrade_policy.auto_upgrade else 0
+        )
+        desired = await self._render(raw, spec, gpu_nodes)
+        held = self.nvd.holds_policy_driver()
+        if held:
+            # NVIDIADriver pods still run: the ClusterPolicy's driver waits until they left.
+            desired[DRIVER_COMPONENT] = [
+                o for o in desired[DRIVER_COMPONENT] if o["kind"] != "DaemonSet"
+            ]
+        view = self.rollouts.view(desired, gpu_nodes)
+        snapshot, actual = self._components(desired, spec, held, view)
+
+        # Every enabled component at once, as upstream: each node orders itself (init
+        # containers wait for its validation files), so a stuck node holds back only
+        # itself. The fleet machine below only summarises where the fleet stands.
+        plan = plan_rollout(snapshot, previous.rollout_state if previous else None)
+        objects = [o for objs in desired.values() for o in objs]
+        refused = await self.applier.apply_all(objects)
+        await self.applier.prune(objects)
+        await self.reports.release_abandoned(gpu_nodes, desired)
+        self.reports.schedule(view, self.timers)
+
+        seen = ClusterObservation(
+            namespace=self.config.namespace,
+            model=model,
+            generation=gen,
+            previous=previous,
+            plan=plan,
+            snapshot=snapshot,
+            actual=actual,
+            view=view,
+            refused=refused,
+            has_nfd=has_nfd,
+        )
+        status, outcome = cluster_status(seen, now())
+        if refused:
+            self.metrics.reconciliation_failed_total.inc()
+        self.metrics.reconciliation_status.set(outcome)
+        if outcome == STATUS_READY:
+            self.metrics.reconciliation_last_success.set(time.time())
+        await self.reports.announce(raw, view)
+        await self.status.write(raw, status)
+
+    async def _render(self, raw: Obj, spec: ClusterPolicySpec, gpu_nodes: list[Obj]) -> Desired:
+        """Every component's objects, owned by the policy and carrying their hash."""
+        ctx = RenderContext(
+            namespace=self.config.namespace,
+            operator_image=self.config.operator_image,
+            mig_capable=any_mig_capable(labels(n) for n in gpu_nodes),
+            service_monitor_crd=await self._has_service_monitors(raw),
+            gpu_nodes=tuple(
+                node_facts(n) for n in sorted(gpu_nodes, key=lambda n: n["metadata"]["name"])
+            ),
+        )
+        owner = owner_reference(POLICY.api_version, POLICY.kind, raw["metadata"])
+        return {
+            c.name: [with_hash(owned_by(o, owner)) for o in c.objects(spec, ctx)]
+            for c in COMPONENTS
+        }
+
+    def _components(
+        self, desired: Desired, spec: ClusterPolicySpec, held: bool, view: RolloutView
+    ) -> tuple[dict[str, ComponentStatus], dict[str, tuple[bool, str]]]:
+        """Each component as the rollout machine sees it, and each enabled one's
+        (ready, message): applied, its objects ready, on every node it should run on."""
+        snapshot: dict[str, ComponentStatus] = {}
+        actual: dict[str, tuple[bool, str]] = {}
+        daemonsets = {d["metadata"]["name"]: d for d in self.daemonsets.values()}
+        for comp in COMPONENTS:
+            objs = desired[comp.name]
+            if not objs:
+                snapshot[comp.name] = ComponentStatus(enabled=False)
+                continue
+            applied = all(not self.applier.needs_apply(o) for o in objs)
+            ready, message = component_ready(objs, daemonsets)
+            if not applied:
+                ready, message = False, "applying"
+            if comp.name == DRIVER_COMPONENT:
+                ready, message = self._driver_handover(spec, held, ready, message)
+            ready, message = view.component(comp.name, ready, message)
+            actual[comp.name] = (ready, message)
+            snapshot[comp.name] = ComponentStatus(enabled=True, ready=ready, message=message)
+        return snapshot, actual
+
+    def _driver_handover(
+        self, spec: ClusterPolicySpec, held: bool, ready: bool, message: str
+    ) -> tuple[bool, str]:
+        """The driver state while NVIDIADrivers are involved: not ready while their pods
+        are being replaced by the ClusterPolicy's, or while one of their upgrades is
+        pending, running or failed (as upstream)."""
+        if held and not spec.driver.use_nvidia_driver_crd:
+            return False, "waiting for NVIDIADriver driver pods to leave"
+        upgrading = self.nvd.upgrade_incomplete() if spec.driver.use_nvidia_driver_crd else []
+        if upgrading:
+            more = f" and {len(upgrading) - 3} more" if len(upgrading) > 3 else ""
+            return (
+                False,
+                f"NVIDIADriver upgrade in progress or failed on {', '.join(upgrading[:3])}{more}",
+            )
+        return ready, message
+
+    async def _has_service_monitors(self, raw: Obj) -> bool:
+        """Whether the Prometheus operator's ServiceMonitor API is served (discovery,
+        which every authenticated client may read). Asked once per policy version,
+        never on a timer."""
+
+        async def probe() -> bool:
+            found = await self.rest.api_group_exists(_SERVICE_MONITOR.api_version)
+            self.watches.served(_SERVICE_MONITOR, found)
+            return found
+
+        # Keyed by generation, not resourceVersion: status writes bump that.
+        version = str(raw["metadata"].get("generation"))
+        return await self._service_monitors.aget(_SERVICE_MONITOR.kind, version, probe)

@@ -1,0 +1,124 @@
+"""The node passes: each node's deploy labels and driver-upgrade step (key
+``node/<name>``), and the fleet pass that grants upgrade slots (key ``upgrades``).
+
+Kept apart from the cluster pass because they scale with the fleet: a node pass reads
+one node and its pods, and only the serial fleet pass looks at every node, once per
+budget (the ClusterPolicy's, and each NVIDIADriver's under its own upgradePolicy).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from components.labels import is_gpu_node, node_label_changes
+from crd import OWNER_LABEL
+from gpuop.controller._active import ActivePolicy
+from gpuop.controller._keys import UPGRADES_KEY, node_key
+from gpuop.controller._nodes import labels
+from gpuop.controller._rollout_gate import RolloutGate
+from gpuop.controller._upgrade import Upgrades, policy_view, requeue_after
+from gpuop.informer import Informer, Obj
+from gpuop.log import get_logger
+from gpuop.rest import Rest, by_kind
+from statemachine import Action, UpgradePolicyView
+from statemachine.upgrade_keys import STATE_LABEL
+
+if TYPE_CHECKING:
+    from gpuop.controller._nvidiadriver import NVIDIADrivers
+    from gpuop.workqueue import WorkQueue
+
+log = get_logger(__name__)
+
+NODE = by_kind("v1", "Node")
+
+
+@dataclass(kw_only=True)
+class NodeReconciler:
+    """Node and fleet passes over the operator's caches; remembers nothing itself."""
+
+    rest: Rest
+    nodes: Informer
+    queue: WorkQueue
+    active_policy: ActivePolicy
+    upgrades: Upgrades
+    gate: RolloutGate
+    nvd: NVIDIADrivers
+
+    async def reconcile_node(self, name: str) -> None:
+        node = self.nodes.get(name)
+        if node is None:
+            self.queue.forget(node_key(name))
+            return
+        raw, model, problems = self.active_policy()
+        if raw is not None and (model is None or problems):
+            return  # an invalid policy changes nothing on nodes; its status says why
+        spec = model.spec if model is not None else None
+        changes = node_label_changes(labels(node), spec)
+        if changes:
+            patched = await self.rest.merge_patch(
+                NODE, name, {"metadata": {"labels": dict(changes)}}
+            )
+            self.nodes.observe(patched)
+            log.info("node labels", node=name, changes=dict(changes))
+            self.queue.add(node_key(name))  # again, on the fresh labels
+            return
+        policy = policy_view(spec) if spec is not None else UpgradePolicyView()
+        app = self.nvd.driver_app(name)
+        owner = labels(node).get(OWNER_LABEL)
+        if owner:
+            # An NVIDIADriver drives this node: its own upgradePolicy applies.
+            policy = (self.nvd.upgrade_policies() or {}).get(owner) or UpgradePolicyView(
+                auto_upgrade=False
+            )
+        if not (policy.auto_upgrade and is_gpu_node(labels(node))):
+            if STATE_LABEL not in labels(node):
+                return
+            # Upgrades off, no policy (uninstall) or no longer a GPU node: the rulebook
+            # uncordons what we cordoned and removes our label and annotations.
+            policy = UpgradePolicyView(auto_upgrade=False)
+        newest = self.upgrades.newest_driver_revision(app) if app else None
+        decision = await self.upgrades.step(node, policy, newest)
+        delay = requeue_after(decision)
+        if delay is not None:
+            self.queue.add_after(node_key(name), delay)
+        else:
+            # No clock runs for the node now: drop a timer left from an earlier state
+            # (pod-restart's 600 s, say), or it fires for nothing and the queue never idles.
+            self.queue.forget(node_key(name))
+        if decision.has_patch or decision.action in (Action.CORDON, Action.UNCORDON):
+            self.queue.add(node_key(name))  # the next step may already be due
+        if decision.changed_state:
+            self.queue.add(UPGRADES_KEY)
+
+    async def reconcile_upgrades(self) -> None:
+        """Start upgrades over the whole fleet: the one writer of slots (persisted states)."""
+        raw, model, problems = self.active_policy()
+        if raw is None or model is None or problems:
+            return
+        spec = model.spec
+        # One budget per driver owner: the ClusterPolicy's nodes, and each
+        # NVIDIADriver's nodes under that resource's own upgradePolicy.
+        groups: dict[str | None, list[Obj]] = {}
+        for node in self.nodes.values():
+            groups.setdefault(labels(node).get(OWNER_LABEL), []).append(node)
+        policies: dict[str | None, UpgradePolicyView] = {None: policy_view(spec)}
+        policies.update(self.nvd.upgrade_policies() or {})
+        newest = self.upgrades.newest_driver_revision()
+        for owner, nodes in groups.items():
+            policy = policies.get(owner, UpgradePolicyView(auto_upgrade=False))
+            if not policy.auto_upgrade:
+                continue
+            held = None
+            if owner is None:  # canary and halt: the ClusterPolicy's own rollout
+                gate = await self.gate.reconcile(raw, spec, nodes, newest, self._revision_of)
+                held = gate.held
+            started, conflict = await self.upgrades.grant(nodes, policy, held)
+            for name in started:
+                self.queue.add(node_key(name))
+            if conflict:  # the cache was behind a node: count again once it caught up
+                self.queue.add_after(UPGRADES_KEY, 1.0)
+
+    def _revision_of(self, node: str) -> str | None:
+        pod = self.upgrades.driver_pod(node)
+        return pod.revision_hash if pod is not None else None
