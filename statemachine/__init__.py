@@ -5,11 +5,13 @@ an operator restarted at any moment computes the same decisions from the cluster
 
 How the controller (gpuop/controller) drives them:
 
-- Rollout (`cluster` key): a `ComponentStatus` for every name in `ROLLOUT_ORDER` (the
-  operand registry's order, components/registry.py) goes to `plan_rollout(snapshot,
-  previous=<status.rolloutState>)`; the objects of `plan.apply` are applied, owned objects
-  no enabled component renders any more are deleted, and `plan.state` with the
-  per-component states is written to the ClusterPolicy status when it differs.
+- Rollout (`cluster` key): every enabled component's objects are applied on every pass
+  and owned objects no enabled component renders any more are deleted. Each node's
+  progress through `NODE_ORDER` is observed with `node_rollout` (a stuck node holds back
+  only itself); `plan_rollout(snapshot, previous=<status.rolloutState>)` over a
+  `ComponentStatus` per name in `ROLLOUT_ORDER` (the operand registry's order) summarises
+  the fleet, and its `state` with the per-component states is written to the
+  ClusterPolicy status when it differs.
 - Upgrade slots (`upgrades` key, one serial pass over the fleet, one budget per driver
   owner): `select_nodes(...)` over `BudgetNode`s counts persisted in-progress states;
   each node in `selection.start` is started with `start_step(view, policy)`, one patch

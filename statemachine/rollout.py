@@ -1,10 +1,12 @@
-"""Cluster rollout: the upstream component order as an explicit state machine.
+"""Cluster rollout summary: where the fleet stands in the upstream component order.
 
-The controller feeds one snapshot per reconcile pass (component -> enabled/ready).
-The machine starts where the last pass left it (from the ClusterPolicy status),
-first rewinds to the earliest component that is no longer settled, then advances
-through ready or disabled components and stops at the first one that is enabled
-but not ready. Nothing is remembered between calls: the caller persists `state`.
+The controller applies every enabled component on every pass (each node orders itself,
+see :mod:`statemachine.node_rollout`); this machine only says which component the fleet
+as a whole is at, for `status.state` and its message. It is fed one snapshot per pass
+(component -> enabled/ready), starts where the last pass left it (from the ClusterPolicy
+status), first rewinds to the earliest component that is no longer settled, then
+advances through ready or disabled components and stops at the first one that is
+enabled but not ready. Nothing is remembered between calls: the caller persists `state`.
 """
 
 from __future__ import annotations
@@ -20,8 +22,7 @@ from components import registry
 from statemachine._fsm import MachineDef, SharedMachine, StateDef, TransitionDef, named
 
 ROLLOUT_ORDER: tuple[str, ...] = registry.ROLLOUT_ORDER
-"""Upstream state order, the operand registry's: a component is only rolled out after all
-earlier ones settle."""
+"""Upstream state order, the operand registry's: the order status reports components in."""
 
 ROLLOUT_COMPLETE = "ready"
 """Terminal machine state: every component is ready or disabled."""
@@ -74,7 +75,6 @@ class RolloutPlan:
     current: str | None
     done: tuple[str, ...]
     pending: tuple[str, ...]
-    apply: tuple[str, ...]
     disabled: tuple[str, ...]
     progress: tuple[StateProgress, ...]
     moved_back: bool
@@ -201,7 +201,6 @@ def plan_rollout(
         current=current,
         done=done,
         pending=pending,
-        apply=tuple(n for n in ROLLOUT_ORDER[: cut + 1] if n in snapshot and snapshot[n].enabled),
         disabled=tuple(n for n in ROLLOUT_ORDER if not snapshot[n].enabled),
         progress=tuple(progress),
         moved_back=any(trigger == "rewind" for trigger, _, _ in hops),

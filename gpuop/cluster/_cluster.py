@@ -16,6 +16,7 @@ import shutil
 import socket
 import ssl
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -33,7 +34,7 @@ from gpuop.progress import Progress
 
 from . import _procs
 from ._build import KWOK_STAGES, ensure_binaries
-from ._errors import ClusterError
+from ._errors import ClusterError, PortTaken
 from ._nodes import LEGACY_SIMULATED_LABEL, SIMULATED_LABEL, node_manifests
 from ._stages import WORKLOAD_COMPLETE_STAGE
 from ._versions import BinaryPaths, Versions
@@ -80,6 +81,10 @@ class ClientTuning:
     #: behind; a node marked NotReady for a moment leaves its pods not Ready for
     #: good (no kubelet to set them Ready again), so big runs raise this.
     node_monitor_grace_period: str | None = None
+
+
+PORT_ATTEMPTS = 3
+"""How many times ``up`` starts over when a port it picked was taken meanwhile."""
 
 
 def _free_port() -> int:
@@ -262,16 +267,27 @@ class LocalCluster:
                 "use it, or stop it first with `gpuop cluster down`",
             )
         self.down()
-        port = _check_port(apiserver_port) if apiserver_port else _free_port()
         bins = ensure_binaries(self.versions)
-        self._claim()
-        try:
-            info = self._start(bins, port, tie_to_parent)
-            asyncio.run(self._populate(nodes, gpu_nodes))
-        except BaseException:
-            self.down()
-            raise
-        return info
+        # Ports we picked ourselves may be taken by another process before ours binds
+        # them (parallel clusters, test runs): start again on fresh ones, a few times.
+        attempts = 1 if apiserver_port else PORT_ATTEMPTS
+        for attempt in range(1, attempts + 1):
+            port = _check_port(apiserver_port) if apiserver_port else _free_port()
+            self._claim()
+            try:
+                info = self._start(bins, port, tie_to_parent)
+                asyncio.run(self._populate(nodes, gpu_nodes))
+            except PortTaken as err:
+                self.down()
+                if attempt == attempts:
+                    raise
+                print(f"{err.cause}; starting again on other ports", file=sys.stderr)
+                continue
+            except BaseException:
+                self.down()
+                raise
+            return info
+        raise AssertionError("unreachable")
 
     def _spawn(self, name: str, argv: list[str], tie_to_parent: bool) -> None:
         proc, record = _procs.spawn(name, argv, self._log(name), dict(os.environ), tie_to_parent)
@@ -531,7 +547,7 @@ class LocalCluster:
             tail = log.read_text(errors="replace").strip().splitlines()[-5:] if log.exists() else []
             text = " | ".join(tail)
             if "address already in use" in text:
-                raise ClusterError(
+                raise PortTaken(
                     f"{record.name} could not bind its port: address already in use",
                     "another process took the port; stop it or run again",
                 )

@@ -14,3 +14,8 @@ class ClusterError(Exception):
         self.cause = cause
         self.hint = hint
         super().__init__(f"{cause} — {hint}" if hint else cause)
+
+
+class PortTaken(ClusterError):
+    """A process could not bind the port chosen for it: another took it in between
+    (free ports are picked by binding port 0, then released), so a retry picks anew."""

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from components import COMPONENTS, RenderContext, node_facts
+from components import COMPONENTS, RenderContext, desired_objects, node_facts
 from components.driver import NAME as DRIVER_COMPONENT
 from components.hashing import with_hash
 from components.keys import NFD_GPU_LABELS
@@ -163,8 +163,8 @@ class ClusterReconciler:
         )
         owner = owner_reference(POLICY.api_version, POLICY.kind, raw["metadata"])
         return {
-            c.name: [with_hash(owned_by(o, owner)) for o in c.objects(spec, ctx)]
-            for c in COMPONENTS
+            name: [with_hash(owned_by(o, owner)) for o in objs]
+            for name, objs in desired_objects(spec, ctx).items()
         }
 
     def _components(

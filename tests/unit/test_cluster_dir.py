@@ -121,3 +121,62 @@ def test_a_file_in_place_of_the_directory_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ClusterError, match="is not a directory"):
         cluster._claim()
     assert path.read_text() == "x"
+
+
+def _fake_start(monkeypatch: pytest.MonkeyPatch, taken: int) -> tuple[list[int], list[str]]:
+    """``up`` without processes: the first ``taken`` starts find their port taken."""
+    from gpuop.cluster import _cluster
+    from gpuop.cluster._errors import PortTaken
+
+    ports: list[int] = []
+    events: list[str] = []
+
+    def start(self: LocalCluster, bins: object, port: int, tie: bool) -> object:
+        ports.append(port)
+        events.append(f"start marker={(self.directory / MARKER).is_file()}")
+        if len(ports) <= taken:
+            raise PortTaken("kube-apiserver could not bind its port: address already in use")
+        return "info"
+
+    async def populate(self: LocalCluster, nodes: int, gpu_nodes: int) -> None:
+        events.append("populate")
+
+    monkeypatch.setattr(_cluster, "ensure_binaries", lambda versions: None)
+    monkeypatch.setattr(LocalCluster, "_start", start)
+    monkeypatch.setattr(LocalCluster, "_populate", populate)
+    return ports, events
+
+
+def test_up_starts_again_on_fresh_ports_when_one_was_taken(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ports, events = _fake_start(monkeypatch, taken=2)
+    cluster = LocalCluster(tmp_path / "c")
+    assert cluster.up(nodes=2, gpu_nodes=1) == "info"  # type: ignore[comparison-overlap]
+    assert events == ["start marker=True"] * 3 + ["populate"]
+    assert len(ports) == 3
+
+
+def test_up_gives_up_after_the_attempts_and_cleans_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpuop.cluster._cluster import PORT_ATTEMPTS
+
+    ports, _ = _fake_start(monkeypatch, taken=PORT_ATTEMPTS)
+    cluster = LocalCluster(tmp_path / "c")
+    with pytest.raises(ClusterError, match="address already in use"):
+        cluster.up(nodes=2, gpu_nodes=1)
+    assert len(ports) == PORT_ATTEMPTS
+    assert not cluster.directory.exists()
+
+
+def test_a_port_given_by_the_user_is_not_retried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpuop.cluster import _cluster
+
+    ports, _ = _fake_start(monkeypatch, taken=1)
+    monkeypatch.setattr(_cluster, "_check_port", lambda port: port)
+    with pytest.raises(ClusterError, match="address already in use"):
+        LocalCluster(tmp_path / "c").up(nodes=2, gpu_nodes=1, apiserver_port=16443)
+    assert ports == [16443]

@@ -69,7 +69,6 @@ def test_all_ready_reaches_the_end() -> None:
     assert plan.current is None
     assert plan.done == ROLLOUT_ORDER
     assert plan.pending == ()
-    assert plan.apply == ROLLOUT_ORDER
     assert plan.message == "all components ready"
     assert plan.triggers == ("advance",) * len(ROLLOUT_ORDER)
     assert {p.phase for p in plan.progress} == {StatePhase.READY}
@@ -82,7 +81,6 @@ def test_stops_at_first_enabled_not_ready_state() -> None:
     assert plan.state == "container-toolkit"
     assert plan.done == ("pre-requisites", "operator-metrics", "driver")
     assert plan.pending == ROLLOUT_ORDER[4:]
-    assert plan.apply == ("pre-requisites", "operator-metrics", "driver", "container-toolkit")
     assert plan.message == "container-toolkit is not ready: container-toolkit pods unavailable"
     phases = {p.name: p.phase for p in plan.progress}
     assert phases["driver"] is StatePhase.READY
@@ -96,8 +94,6 @@ def test_disabled_states_are_passed_and_listed_for_deletion() -> None:
     plan = plan_rollout(snapshot(disabled=("driver", "mig-manager"), not_ready=("driver",)))
     assert plan.ready is True
     assert plan.disabled == ("driver", "mig-manager")
-    assert "driver" not in plan.apply
-    assert "mig-manager" not in plan.apply
     phases = {p.name: p.phase for p in plan.progress}
     assert phases["driver"] is StatePhase.DISABLED
     assert phases["mig-manager"] is StatePhase.DISABLED
