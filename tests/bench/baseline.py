@@ -14,7 +14,14 @@ import time
 from typing import Any
 
 import crd
-from components import RenderContext, any_mig_capable, desired_objects, node_label_changes
+from components import (
+    RenderContext,
+    any_mig_capable,
+    desired_objects,
+    node_facts,
+    node_label_changes,
+)
+from components.labels import is_gpu_node
 from crd import parse_policy
 from gpuop.cluster import SIMULATED_LABEL
 from gpuop.controller import OperatorConfig
@@ -25,14 +32,18 @@ from ._harness import DS, NAMESPACE, NODE, BenchCluster, Settings
 
 
 def _ds_ready(ds: dict[str, Any]) -> bool:
+    """Every pod it wants updated and Ready, once its controller has seen it: a DaemonSet
+    no node is labelled for (the MPS control daemon without MPS sharing) wants 0 and is
+    ready as soon as it is observed, as the operator counts it."""
     status = ds.get("status") or {}
     want = status.get("desiredNumberScheduled", -1)
     return bool(
         status.get("observedGeneration") == ds["metadata"].get("generation")
-        and want > 0
-        and status.get("numberReady") == want
-        and status.get("updatedNumberScheduled") == want
-        and status.get("numberAvailable") == want
+        and want >= 0
+        # Counts of zero are left out of the status.
+        and status.get("numberReady", 0) == want
+        and status.get("updatedNumberScheduled", 0) == want
+        and status.get("numberAvailable", 0) == want
     )
 
 
@@ -52,6 +63,12 @@ async def run_once(settings: Settings, gpu_nodes: int, timeout: float) -> dict[s
             operator_image=OperatorConfig().operator_image,
             mig_capable=any_mig_capable(n["metadata"].get("labels", {}) for n in nodes),
             service_monitor_crd=False,
+            # As the operator renders: the driver DaemonSet per OS pool of the GPU nodes.
+            gpu_nodes=tuple(
+                node_facts(n)
+                for n in sorted(nodes, key=lambda n: n["metadata"]["name"])
+                if is_gpu_node(n["metadata"].get("labels", {}))
+            ),
         )
         objects = [o for objs in desired_objects(spec, ctx).values() for o in objs]
         n_ds = sum(1 for o in objects if o["kind"] == "DaemonSet")
