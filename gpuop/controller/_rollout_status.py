@@ -14,8 +14,9 @@ from collections.abc import Iterable, Mapping
 from typing import Protocol
 
 from gpuop.controller._policy_status import policy_ref, stored_condition
-from gpuop.controller._rollout_view import NodeRollouts, Obj, RolloutView, rolls_out
+from gpuop.controller._rollout_view import NodeRollouts, RolloutView, rolls_out
 from gpuop.events import EventRecorder
+from gpuop.informer import Obj
 from gpuop.log import get_logger
 from gpuop.metrics import OperatorMetrics
 from gpuop.rest import Rest, by_kind

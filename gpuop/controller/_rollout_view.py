@@ -22,7 +22,7 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
-from gpuop.informer import Informer
+from gpuop.informer import Informer, Obj
 from gpuop.log import get_logger
 from statemachine.node_rollout import (
     NODE_DONE,
@@ -42,7 +42,6 @@ from statemachine.upgrade_keys import DRIVER_REVISION_LABEL
 
 log = get_logger(__name__)
 
-Obj = dict[str, Any]
 DEFAULT_NODE_STUCK_SECONDS = 600.0
 """A node waiting this long for a pod that is missing or not Ready is stuck. Upstream's
 validator gives a driver 600 s too; a driver container that compiles its modules takes

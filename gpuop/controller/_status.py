@@ -10,7 +10,6 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from crd import (
     REASON_INVALID_SPEC,
@@ -31,12 +30,11 @@ from crd import (
     format_time as format_condition_time,
 )
 from gpuop.controller._rollout_view import RolloutView
-from gpuop.informer import Informer
+from gpuop.informer import Informer, Obj
 from gpuop.metrics import STATUS_ERROR, STATUS_NOT_READY, STATUS_READY
 from gpuop.rest import Rest, by_kind
 from statemachine.rollout import ROLLOUT_ORDER, ComponentStatus, RolloutPlan
 
-Obj = dict[str, Any]
 POLICY = by_kind("nvidia.com/v1", "ClusterPolicy")
 
 
