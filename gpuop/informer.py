@@ -88,6 +88,9 @@ class ResourceSpec:
     #: Items per LIST page. A page is parsed whole before it is trimmed, so for a
     #: big, heavily trimmed kind (pods) smaller pages lower the startup peak.
     page_size: int = 500
+    #: Record which index keys changed, for ``Informer.index_changes`` (opt-in: a set
+    #: nobody drains would grow with every key ever seen).
+    track_index_changes: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -106,6 +109,9 @@ class Informer:
         self.silence = silence
         self.store: dict[str, Obj] = {}
         self._index: dict[Any, list[Obj]] = {}
+        #: Index keys whose bucket changed since the last ``index_changes()``: lets a
+        #: reader redo only what changed (the per-node rollout view, pods by node).
+        self._index_changed: set[Any] = set()
         #: key -> (uid, deletion resourceVersion, monotonic time), oldest first.
         self._tombstones: OrderedDict[str, tuple[str, str, float]] = OrderedDict()
         self._retry = Retry(retry)
@@ -126,6 +132,13 @@ class Informer:
     def indexed(self, value: Any) -> list[Obj]:
         """Objects whose index key is ``value`` (O(1), not a scan of the store)."""
         return list(self._index.get(value, ()))
+
+    def index_changes(self) -> set[Any]:
+        """Index keys whose objects changed (put, replaced or dropped, by the watch, a
+        relist or :meth:`observe`) since the last call; the set is then started anew.
+        Only one reader may use it: a second would miss what the first took."""
+        changed, self._index_changed = self._index_changed, set()
+        return changed
 
     def unavailable_for(self, now: float | None = None) -> float:
         """Seconds this informer has been unable to list or watch (0 while it can)."""
@@ -175,6 +188,8 @@ class Informer:
             ikey = self.spec.index(obj)
             if ikey is not None:
                 self._index.setdefault(ikey, []).append(obj)
+                if self.spec.track_index_changes:
+                    self._index_changed.add(ikey)
 
     def _drop(self, key: str) -> Obj | None:
         old = self.store.pop(key, None)
@@ -182,6 +197,8 @@ class Informer:
             ikey = self.spec.index(old)
             bucket = self._index.get(ikey)
             if bucket is not None:
+                if self.spec.track_index_changes:
+                    self._index_changed.add(ikey)
                 # Buckets hold one or two objects (a pod per node and app), so a
                 # list (64 bytes) rather than a dict (184); removal is by identity.
                 bucket[:] = [o for o in bucket if o is not old]
@@ -265,6 +282,8 @@ class Informer:
             elif _older(listed, held):
                 items[key] = held
         self.store = {}
+        if self.spec.track_index_changes:
+            self._index_changed.update(self._index)  # what the relist dropped, too
         self._index = {}
         for key, obj in items.items():
             self._put(key, obj)

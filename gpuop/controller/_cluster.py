@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from components import COMPONENTS, RenderContext, desired_objects, node_facts
+from components import COMPONENTS, NodeFacts, RenderContext, desired_objects, node_facts
 from components.driver import NAME as DRIVER_COMPONENT
 from components.hashing import with_hash
 from components.keys import NFD_GPU_LABELS
@@ -51,6 +51,9 @@ log = get_logger(__name__)
 Desired = dict[str, list[Obj]]
 """Each component's desired objects, by component name (every component, maybe [])."""
 _SERVICE_MONITOR = rest_kind(SERVICE_MONITOR)
+COALESCE_MIN_S = 0.1
+COALESCE_MAX_S = 2.0
+COALESCE_FACTOR = 20.0
 
 
 @dataclass(kw_only=True)
@@ -71,15 +74,31 @@ class ClusterReconciler:
     watches: OptionalWatches
     timers: Timers
     _service_monitors: VersionMemo[str, bool] = field(default_factory=VersionMemo, init=False)
+    _pass_cpu_s: float = field(default=0.0, init=False)
+    _rendered: tuple[tuple[object, ...], Desired] | None = field(default=None, init=False)
+    _facts: dict[str, tuple[Obj, NodeFacts]] = field(default_factory=dict, init=False)
+
+    def coalesce_seconds(self) -> float:
+        """How long a pass waits after a progress event (a pod or an operand object
+        moved): events that arrive meanwhile are counted by the same pass. Scaled by
+        what the last pass cost, so the pass takes at most about 1/``COALESCE_FACTOR``
+        of a CPU during a rollout's event storm (CPU the control plane scheduling the
+        pods needs too) and status stays seconds behind at most."""
+        return min(COALESCE_MAX_S, max(COALESCE_MIN_S, COALESCE_FACTOR * self._pass_cpu_s))
 
     async def reconcile(self) -> None:
         self.metrics.reconciliation_total.inc()
+        cpu = time.thread_time()
         try:
             await self._reconcile()
         except Exception:
             self.metrics.reconciliation_failed_total.inc()
             self.metrics.reconciliation_status.set(STATUS_ERROR)
             raise
+        finally:
+            # Thread CPU, so awaiting the API server costs nothing; what other tasks
+            # ran during those awaits is counted too, which only lengthens the wait.
+            self._pass_cpu_s = time.thread_time() - cpu
 
     async def _reconcile(self) -> None:
         nodes = self.nodes.values()
@@ -151,21 +170,51 @@ class ClusterReconciler:
         await self.status.write(raw, status)
 
     async def _render(self, raw: Obj, spec: ClusterPolicySpec, gpu_nodes: list[Obj]) -> Desired:
-        """Every component's objects, owned by the policy and carrying their hash."""
+        """Every component's objects, owned by the policy and carrying their hash.
+
+        Rendered again only when its inputs changed (the policy's generation, the GPU
+        nodes' facts, the ServiceMonitor API): during a rollout the pass runs on every
+        pod change, and rendering and hashing every object each time cost most of its
+        CPU. Callers get a fresh mapping over the shared, never-mutated objects."""
+        facts = self._node_facts(gpu_nodes)
         ctx = RenderContext(
             namespace=self.config.namespace,
             operator_image=self.config.operator_image,
             mig_capable=any_mig_capable(labels(n) for n in gpu_nodes),
             service_monitor_crd=await self._has_service_monitors(raw),
-            gpu_nodes=tuple(
-                node_facts(n) for n in sorted(gpu_nodes, key=lambda n: n["metadata"]["name"])
-            ),
+            gpu_nodes=facts,
         )
-        owner = owner_reference(POLICY.api_version, POLICY.kind, raw["metadata"])
-        return {
-            name: [with_hash(owned_by(o, owner)) for o in objs]
-            for name, objs in desired_objects(spec, ctx).items()
-        }
+        meta = raw["metadata"]
+        key = (
+            meta.get("uid"),
+            meta.get("generation") or meta.get("resourceVersion"),
+            ctx.mig_capable,
+            ctx.service_monitor_crd,
+            facts,
+        )
+        if self._rendered is None or self._rendered[0] != key:
+            owner = owner_reference(POLICY.api_version, POLICY.kind, meta)
+            desired = {
+                name: [with_hash(owned_by(o, owner)) for o in objs]
+                for name, objs in desired_objects(spec, ctx).items()
+            }
+            self._rendered = (key, desired)
+        return {name: list(objs) for name, objs in self._rendered[1].items()}
+
+    def _node_facts(self, gpu_nodes: list[Obj]) -> tuple[NodeFacts, ...]:
+        """Each GPU node's facts in name order, read again only from a node object the
+        cache replaced since."""
+        known = self._facts
+        self._facts = {}
+        out = []
+        for node in sorted(gpu_nodes, key=lambda n: str(n["metadata"]["name"])):
+            name = str(node["metadata"]["name"])
+            entry = known.get(name)
+            if entry is None or entry[0] is not node:
+                entry = (node, node_facts(node))
+            self._facts[name] = entry
+            out.append(entry[1])
+        return tuple(out)
 
     def _components(
         self, desired: Desired, spec: ClusterPolicySpec, held: bool, view: RolloutView

@@ -90,7 +90,13 @@ class Operator:
 
         # Every operand pod: the per-node rollout reads each component's pod.
         self.pods = managed_cache(
-            "pods", POD, self._on_pod, transform=trim_pod, index=pod_index, page_size=100
+            "pods",
+            POD,
+            self._on_pod,
+            transform=trim_pod,
+            index=pod_index,
+            page_size=100,
+            track_index_changes=True,  # the per-node view redoes only changed nodes
         )
         self.revisions = managed_cache(
             "controllerrevisions", REVISION, self._on_revision, transform=trim_revision
@@ -239,7 +245,9 @@ class Operator:
         assert obj is not None
         if event == "DELETED":
             self.applier.deleted(object_key(obj, kind.kind))
-        self.queue.add(CLUSTER_KEY)
+            self.queue.add(CLUSTER_KEY)  # put back at once
+        else:
+            self._progress()  # mostly DaemonSet status during a rollout
         if nvd_owner(obj) is not None or is_policy_driver(obj["metadata"]["name"]):
             self.queue.add(NVD_KEY)  # NVIDIADriver status, and the driver hand-over
 
@@ -247,7 +255,7 @@ class Operator:
         pod = new or old
         assert pod is not None
         if pod_facts(old) != pod_facts(new):
-            self.queue.add(CLUSTER_KEY)  # where that node stands in the rollout
+            self._progress()  # where that node stands in the rollout
         node = (pod.get("spec") or {}).get("nodeName")
         app = (pod["metadata"].get("labels") or {}).get("app")
         if node and app in WATCHED_APPS:
@@ -256,6 +264,12 @@ class Operator:
             is_driver = (pod["metadata"].get("labels") or {}).get("app") == DRIVER_DS
             if is_driver and event != "MODIFIED":
                 self.queue.add(UPGRADES_KEY)
+
+    def _progress(self) -> None:
+        """Something the cluster pass only counts moved: run it soon, coalescing the
+        storm of pod and DaemonSet status events a rollout brings (see
+        ``ClusterReconciler.coalesce_seconds``)."""
+        self.queue.add_after(CLUSTER_KEY, self.cluster.coalesce_seconds())
 
     def _on_revision(self, event: str, old: Obj | None, new: Obj | None) -> None:
         # A new driver revision may start upgrades on every GPU node.

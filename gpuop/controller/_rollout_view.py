@@ -76,6 +76,16 @@ class _Daemon:
     revision_time: float
 
 
+@dataclass(frozen=True, slots=True)
+class _Seen:
+    """One node's observation and the labels it was made with (compared by identity:
+    the node cache replaces the mapping whenever the node changes)."""
+
+    labels: Mapping[str, str]
+    pods: Mapping[str, PodState]
+    since: Mapping[str, float]
+
+
 @dataclass
 class RolloutView:
     """What one pass saw: per-component counts and the nodes stuck, by name."""
@@ -118,23 +128,42 @@ class NodeRollouts:
         self._clock = clock
         self._last_done: dict[str, float] = {}
         self._states: dict[str, str] = {}
+        #: Each node's last observation, dropped when its pods change (a pure
+        #: function of its labels, its pods and the desired DaemonSets).
+        self._seen: dict[str, _Seen] = {}
+        self._daemons_seen: tuple[_Daemon, ...] = ()
 
     def view(self, desired: Mapping[str, Iterable[Obj]], gpu_nodes: Iterable[Obj]) -> RolloutView:
-        daemons = self._daemons(desired)
+        """Where every GPU node stands. Only nodes whose pods or labels changed since
+        the last view are observed again (the pod cache says which index keys
+        changed); a change of the desired DaemonSets or their revisions redoes all."""
+        daemons = tuple(self._daemons(desired))
+        if daemons != self._daemons_seen:
+            self._seen.clear()
+            self._daemons_seen = daemons
+            self._pods.index_changes()  # everything is observed again anyway
+        else:
+            for node_name, _app in self._pods.index_changes():
+                self._seen.pop(node_name, None)
         now = self._clock()
-        observed: dict[str, dict[str, PodState]] = {}
+        observed: dict[str, Mapping[str, PodState]] = {}
         steps: dict[str, NodeStep] = {}
         stuck: list[StuckNode] = []
         not_done: list[str] = []
         due: float | None = None
-        seen: set[str] = set()
+        names: set[str] = set()
         for node in gpu_nodes:
             meta = node["metadata"]
             name = str(meta["name"])
-            seen.add(name)
-            pods, since = self._observe(name, meta["labels"], daemons)
-            observed[name] = pods
-            step = node_step(pods, self._states.get(name))
+            names.add(name)
+            node_labels = meta["labels"]
+            seen = self._seen.get(name)
+            if seen is None or seen.labels is not node_labels:
+                pods, since = self._observe(name, node_labels, daemons)
+                seen = _Seen(node_labels, pods, since)
+                self._seen[name] = seen
+            observed[name] = seen.pods
+            step = node_step(seen.pods, self._states.get(name))
             steps[name] = step
             if step.moved_back:
                 log.debug("node rollout moved back", node=name, state=step.state)
@@ -144,7 +173,7 @@ class NodeRollouts:
                 continue
             not_done.append(name)
             start = max(
-                since.get(step.state, float("-inf")),
+                seen.since.get(step.state, float("-inf")),
                 _epoch(meta.get("creationTimestamp")),
                 self._last_done.get(name, float("-inf")),
             )
@@ -156,9 +185,11 @@ class NodeRollouts:
                 stuck.append(StuckNode(name, step.state, step.waiting))
             elif due is None or at - now < due:
                 due = at - now
-        for gone in set(self._states) - seen:
+        for gone in set(self._states) - names:
             self._states.pop(gone, None)
             self._last_done.pop(gone, None)
+        for gone in set(self._seen) - names:
+            del self._seen[gone]
         return RolloutView(
             counts=count_components(observed, steps),
             not_done=sorted(not_done),
@@ -169,7 +200,7 @@ class NodeRollouts:
         )
 
     def _observe(
-        self, node: str, labels: Mapping[str, str], daemons: list[_Daemon]
+        self, node: str, labels: Mapping[str, str], daemons: Iterable[_Daemon]
     ) -> tuple[dict[str, PodState], dict[str, float]]:
         """Each component's pod state on the node, and since when it waits (cluster time)."""
         states: dict[str, PodState] = {}

@@ -10,6 +10,7 @@ every other request once at ``ResponseComplete``.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from collections import Counter
 from pathlib import Path
@@ -35,6 +36,9 @@ class AuditCounter:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._offset = 0
+        # Wall-clock span (first, last completion) per (verb, resource) of the last take:
+        # when the rollout's node patches ended says what the labelling cost.
+        self.spans: dict[tuple[str, str], tuple[float, float]] = {}
 
     def mark(self) -> None:
         """Start a window: everything logged so far is skipped."""
@@ -43,6 +47,7 @@ class AuditCounter:
     def take(self) -> Counter[tuple[str, str]]:
         """Requests logged since the last mark (or take); starts the next window."""
         counts: Counter[tuple[str, str]] = Counter()
+        self.spans = {}
         if not self.path.exists():
             return counts
         with self.path.open("rb") as handle:
@@ -68,7 +73,20 @@ class AuditCounter:
             if ref.get("subresource"):
                 resource += "/" + str(ref["subresource"])
             counts[(verb, resource)] += 1
+            stamp = _wall(event.get("stageTimestamp"))
+            if stamp is not None:
+                first, last = self.spans.get((verb, resource), (stamp, stamp))
+                self.spans[(verb, resource)] = (min(first, stamp), max(last, stamp))
         return counts
+
+
+def _wall(stamp: object) -> float | None:
+    if not isinstance(stamp, str):
+        return None
+    try:
+        return dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
 
 
 def writes(counts: Counter[tuple[str, str]]) -> int:

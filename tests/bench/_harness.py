@@ -214,8 +214,17 @@ class OperatorProcess:
         self.probe_port = _free_port()
         env = dict(os.environ)
         env["PYTHONPATH"] = str(self.src) + os.pathsep + env.get("PYTHONPATH", "")
+        # GPUOP_BENCH_PROFILE=DIR: each operator process under cProfile, for finding
+        # where its CPU goes (slower; never for the figures themselves).
+        profile_dir = os.environ.get("GPUOP_BENCH_PROFILE")
+        profile = (
+            ["-m", "cProfile", "-o", str(Path(profile_dir) / f"{self.log_path.stem}.prof")]
+            if profile_dir
+            else []
+        )
         argv = [
             sys.executable,
+            *profile,
             "-m",
             "gpuop",
             "--log-format",
@@ -310,6 +319,13 @@ class OperatorProcess:
 
     def peak_rss_mib(self) -> float:
         return self.status("VmHWM") / 2**20
+
+    def cpu_seconds(self) -> float:
+        """User plus system CPU time so far: on a small machine the operator's CPU is
+        taken from the control plane it waits on, so it belongs beside time to ready."""
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        # utime and stime are fields 14 and 15 of stat(5); [0] here is field 3.
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def rss_mib(self) -> float:
         return self.status("VmRSS") / 2**20

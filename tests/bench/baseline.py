@@ -31,7 +31,7 @@ from gpuop.rest import Rest
 from ._harness import DS, NAMESPACE, NODE, BenchCluster, Settings
 
 
-def _ds_ready(ds: dict[str, Any]) -> bool:
+def ds_ready(ds: dict[str, Any]) -> bool:
     """Every pod it wants updated and Ready, once its controller has seen it: a DaemonSet
     no node is labelled for (the MPS control daemon without MPS sharing) wants 0 and is
     ready as soon as it is observed, as the operator counts it."""
@@ -78,7 +78,7 @@ async def run_once(settings: Settings, gpu_nodes: int, timeout: float) -> dict[s
             await rest.apply(obj)
         while True:
             daemonsets = await rest.list(DS, NAMESPACE)
-            ready = sum(1 for d in daemonsets if _ds_ready(d))
+            ready = sum(1 for d in daemonsets if ds_ready(d))
             progress.done = ready
             progress.status("DaemonSets ready")
             if ready == n_ds:

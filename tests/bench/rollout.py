@@ -21,7 +21,8 @@ from gpuop.progress import Progress
 from gpuop.rest import Rest
 
 from ._audit import as_table, by_verb, writes
-from ._harness import BenchCluster, OperatorProcess, Settings, policy_state
+from ._harness import DS, NAMESPACE, BenchCluster, OperatorProcess, Settings, policy_state
+from .baseline import ds_ready
 
 Extra = Callable[[BenchCluster, Rest, OperatorProcess], Awaitable[dict[str, Any]]]
 
@@ -30,6 +31,11 @@ Extra = Callable[[BenchCluster, Rest, OperatorProcess], Awaitable[dict[str, Any]
 class RolloutRun:
     gpu_nodes: int
     time_to_ready_s: float = 0.0
+    # When every DaemonSet first reported all its pods ready (harness poll), and the
+    # operator's CPU seconds over the rollout: what the gap to the baseline is made of.
+    daemonsets_ready_s: float | None = None
+    rollout_cpu_s: float = 0.0
+    rollout_spans_s: dict[str, list[float]] = field(default_factory=dict)
     rollout_requests: dict[str, int] = field(default_factory=dict)
     rollout_by_verb: dict[str, int] = field(default_factory=dict)
     settle_requests: dict[str, int] = field(default_factory=dict)
@@ -48,10 +54,17 @@ class RolloutRun:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-async def _wait_policy_ready(rest: Rest, timeout: float, progress: Progress) -> None:
-    deadline = time.monotonic() + timeout
+async def _wait_policy_ready(
+    rest: Rest, timeout: float, progress: Progress, result: RolloutRun
+) -> None:
+    started = time.monotonic()
+    deadline = started + timeout
     while True:
         state = await policy_state(rest)
+        if result.daemonsets_ready_s is None:
+            daemonsets = await rest.list(DS, NAMESPACE)
+            if daemonsets and all(ds_ready(d) for d in daemonsets):
+                result.daemonsets_ready_s = time.monotonic() - started
         progress.status(f"state={state}")
         if state == "ready":
             return
@@ -99,12 +112,23 @@ async def run_once(
             await asyncio.to_thread(first.wait_ready)
             bench.audit.mark()
             progress = Progress(f"rollout {gpu_nodes} GPU nodes")
+            cpu_before = first.cpu_seconds()
             started = time.monotonic()
+            started_wall = time.time()
             await rest.apply(crd.sample_policy())
-            await _wait_policy_ready(rest, ready_timeout, progress)
+            await _wait_policy_ready(rest, ready_timeout, progress, result)
             result.time_to_ready_s = time.monotonic() - started
-            progress.finish(f"ready in {result.time_to_ready_s:.1f}s")
+            result.rollout_cpu_s = first.cpu_seconds() - cpu_before
+            progress.finish(
+                f"ready in {result.time_to_ready_s:.1f}s "
+                f"(DaemonSets {result.daemonsets_ready_s or 0:.1f}s, "
+                f"operator CPU {result.rollout_cpu_s:.1f}s)"
+            )
             rollout = bench.audit.take()
+            result.rollout_spans_s = {
+                f"{verb} {res}": [round(a - started_wall, 2), round(b - started_wall, 2)]
+                for (verb, res), (a, b) in sorted(bench.audit.spans.items())
+            }
             result.rollout_requests = as_table(rollout)
             result.rollout_by_verb = by_verb(rollout)
             await asyncio.sleep(settle_seconds)
