@@ -10,6 +10,7 @@ deleting it garbage-collects them even with no operator running.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Iterable
 
@@ -31,6 +32,11 @@ from gpuop.log import get_logger
 from gpuop.rest import Rest, kind_of
 
 log = get_logger(__name__)
+
+APPLY_CONCURRENCY = 8
+"""Applies in flight at once in one pass (the work queue's default worker count)."""
+RUNS_PODS = frozenset({"DaemonSet", "Deployment", "StatefulSet", "Job", "Pod"})
+"""Kinds applied after every other kind (see ``Applier.apply_all``)."""
 
 ObjectKey = tuple[str, str]
 """(kind, namespace/name): how applied hashes and refusals are keyed."""
@@ -110,18 +116,32 @@ class Applier:
         log.info("applied", kind=obj["kind"], name=obj["metadata"]["name"])
 
     async def apply_all(self, objs: Iterable[Obj]) -> list[Refusal]:
-        """Apply each object that needs it, in order; the refused ones are returned (and
-        refusals of objects no longer among ``objs`` forgotten)."""
-        wanted: set[ObjectKey] = set()
-        refused: list[Refusal] = []
-        for obj in objs:
-            wanted.add(object_key(obj))
-            refusal = await self._apply_or_refusal(obj)
-            if refusal is not None:
-                refused.append(refusal)
+        """Apply each object that needs it; the refused ones are returned, in the order
+        given (and refusals of objects no longer among ``objs`` forgotten).
+
+        Objects that run pods come last, so their service accounts, roles and config
+        exist when the pods are created (a pod naming a missing service account is
+        refused, and its controller backs off). Within each of the two tiers up to
+        ``APPLY_CONCURRENCY`` requests are in flight: applied one by one, a fresh
+        install waited some 15 s for its last DaemonSet on a busy API server."""
+        listed = list(objs)
+        wanted = {object_key(o) for o in listed}
+        outcome: dict[int, Refusal | None] = {}
+        gate = asyncio.Semaphore(APPLY_CONCURRENCY)
+
+        async def one(i: int, obj: Obj) -> None:
+            async with gate:
+                outcome[i] = await self._apply_or_refusal(obj)
+
+        for tier in (False, True):
+            batch = [(i, o) for i, o in enumerate(listed) if (o["kind"] in RUNS_PODS) == tier]
+            results = await asyncio.gather(*(one(i, o) for i, o in batch), return_exceptions=True)
+            failed = [r for r in results if isinstance(r, BaseException)]
+            if failed:
+                raise failed[0]  # the others finished: their hashes are recorded
         for key in [k for k in self._refused if k not in wanted]:
             del self._refused[key]
-        return refused
+        return [r for _, r in sorted(outcome.items()) if r is not None]
 
     async def _apply_or_refusal(self, obj: Obj) -> Refusal | None:
         """Apply ``obj`` if it needs it; a refusal (4xx that would repeat) is returned,

@@ -30,6 +30,17 @@ from gpuop.rest import Rest
 
 from ._harness import DS, NAMESPACE, NODE, BenchCluster, Settings
 
+SAMPLE_S = 5.0
+"""How often the rollout's progress (Ready pods per DaemonSet) is sampled."""
+
+
+def pods_ready(at: float, daemonsets: list[dict[str, Any]]) -> dict[str, float]:
+    """One progress sample: seconds since the clock started, Ready pods per DaemonSet."""
+    sample: dict[str, float] = {"t": round(at, 1)}
+    for ds in daemonsets:
+        sample[ds["metadata"]["name"]] = (ds.get("status") or {}).get("numberReady", 0)
+    return sample
+
 
 def ds_ready(ds: dict[str, Any]) -> bool:
     """Every pod it wants updated and Ready, once its controller has seen it: a DaemonSet
@@ -47,7 +58,7 @@ def ds_ready(ds: dict[str, Any]) -> bool:
     )
 
 
-async def run_once(settings: Settings, gpu_nodes: int, timeout: float) -> dict[str, float]:
+async def run_once(settings: Settings, gpu_nodes: int, timeout: float) -> dict[str, Any]:
     model, problems = parse_policy(crd.sample_policy())
     assert model is not None, problems
     assert not problems, problems
@@ -76,8 +87,12 @@ async def run_once(settings: Settings, gpu_nodes: int, timeout: float) -> dict[s
         started = time.monotonic()
         for obj in objects:
             await rest.apply(obj)
+        samples: list[dict[str, float]] = []
         while True:
             daemonsets = await rest.list(DS, NAMESPACE)
+            now = time.monotonic() - started
+            if not samples or now - samples[-1]["t"] >= SAMPLE_S:
+                samples.append(pods_ready(now, daemonsets))
             ready = sum(1 for d in daemonsets if ds_ready(d))
             progress.done = ready
             progress.status("DaemonSets ready")
@@ -88,7 +103,7 @@ async def run_once(settings: Settings, gpu_nodes: int, timeout: float) -> dict[s
             await asyncio.sleep(0.5)
         elapsed = time.monotonic() - started
         progress.finish(f"all {n_ds} DaemonSets ready in {elapsed:.1f}s")
-    return {"time_to_ready_s": elapsed, "label_nodes_s": label_s}
+    return {"time_to_ready_s": elapsed, "label_nodes_s": label_s, "pods_ready": samples}
 
 
 async def _label(rest: Rest, nodes: list[dict[str, Any]], spec: Any) -> None:

@@ -22,7 +22,7 @@ from gpuop.rest import Rest
 
 from ._audit import as_table, by_verb, writes
 from ._harness import DS, NAMESPACE, BenchCluster, OperatorProcess, Settings, policy_state
-from .baseline import ds_ready
+from .baseline import SAMPLE_S, ds_ready, pods_ready
 
 Extra = Callable[[BenchCluster, Rest, OperatorProcess], Awaitable[dict[str, Any]]]
 
@@ -36,6 +36,8 @@ class RolloutRun:
     daemonsets_ready_s: float | None = None
     rollout_cpu_s: float = 0.0
     rollout_spans_s: dict[str, list[float]] = field(default_factory=dict)
+    pods_ready: list[dict[str, float]] = field(default_factory=list)
+    """Every SAMPLE_S: seconds since the policy, and each DaemonSet's Ready pods."""
     rollout_requests: dict[str, int] = field(default_factory=dict)
     rollout_by_verb: dict[str, int] = field(default_factory=dict)
     settle_requests: dict[str, int] = field(default_factory=dict)
@@ -59,11 +61,16 @@ async def _wait_policy_ready(
 ) -> None:
     started = time.monotonic()
     deadline = started + timeout
+    sampled = float("-inf")
     while True:
         state = await policy_state(rest)
-        if result.daemonsets_ready_s is None:
+        now = time.monotonic()
+        if result.daemonsets_ready_s is None or now - sampled >= SAMPLE_S:
             daemonsets = await rest.list(DS, NAMESPACE)
-            if daemonsets and all(ds_ready(d) for d in daemonsets):
+            if now - sampled >= SAMPLE_S:
+                sampled = now
+                result.pods_ready.append(pods_ready(now - started, daemonsets))
+            if result.daemonsets_ready_s is None and daemonsets and all(map(ds_ready, daemonsets)):
                 result.daemonsets_ready_s = time.monotonic() - started
         progress.status(f"state={state}")
         if state == "ready":

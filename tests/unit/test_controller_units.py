@@ -228,3 +228,34 @@ def test_cached_objects_refuse_mutation() -> None:
         cached["metadata"].pop("labels")
     with pytest.raises(TypeError):
         cached["metadata"]["labels"].update(app="y")
+
+
+def test_objects_that_run_pods_are_applied_after_everything_they_need() -> None:
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    class Recording(_Rest):
+        async def apply(self, obj: Obj) -> Obj:
+            await asyncio.sleep(0.01 if obj["kind"] == "ServiceAccount" else 0)
+            if obj["metadata"]["name"].startswith("bad"):
+                raise ApiException(status=422, reason="Invalid")
+            return await super().apply(obj)
+
+    def obj(kind: str, name: str) -> Obj:
+        return with_hash(
+            {"apiVersion": "v1", "kind": kind, "metadata": {"name": name, "namespace": "ns"}}
+        )
+
+    objs = [
+        obj("DaemonSet", "bad-ds"),
+        obj("ServiceAccount", "sa"),
+        obj("DaemonSet", "ds"),
+        obj("ConfigMap", "bad-cm"),
+        obj("Role", "role"),
+    ]
+    rest = Recording()
+    informers = {k: _cache() for k in ("DaemonSet", "ServiceAccount", "ConfigMap", "Role")}
+    applier = Applier(rest, informers, lambda _: None)  # type: ignore[arg-type]
+    refused = asyncio.run(applier.apply_all(objs))
+    kinds = [o["kind"] for o in rest.applied]
+    assert sorted(kinds[:2]) == ["Role", "ServiceAccount"] and kinds[2:] == ["DaemonSet"]
+    assert [r.name for r in refused] == ["bad-ds", "bad-cm"]  # in the order given
