@@ -271,7 +271,23 @@ def build_rows(results: dict[str, Any]) -> list[Row]:
                     "operator / DaemonSets alone",
                     "x",
                     Summary.of([op.median / ds.median]),
+                    target="<=1.05",
                 )
+            )
+        runs = rollouts.get(size, [])
+        cpu = Summary.of([r["rollout_cpu_s"] for r in runs if "rollout_cpu_s" in r])
+        if cpu:
+            rows.append(Row("1", str(size), "operator CPU during rollout", "s", cpu))
+        nodes = Summary.of(
+            [
+                r["rollout_spans_s"]["patch nodes"][1]
+                for r in runs
+                if r.get("rollout_spans_s", {}).get("patch nodes")
+            ]
+        )
+        if nodes:
+            rows.append(
+                Row("1", str(size), "operator's last node patch after the policy", "s", nodes)
             )
 
     # 2. requests during rollout and idle

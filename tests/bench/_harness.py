@@ -311,6 +311,18 @@ class OperatorProcess:
                 found = stamp.timestamp() - self.started_wall
         return found
 
+    def event_times(self, event: str) -> list[float]:
+        """Wall-clock times of the operator's log lines with this ``event``."""
+        found = []
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            if f'"event": "{event}"' not in line:
+                continue
+            match = _TS.search(line)
+            if match:
+                stamp = dt.datetime.fromisoformat(match.group(1).replace("Z", "+00:00"))
+                found.append(stamp.timestamp())
+        return found
+
     def status(self, key: str) -> int:
         for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
             if line.startswith(key + ":"):

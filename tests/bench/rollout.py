@@ -37,6 +37,8 @@ class RolloutRun:
     rollout_cpu_s: float = 0.0
     rollout_spans_s: dict[str, list[float]] = field(default_factory=dict)
     pods_ready: list[dict[str, float]] = field(default_factory=list)
+    labels_done_s: float | None = None
+    """When the operator logged its last deploy-label patch, after the policy."""
     """Every SAMPLE_S: seconds since the policy, and each DaemonSet's Ready pods."""
     rollout_requests: dict[str, int] = field(default_factory=dict)
     rollout_by_verb: dict[str, int] = field(default_factory=dict)
@@ -132,6 +134,8 @@ async def run_once(
                 f"operator CPU {result.rollout_cpu_s:.1f}s)"
             )
             rollout = bench.audit.take()
+            labelled = [t - started_wall for t in first.event_times("node labels")]
+            result.labels_done_s = round(max(labelled), 2) if labelled else None
             result.rollout_spans_s = {
                 f"{verb} {res}": [round(a - started_wall, 2), round(b - started_wall, 2)]
                 for (verb, res), (a, b) in sorted(bench.audit.spans.items())

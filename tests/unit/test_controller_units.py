@@ -257,5 +257,6 @@ def test_objects_that_run_pods_are_applied_after_everything_they_need() -> None:
     applier = Applier(rest, informers, lambda _: None)  # type: ignore[arg-type]
     refused = asyncio.run(applier.apply_all(objs))
     kinds = [o["kind"] for o in rest.applied]
-    assert sorted(kinds[:2]) == ["Role", "ServiceAccount"] and kinds[2:] == ["DaemonSet"]
+    assert sorted(kinds[:2]) == ["Role", "ServiceAccount"]
+    assert kinds[2:] == ["DaemonSet"]
     assert [r.name for r in refused] == ["bad-ds", "bad-cm"]  # in the order given

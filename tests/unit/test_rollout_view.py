@@ -31,7 +31,8 @@ def _informer(name: str, **opts: Any) -> Informer:
 
 def _desired() -> dict[str, list[Obj]]:
     model, problems = crd.parse_policy(crd.sample_policy())
-    assert model is not None and not problems
+    assert model is not None
+    assert not problems
     ctx = RenderContext(namespace=NS, operator_image="gpuop:test", service_monitor_crd=False)
     return {name: list(objs) for name, objs in desired_objects(model.spec, ctx).items()}
 
@@ -47,9 +48,8 @@ def _apps(desired: dict[str, list[Obj]]) -> list[tuple[str, dict[str, str]]]:
 
 
 def _node(name: str, labels: dict[str, str]) -> Obj:
-    return {
-        "metadata": {"name": name, "labels": dict(labels), "creationTimestamp": "2026-01-01T00:00:00Z"}
-    }
+    created = "2026-01-01T00:00:00Z"
+    return {"metadata": {"name": name, "labels": dict(labels), "creationTimestamp": created}}
 
 
 def _pod(node: str, app: str, ready: bool, serial: int) -> Obj:
