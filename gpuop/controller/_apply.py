@@ -36,7 +36,16 @@ log = get_logger(__name__)
 APPLY_CONCURRENCY = 8
 """Applies in flight at once in one pass (the work queue's default worker count)."""
 RUNS_PODS = frozenset({"DaemonSet", "Deployment", "StatefulSet", "Job", "Pod"})
-"""Kinds applied after every other kind (see ``Applier.apply_all``)."""
+BINDINGS = frozenset({"RoleBinding", "ClusterRoleBinding"})
+
+
+def apply_tier(kind: str) -> int:
+    """Which tier of a pass an object is applied in: 0 everything else, 1 role
+    bindings (after their roles), 2 objects that run pods (after all they use)."""
+    if kind in RUNS_PODS:
+        return 2
+    return 1 if kind in BINDINGS else 0
+
 
 ObjectKey = tuple[str, str]
 """(kind, namespace/name): how applied hashes and refusals are keyed."""
@@ -119,11 +128,13 @@ class Applier:
         """Apply each object that needs it; the refused ones are returned, in the order
         given (and refusals of objects no longer among ``objs`` forgotten).
 
-        Objects that run pods come last, so their service accounts, roles and config
-        exist when the pods are created (a pod naming a missing service account is
-        refused, and its controller backs off). Within each of the two tiers up to
-        ``APPLY_CONCURRENCY`` requests are in flight: applied one by one, a fresh
-        install waited some 15 s for its last DaemonSet on a busy API server."""
+        Applied in tiers (:func:`apply_tier`): role bindings after the roles they
+        name (without ``bind`` rights, binding a role the server cannot find yet is
+        refused as not found), objects that run pods last, so their service
+        accounts, roles and config exist when the pods are created (a pod naming a
+        missing service account is refused, and its controller backs off). Within a
+        tier up to ``APPLY_CONCURRENCY`` requests are in flight: applied one by one,
+        a fresh install waited some 15 s for its last DaemonSet on a busy API server."""
         listed = list(objs)
         wanted = {object_key(o) for o in listed}
         outcome: dict[int, Refusal | None] = {}
@@ -133,8 +144,8 @@ class Applier:
             async with gate:
                 outcome[i] = await self._apply_or_refusal(obj)
 
-        for tier in (False, True):
-            batch = [(i, o) for i, o in enumerate(listed) if (o["kind"] in RUNS_PODS) == tier]
+        for tier in sorted({apply_tier(o["kind"]) for o in listed}):
+            batch = [(i, o) for i, o in enumerate(listed) if apply_tier(o["kind"]) == tier]
             results = await asyncio.gather(*(one(i, o) for i, o in batch), return_exceptions=True)
             failed = [r for r in results if isinstance(r, BaseException)]
             if failed:

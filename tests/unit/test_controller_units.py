@@ -247,16 +247,17 @@ def test_objects_that_run_pods_are_applied_after_everything_they_need() -> None:
 
     objs = [
         obj("DaemonSet", "bad-ds"),
+        obj("RoleBinding", "rb"),
         obj("ServiceAccount", "sa"),
         obj("DaemonSet", "ds"),
         obj("ConfigMap", "bad-cm"),
         obj("Role", "role"),
     ]
     rest = Recording()
-    informers = {k: _cache() for k in ("DaemonSet", "ServiceAccount", "ConfigMap", "Role")}
-    applier = Applier(rest, informers, lambda _: None)  # type: ignore[arg-type]
+    kinds = ("DaemonSet", "ServiceAccount", "ConfigMap", "Role", "RoleBinding")
+    applier = Applier(rest, {k: _cache() for k in kinds}, lambda _: None)  # type: ignore[arg-type]
     refused = asyncio.run(applier.apply_all(objs))
-    kinds = [o["kind"] for o in rest.applied]
-    assert sorted(kinds[:2]) == ["Role", "ServiceAccount"]
-    assert kinds[2:] == ["DaemonSet"]
+    applied = [o["kind"] for o in rest.applied]
+    assert sorted(applied[:2]) == ["Role", "ServiceAccount"]
+    assert applied[2:] == ["RoleBinding", "DaemonSet"]
     assert [r.name for r in refused] == ["bad-ds", "bad-cm"]  # in the order given
