@@ -144,8 +144,10 @@ class Applier:
             async with gate:
                 outcome[i] = await self._apply_or_refusal(obj)
 
-        for tier in sorted({apply_tier(o["kind"]) for o in listed}):
-            batch = [(i, o) for i, o in enumerate(listed) if apply_tier(o["kind"]) == tier]
+        tiers: dict[int, list[tuple[int, Obj]]] = {}
+        for i, obj in enumerate(listed):
+            tiers.setdefault(apply_tier(obj["kind"]), []).append((i, obj))
+        for _, batch in sorted(tiers.items()):
             results = await asyncio.gather(*(one(i, o) for i, o in batch), return_exceptions=True)
             failed = [r for r in results if isinstance(r, BaseException)]
             if failed:

@@ -301,15 +301,8 @@ class OperatorProcess:
 
     def synced_after(self) -> float | None:
         """Seconds from process start to the last 'caches synced' log line's timestamp."""
-        found: float | None = None
-        for line in self.log_path.read_text(errors="replace").splitlines():
-            if "caches synced" not in line:
-                continue
-            match = _TS.search(line)
-            if match:
-                stamp = dt.datetime.fromisoformat(match.group(1).replace("Z", "+00:00"))
-                found = stamp.timestamp() - self.started_wall
-        return found
+        times = self.event_times("caches synced")
+        return times[-1] - self.started_wall if times else None
 
     def event_times(self, event: str) -> list[float]:
         """Wall-clock times of the operator's log lines with this ``event``."""
