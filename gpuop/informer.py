@@ -53,6 +53,11 @@ ListCall = Callable[..., Awaitable[Any]]
 #: The API server sends a bookmark about once a minute; silence well past that
 #: means a dead connection the TCP stack has not noticed.
 SILENCE_SECONDS = 90.0
+#: How long the server keeps one watch open (drawn per watch, so caches do not all
+#: reconnect at once). Each reopen is a request; at 30-60 min an idle operator makes
+#: none for half an hour, where client-go's 5-10 min would cost every watch a request
+#: every few minutes. Dead connections are the silence check's job, not this one's.
+WATCH_TIMEOUT_SECONDS = (1800, 3600)
 #: Failed lists and watch connections: 0.5 s doubling to 30 s (client-go: 0.8 s to 30 s).
 RETRY = Backoff(0.5, 30.0)
 #: How long a deletion is remembered against late answers to our own writes.
@@ -313,9 +318,7 @@ class Informer:
                 watch=True,
                 resource_version=self.resource_version,
                 allow_watch_bookmarks=True,
-                # Server-side end of each watch, staggered so caches do not all
-                # reconnect at once; the client side detects silence.
-                timeout_seconds=random.randint(240, 360),
+                timeout_seconds=random.randint(*WATCH_TIMEOUT_SECONDS),
                 _request_timeout=aiohttp.ClientTimeout(
                     connect=10, sock_connect=10, sock_read=self.silence
                 ),

@@ -166,6 +166,7 @@ def _definition() -> MachineDef:
     transitions = (
         _t("upgrade_needed", (S.UNKNOWN, S.UPGRADE_DONE), S.UPGRADE_REQUIRED, g.needs_upgrade),
         _t("driver_up_to_date", (S.UNKNOWN,), S.UPGRADE_DONE, g.up_to_date),
+        _t("enrolled", (S.UNKNOWN,), S.UPGRADE_DONE, g.enrolled),
         _t("start", (S.UPGRADE_REQUIRED,), S.CORDON_REQUIRED, g.slot_granted, _on_start),
         _t("cancel", (S.UPGRADE_REQUIRED,), S.UPGRADE_DONE, g.upgrade_cancelled),
         _t("cordoned", (S.CORDON_REQUIRED,), S.WAIT_FOR_JOBS_REQUIRED, g.node_cordoned),

@@ -59,6 +59,12 @@ def up_to_date(ctx: GuardContext) -> bool:
     return driver_current(ctx) and not ctx.view.upgrade_requested
 
 
+def enrolled(ctx: GuardContext) -> bool:
+    """A new GPU node with no driver pod: the pod the DaemonSet creates is the newest."""
+    view = ctx.view
+    return view.enrolling and view.driver_pod is None and not view.upgrade_requested
+
+
 def new_driver_pod(ctx: GuardContext) -> DriverPodView | None:
     """The replacement pod: current revision and not the pod we set out to replace."""
     pod = ctx.view.driver_pod

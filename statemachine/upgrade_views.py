@@ -81,6 +81,9 @@ class NodeUpgradeView:
     newest_config_digest: str = ""
     """The digest in the DaemonSet's current template ("" when unknown): equal to the
     pod's, the driver itself is unchanged and only the pod needs a restart."""
+    enrolling: bool = False
+    """The node gets its deploy labels in the same write: with no driver pod yet, the
+    DaemonSet will create one at its newest revision, so nothing is to upgrade."""
 
     @property
     def state_label(self) -> str | None:

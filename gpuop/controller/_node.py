@@ -8,21 +8,24 @@ budget (the ClusterPolicy's, and each NVIDIADriver's under its own upgradePolicy
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
-from components.labels import is_gpu_node, node_label_changes
-from crd import OWNER_LABEL
+from components.keys import DEPLOY_DRIVER_LABEL, TRUE
+from components.labels import apply_label_changes, is_gpu_node, node_label_changes
+from crd import OWNER_LABEL, ClusterPolicySpec
 from gpuop.controller._active import ActivePolicy
-from gpuop.controller._keys import UPGRADES_KEY, node_key
+from gpuop.controller._keys import FLEET_COALESCE_S, UPGRADES_KEY, node_key
 from gpuop.controller._nodes import labels
 from gpuop.controller._rollout_gate import RolloutGate
 from gpuop.controller._upgrade import Upgrades, policy_view, requeue_after
 from gpuop.informer import Informer, Obj
 from gpuop.log import get_logger
 from gpuop.rest import Rest, by_kind
-from statemachine import Action, UpgradePolicyView
-from statemachine.upgrade_keys import STATE_LABEL
+from statemachine import Action, Decision, UpgradePolicyView
+from statemachine.upgrade import next_step
+from statemachine.upgrade_keys import STATE_LABEL, UpgradeState
 
 if TYPE_CHECKING:
     from gpuop.controller._nvidiadriver import NVIDIADrivers
@@ -56,11 +59,17 @@ class NodeReconciler:
         spec = model.spec if model is not None else None
         changes = node_label_changes(labels(node), spec)
         if changes:
-            patched = await self.rest.merge_patch(
-                NODE, name, {"metadata": {"labels": dict(changes)}}
-            )
+            patch: dict[str, Any] = {"metadata": {"labels": dict(changes)}}
+            first = await self._enrolment(node, changes, spec)
+            if first is not None:
+                patch["metadata"]["labels"].update(first.labels)
+                if first.annotations:
+                    patch["metadata"]["annotations"] = dict(first.annotations)
+            patched = await self.rest.merge_patch(NODE, name, patch)
             self.nodes.observe(patched)
-            log.info("node labels", node=name, changes=dict(changes))
+            log.info("node labels", node=name, changes=patch["metadata"]["labels"])
+            if first is not None:
+                self.queue.add_after(UPGRADES_KEY, FLEET_COALESCE_S)
             self.queue.add(node_key(name))  # again, on the fresh labels
             return
         policy = policy_view(spec) if spec is not None else UpgradePolicyView()
@@ -89,7 +98,34 @@ class NodeReconciler:
         if decision.has_patch or decision.action in (Action.CORDON, Action.UNCORDON):
             self.queue.add(node_key(name))  # the next step may already be due
         if decision.changed_state:
-            self.queue.add(UPGRADES_KEY)
+            self.queue.add_after(UPGRADES_KEY, FLEET_COALESCE_S)
+
+    async def _enrolment(
+        self, node: Obj, changes: Mapping[str, str | None], spec: ClusterPolicySpec | None
+    ) -> Decision | None:
+        """The upgrade state a new GPU node starts in, written with its deploy labels.
+
+        Upstream writes ``upgrade-done`` once the driver pod runs, a second patch per
+        node during a rollout; a node with no driver pod that is about to get the
+        ClusterPolicy's driver has nothing to upgrade, so the rulebook's ``enrolled``
+        step says so in the same write. Anything else waits for the node pass.
+        """
+        if spec is None or not spec.driver.enabled or spec.driver.use_nvidia_driver_crd:
+            return None
+        after = apply_label_changes(labels(node), changes)
+        if after.get(DEPLOY_DRIVER_LABEL) != TRUE or OWNER_LABEL in after:
+            return None
+        policy = policy_view(spec)
+        if not (policy.auto_upgrade and is_gpu_node(after)) or STATE_LABEL in after:
+            return None
+        app = self.nvd.driver_app(node["metadata"]["name"])
+        newest = self.upgrades.newest_driver_revision(app) if app else None
+        fresh = {**node, "metadata": {**node["metadata"], "labels": after}}
+        view = replace(await self.upgrades.view(fresh, policy, newest), enrolling=True)
+        decision = next_step(view, policy)
+        if decision.target is not UpgradeState.UPGRADE_DONE or decision.action is not Action.NONE:
+            return None
+        return decision
 
     async def reconcile_upgrades(self) -> None:
         """Start upgrades over the whole fleet: the one writer of slots (persisted states)."""

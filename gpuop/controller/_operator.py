@@ -22,7 +22,13 @@ from gpuop.controller._active import ActivePolicies
 from gpuop.controller._apply import Applier, object_key
 from gpuop.controller._cluster import ClusterReconciler
 from gpuop.controller._config import OperatorConfig
-from gpuop.controller._keys import CLUSTER_KEY, NODE_PREFIX, UPGRADES_KEY, node_key
+from gpuop.controller._keys import (
+    CLUSTER_KEY,
+    FLEET_COALESCE_S,
+    NODE_PREFIX,
+    UPGRADES_KEY,
+    node_key,
+)
 from gpuop.controller._node import NodeReconciler
 from gpuop.controller._nodes import is_ready, labels, node_fingerprint, trim_node
 from gpuop.controller._nvidiadriver import NVD_KEY, NVIDIADrivers
@@ -215,7 +221,7 @@ class Operator:
             self.queue.add(REMEDIATION_KEY)
         self.queue.add(NVD_KEY)
         if event != "MODIFIED" or _budget_facts(old) != _budget_facts(new):
-            self.queue.add(UPGRADES_KEY)  # only what the fleet budget reads
+            self.queue.add_after(UPGRADES_KEY, FLEET_COALESCE_S)  # what the budget reads
         if event != "MODIFIED" or _gpu_facts(old) != _gpu_facts(new):
             self.queue.add(CLUSTER_KEY)
 
@@ -263,7 +269,7 @@ class Operator:
             # The fleet budget only asks whether a node has a driver pod at all.
             is_driver = (pod["metadata"].get("labels") or {}).get("app") == DRIVER_DS
             if is_driver and event != "MODIFIED":
-                self.queue.add(UPGRADES_KEY)
+                self.queue.add_after(UPGRADES_KEY, FLEET_COALESCE_S)
 
     def _progress(self) -> None:
         """Something the cluster pass only counts moved: run it soon, coalescing the

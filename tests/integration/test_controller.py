@@ -14,6 +14,7 @@ import crd
 from components.keys import DEPLOY_DCGM_EXPORTER_LABEL, DEPLOY_DRIVER_LABEL, GPU_PRESENT_LABEL
 from gpuop.cluster import NFD_GPU_LABEL
 from gpuop.rest import Rest, by_kind
+from statemachine.upgrade_keys import STATE_LABEL
 from tests.conftest import TEST_GPU_NODES
 from tests.integration.harness import NAMESPACE, NODE, POLICY, Running, eventually, policy_state_is
 
@@ -62,6 +63,7 @@ async def test_policy_rolls_out_in_order_and_converges_with_zero_writes(
             if name in gpu:
                 assert lab[GPU_PRESENT_LABEL] == "true"
                 assert lab[DEPLOY_DRIVER_LABEL] == "true"
+                assert lab[STATE_LABEL] == "upgrade-done"
             else:
                 assert GPU_PRESENT_LABEL not in lab
                 assert not any(k.startswith("nvidia.com/gpu.deploy.") for k in lab)
@@ -73,6 +75,9 @@ async def test_policy_rolls_out_in_order_and_converges_with_zero_writes(
         owners = driver["metadata"]["ownerReferences"]
         assert [(o["kind"], o["name"]) for o in owners] == [("ClusterPolicy", "cluster-policy")]
         assert driver["status"]["numberReady"] == TEST_GPU_NODES
+
+        # One write per GPU node: its deploy labels and first upgrade state together.
+        assert run.rest.write_counts()["PATCH nodes"] == len(gpu), run.rest.write_counts()
 
         # Converged: a full pass over every key writes nothing.
         await run.settle()

@@ -117,6 +117,7 @@ def test_every_declared_transition() -> None:
         ("upgrade_needed", "unknown", "upgrade-required"),
         ("upgrade_needed", "upgrade-done", "upgrade-required"),
         ("driver_up_to_date", "unknown", "upgrade-done"),
+        ("enrolled", "unknown", "upgrade-done"),
         ("start", "upgrade-required", "cordon-required"),
         ("cancel", "upgrade-required", "upgrade-done"),
         ("cordoned", "cordon-required", "wait-for-jobs-required"),
@@ -1275,6 +1276,7 @@ views = st.builds(
     node_ready=st.booleans(),
     driver_pod=pods,
     newest_revision=st.sampled_from([None, OLD, NEW]),
+    enrolling=st.booleans(),
     wait_pods_running=st.integers(0, 2),
     gpu_pods=st.integers(0, 2),
     gpu_pods_refused=st.sampled_from([(), ("ns/a (x)",)]),
@@ -1323,6 +1325,43 @@ def test_at_most_one_transition_is_enabled_per_state(
                 if all(c.check(data) for c in transition.conditions):
                     enabled.append((name, transition.dest))
         assert len(enabled) <= 1, (source, enabled)
+
+
+def test_a_node_enrolled_without_a_driver_pod_starts_upgrade_done() -> None:
+    """Its deploy labels and its first state go in one write: the pod the DaemonSet
+    creates there is the newest revision, so there is nothing to upgrade."""
+    d = next_step(view(S.UNKNOWN, driver_pod=None, enrolling=True), POLICY)
+    assert d.target is S.UPGRADE_DONE
+    assert d.action is Action.NONE
+    assert d.labels == {STATE_LABEL: "upgrade-done"}
+    assert d.hops == (("enrolled", S.UNKNOWN, S.UPGRADE_DONE),)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        {"driver_pod": None},  # not enrolling: no news until the pod appears
+        {"driver_pod": OLD_POD, "enrolling": True},  # a pod is there: the rulebook decides
+        {
+            "driver_pod": None,
+            "enrolling": True,
+            "annotations": {REQUESTED_ANNOTATION: "true"},  # asked for an upgrade
+        },
+    ],
+)
+def test_enrolment_needs_a_new_node_with_no_driver_pod(case: dict[str, Any]) -> None:
+    d = next_step(view(S.UNKNOWN, **case), POLICY)
+    assert ("enrolled", S.UNKNOWN, S.UPGRADE_DONE) not in d.hops
+
+
+def test_enrolled_node_stays_done_when_its_new_driver_pod_arrives() -> None:
+    enrolled = view(S.UPGRADE_DONE, driver_pod=None)
+    assert next_step(enrolled, POLICY).changed_state is False
+    with_pod = replace(enrolled, driver_pod=NEW_POD)
+    d = next_step(with_pod, POLICY)
+    assert d.target is S.UPGRADE_DONE
+    assert not d.labels
+    assert not d.changed_state
 
 
 def test_request_made_during_a_failing_attempt_is_used_up() -> None:
