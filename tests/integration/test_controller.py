@@ -11,16 +11,25 @@ import pytest
 from kubernetes_asyncio import client
 
 import crd
-from components.keys import DEPLOY_DCGM_EXPORTER_LABEL, DEPLOY_DRIVER_LABEL, GPU_PRESENT_LABEL
+from components._k8s import MANAGED_BY, MANAGED_BY_LABEL
+from components.keys import (
+    DEPLOY_DCGM_EXPORTER_LABEL,
+    DEPLOY_DRIVER_LABEL,
+    GPU_PRESENT_LABEL,
+    MIG_CONFIG_LABEL,
+)
+from components.registry import DEPLOY_LABELS
 from gpuop.cluster import NFD_GPU_LABEL
 from gpuop.rest import Rest, by_kind
-from statemachine.upgrade_keys import STATE_LABEL
+from statemachine.upgrade_keys import MANAGED_ANNOTATIONS, STATE_LABEL
 from tests.conftest import TEST_GPU_NODES
 from tests.integration.harness import NAMESPACE, NODE, POLICY, Running, eventually, policy_state_is
 
 pytestmark = pytest.mark.integration
 
 DS = by_kind("apps/v1", "DaemonSet")
+POD = by_kind("v1", "Pod")
+MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
 
 
 async def _policy(rest: Rest, name: str = "cluster-policy") -> dict[str, Any] | None:
@@ -36,9 +45,28 @@ async def _node_labels(rest: Rest) -> dict[str, dict[str, str]]:
     return {n["metadata"]["name"]: n["metadata"].get("labels", {}) for n in await rest.list(NODE)}
 
 
+async def _fresh_nodes(rest: Rest) -> None:
+    """Nodes as a new cluster has them: earlier modules leave their labels and
+    annotations on the nodes (an operator stopped before its policy was deleted)."""
+
+    async def no_operand_pods() -> bool:
+        return not await rest.list(POD, NAMESPACE, label_selector=MANAGED_SELECTOR)
+
+    assert await eventually(no_operand_pods, timeout=60)
+    ours = {GPU_PRESENT_LABEL, MIG_CONFIG_LABEL, STATE_LABEL, *DEPLOY_LABELS}
+    for node in await rest.list(NODE):
+        meta = node["metadata"]
+        labels = {k: None for k in meta.get("labels") or {} if k in ours}
+        notes = {k: None for k in meta.get("annotations") or {} if k in MANAGED_ANNOTATIONS}
+        if labels or notes:
+            patch = {"metadata": {"labels": labels, "annotations": notes}}
+            await rest.merge_patch(NODE, meta["name"], patch)
+
+
 async def test_policy_rolls_out_in_order_and_converges_with_zero_writes(
     rest: Rest, api_client: client.ApiClient
 ) -> None:
+    await _fresh_nodes(rest)
     policy = crd.sample_policy()
     await rest.apply(policy)
     async with Running(api_client) as run:
