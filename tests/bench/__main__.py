@@ -302,6 +302,8 @@ def build_rows(results: dict[str, Any]) -> list[Row]:
             idle = _sum_verbs(r["idle_requests"])
             secs = f"{r['idle_seconds']:.0f}s"
             writes = sum(n for v, n in idle.items() if v not in ("get", "list", "watch"))
+            total = Summary.of([sum(idle.values())])
+            rows.append(Row("2", str(size), f"idle {secs}: all requests", "req", total, target="0"))
             rows.append(
                 Row(
                     "2",
