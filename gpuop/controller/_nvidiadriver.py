@@ -79,7 +79,7 @@ class NVIDIADrivers:
                 ),
                 transform=trim_pod,
                 index=pod_index,
-                page_size=250,
+                page_size=50,  # a driver pod is ~9 KB of JSON, parsed ~10x bigger
             ),
             self._on_pod,
         )
