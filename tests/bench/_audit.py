@@ -73,14 +73,15 @@ class AuditCounter:
             if ref.get("subresource"):
                 resource += "/" + str(ref["subresource"])
             counts[(verb, resource)] += 1
-            stamp = _wall(event.get("stageTimestamp"))
+            stamp = wall_seconds(event.get("stageTimestamp"))
             if stamp is not None:
                 first, last = self.spans.get((verb, resource), (stamp, stamp))
                 self.spans[(verb, resource)] = (min(first, stamp), max(last, stamp))
         return counts
 
 
-def _wall(stamp: object) -> float | None:
+def wall_seconds(stamp: object) -> float | None:
+    """Epoch seconds of an RFC 3339 timestamp (audit events, the operator's log)."""
     if not isinstance(stamp, str):
         return None
     try:

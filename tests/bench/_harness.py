@@ -32,7 +32,7 @@ from gpuop.install import ensure_namespace, install_crd
 from gpuop.kube import api_client
 from gpuop.rest import Rest, by_kind
 
-from ._audit import AUDIT_POLICY, OPERATOR_USER, AuditCounter
+from ._audit import AUDIT_POLICY, OPERATOR_USER, AuditCounter, wall_seconds
 
 NAMESPACE = "gpu-operator"
 POLICY = by_kind("nvidia.com/v1", "ClusterPolicy")
@@ -311,9 +311,9 @@ class OperatorProcess:
             if f'"event": "{event}"' not in line:
                 continue
             match = _TS.search(line)
-            if match:
-                stamp = dt.datetime.fromisoformat(match.group(1).replace("Z", "+00:00"))
-                found.append(stamp.timestamp())
+            stamp = wall_seconds(match.group(1)) if match else None
+            if stamp is not None:
+                found.append(stamp)
         return found
 
     def status(self, key: str) -> int:

@@ -37,9 +37,9 @@ class RolloutRun:
     rollout_cpu_s: float = 0.0
     rollout_spans_s: dict[str, list[float]] = field(default_factory=dict)
     pods_ready: list[dict[str, float]] = field(default_factory=list)
+    """Every SAMPLE_S: seconds since the policy, and each DaemonSet's Ready pods."""
     labels_done_s: float | None = None
     """When the operator logged its last deploy-label patch, after the policy."""
-    """Every SAMPLE_S: seconds since the policy, and each DaemonSet's Ready pods."""
     rollout_requests: dict[str, int] = field(default_factory=dict)
     rollout_by_verb: dict[str, int] = field(default_factory=dict)
     settle_requests: dict[str, int] = field(default_factory=dict)
