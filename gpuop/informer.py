@@ -126,6 +126,9 @@ class Informer:
         self.resource_version = ""
         self.relists = 0
         self.reconnects = 0
+        #: Bumped whenever the store changes: readers memoise what they derive from
+        #: the whole store (the GPU nodes, say) and redo it only after a change.
+        self.version = 0
 
     # ----------------------------------------------------------- public
     def get(self, key: str) -> Obj | None:
@@ -189,6 +192,7 @@ class Informer:
     def _put(self, key: str, obj: Obj) -> None:
         self._drop(key)
         self.store[key] = obj
+        self.version += 1
         if self.spec.index is not None:
             ikey = self.spec.index(obj)
             if ikey is not None:
@@ -198,6 +202,8 @@ class Informer:
 
     def _drop(self, key: str) -> Obj | None:
         old = self.store.pop(key, None)
+        if old is not None:
+            self.version += 1
         if old is not None and self.spec.index is not None:
             ikey = self.spec.index(old)
             bucket = self._index.get(ikey)
@@ -287,6 +293,7 @@ class Informer:
             elif _older(listed, held):
                 items[key] = held
         self.store = {}
+        self.version += 1
         if self.spec.track_index_changes:
             self._index_changed.update(self._index)  # what the relist dropped, too
         self._index = {}

@@ -16,16 +16,14 @@ from typing import TYPE_CHECKING
 from components import COMPONENTS, NodeFacts, RenderContext, desired_objects, node_facts
 from components.driver import NAME as DRIVER_COMPONENT
 from components.hashing import with_hash
-from components.keys import NFD_GPU_LABELS
 from components.kinds import SERVICE_MONITOR
-from components.labels import any_mig_capable, is_gpu_node
 from components.readiness import component_ready
 from crd import ClusterPolicySpec
 from gpuop.controller._active import ActivePolicy
 from gpuop.controller._apply import Applier, owned_by, owner_reference
 from gpuop.controller._config import OperatorConfig
 from gpuop.controller._memo import VersionMemo
-from gpuop.controller._nodes import labels
+from gpuop.controller._nodes import GpuNodes
 from gpuop.controller._owned import OptionalWatches, rest_kind
 from gpuop.controller._policy_status import PolicyStatusWriter, generation, now
 from gpuop.controller._rollout_status import RolloutReports, Timers
@@ -77,6 +75,11 @@ class ClusterReconciler:
     _pass_cpu_s: float = field(default=0.0, init=False)
     _rendered: tuple[tuple[object, ...], Desired] | None = field(default=None, init=False)
     _facts: dict[str, tuple[Obj, NodeFacts]] = field(default_factory=dict, init=False)
+    _facts_memo: tuple[int, tuple[NodeFacts, ...]] | None = field(default=None, init=False)
+    _gpu_nodes: GpuNodes = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._gpu_nodes = GpuNodes(self.nodes)
 
     def coalesce_seconds(self) -> float:
         """How long a pass waits after a progress event (a pod or an operand object
@@ -101,9 +104,8 @@ class ClusterReconciler:
             self._pass_cpu_s = time.thread_time() - cpu
 
     async def _reconcile(self) -> None:
-        nodes = self.nodes.values()
-        gpu_nodes = [n for n in nodes if is_gpu_node(labels(n))]
-        has_nfd = any(any(k in labels(n) for k in NFD_GPU_LABELS) for n in nodes)
+        fleet = self._gpu_nodes()
+        gpu_nodes, has_nfd = list(fleet.nodes), fleet.has_nfd
         self.metrics.gpu_nodes_total.set(len(gpu_nodes))
         self.metrics.reconciliation_has_nfd_labels.set(1 if has_nfd else 0)
 
@@ -128,7 +130,7 @@ class ClusterReconciler:
         self.metrics.driver_auto_upgrade_enabled.set(
             1 if spec.driver.enabled and spec.driver.upgrade_policy.auto_upgrade else 0
         )
-        desired = await self._render(raw, spec, gpu_nodes)
+        desired = await self._render(raw, spec, gpu_nodes, fleet.mig_capable)
         held = self.nvd.holds_policy_driver()
         if held:
             # NVIDIADriver pods still run: the ClusterPolicy's driver waits until they left.
@@ -169,7 +171,9 @@ class ClusterReconciler:
         await self.reports.announce(raw, view)
         await self.status.write(raw, status)
 
-    async def _render(self, raw: Obj, spec: ClusterPolicySpec, gpu_nodes: list[Obj]) -> Desired:
+    async def _render(
+        self, raw: Obj, spec: ClusterPolicySpec, gpu_nodes: list[Obj], mig_capable: bool
+    ) -> Desired:
         """Every component's objects, owned by the policy and carrying their hash.
 
         Rendered again only when its inputs changed (the policy's generation, the GPU
@@ -180,7 +184,7 @@ class ClusterReconciler:
         ctx = RenderContext(
             namespace=self.config.namespace,
             operator_image=self.config.operator_image,
-            mig_capable=any_mig_capable(labels(n) for n in gpu_nodes),
+            mig_capable=mig_capable,
             service_monitor_crd=await self._has_service_monitors(raw),
             gpu_nodes=facts,
         )
@@ -204,17 +208,20 @@ class ClusterReconciler:
     def _node_facts(self, gpu_nodes: list[Obj]) -> tuple[NodeFacts, ...]:
         """Each GPU node's facts in name order, read again only from a node object the
         cache replaced since."""
+        if self._facts_memo is not None and self._facts_memo[0] == self.nodes.version:
+            return self._facts_memo[1]
         known = self._facts
         self._facts = {}
         out = []
-        for node in sorted(gpu_nodes, key=lambda n: str(n["metadata"]["name"])):
+        for node in gpu_nodes:  # in name order
             name = str(node["metadata"]["name"])
             entry = known.get(name)
             if entry is None or entry[0] is not node:
                 entry = (node, node_facts(node))
             self._facts[name] = entry
             out.append(entry[1])
-        return tuple(out)
+        self._facts_memo = (self.nodes.version, tuple(out))
+        return self._facts_memo[1]
 
     def _components(
         self, desired: Desired, spec: ClusterPolicySpec, held: bool, view: RolloutView

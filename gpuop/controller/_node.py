@@ -8,15 +8,22 @@ budget (the ClusterPolicy's, and each NVIDIADriver's under its own upgradePolicy
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from components.keys import DEPLOY_DRIVER_LABEL, TRUE
 from components.labels import apply_label_changes, is_gpu_node, node_label_changes
 from crd import OWNER_LABEL, ClusterPolicySpec
 from gpuop.controller._active import ActivePolicy
-from gpuop.controller._keys import FLEET_COALESCE_S, UPGRADES_KEY, node_key
+from gpuop.controller._keys import (
+    FLEET_COALESCE_FACTOR,
+    FLEET_COALESCE_MAX_S,
+    FLEET_COALESCE_S,
+    UPGRADES_KEY,
+    node_key,
+)
 from gpuop.controller._nodes import labels
 from gpuop.controller._rollout_gate import RolloutGate
 from gpuop.controller._upgrade import Upgrades, policy_view, requeue_after
@@ -47,6 +54,15 @@ class NodeReconciler:
     upgrades: Upgrades
     gate: RolloutGate
     nvd: NVIDIADrivers
+    _fleet_cpu_s: float = field(default=0.0, init=False)
+
+    def fleet_soon(self) -> None:
+        """Queue the fleet pass for news it reads (a node's budget facts, a driver pod
+        come or gone), coalescing a rollout's stream of them into few passes."""
+        wait = min(
+            FLEET_COALESCE_MAX_S, max(FLEET_COALESCE_S, FLEET_COALESCE_FACTOR * self._fleet_cpu_s)
+        )
+        self.queue.add_after(UPGRADES_KEY, wait)
 
     async def reconcile_node(self, name: str) -> None:
         node = self.nodes.get(name)
@@ -69,7 +85,7 @@ class NodeReconciler:
             self.nodes.observe(patched)
             log.info("node labels", node=name, changes=patch["metadata"]["labels"])
             if first is not None:
-                self.queue.add_after(UPGRADES_KEY, FLEET_COALESCE_S)
+                self.fleet_soon()
             self.queue.add(node_key(name))  # again, on the fresh labels
             return
         policy = policy_view(spec) if spec is not None else UpgradePolicyView()
@@ -98,7 +114,7 @@ class NodeReconciler:
         if decision.has_patch or decision.action in (Action.CORDON, Action.UNCORDON):
             self.queue.add(node_key(name))  # the next step may already be due
         if decision.changed_state:
-            self.queue.add_after(UPGRADES_KEY, FLEET_COALESCE_S)
+            self.fleet_soon()
 
     async def _enrolment(
         self, node: Obj, changes: Mapping[str, str | None], spec: ClusterPolicySpec | None
@@ -129,6 +145,13 @@ class NodeReconciler:
 
     async def reconcile_upgrades(self) -> None:
         """Start upgrades over the whole fleet: the one writer of slots (persisted states)."""
+        cpu = time.thread_time()
+        try:
+            await self._reconcile_upgrades()
+        finally:
+            self._fleet_cpu_s = time.thread_time() - cpu
+
+    async def _reconcile_upgrades(self) -> None:
         raw, model, problems = self.active_policy()
         if raw is None or model is None or problems:
             return

@@ -10,9 +10,12 @@ between nodes alike (:mod:`gpuop.compact`).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
+from components.keys import NFD_GPU_LABELS, is_gpu_node
+from components.labels import any_mig_capable
 from gpuop.compact import frozen, shared
+from gpuop.informer import Informer
 from statemachine.remediation import CONDITION_GPU_HEALTHY as GPU_HEALTHY
 
 Obj = dict[str, Any]
@@ -111,3 +114,41 @@ def is_ready(node: Obj) -> bool:
 def labels(node: Obj) -> dict[str, str]:
     result: dict[str, str] = node["metadata"]["labels"]
     return result
+
+
+class GpuFleet(NamedTuple):
+    nodes: tuple[Obj, ...]
+    """The GPU nodes, by name."""
+    has_nfd: bool
+    """NFD labelled some node (a GPU node or not)."""
+    mig_capable: bool
+    """Some GPU node is MIG-capable (the MIG manager is wanted)."""
+
+
+class GpuNodes:
+    """The node cache's GPU nodes and what the cluster pass reads of the whole fleet,
+    worked out again only once the cache changed: the pass runs on every pod event
+    of a rollout, and scanning every node's labels each time cost more than the rest
+    of its per-pass bookkeeping (py-spy, 1,000 nodes)."""
+
+    def __init__(self, nodes: Informer) -> None:
+        self._nodes = nodes
+        self._memo: tuple[int, GpuFleet] | None = None
+
+    def __call__(self) -> GpuFleet:
+        version = self._nodes.version
+        if self._memo is None or self._memo[0] != version:
+            nodes = self._nodes.values()
+            gpu = tuple(
+                sorted(
+                    (n for n in nodes if is_gpu_node(labels(n))),
+                    key=lambda n: str(n["metadata"]["name"]),
+                )
+            )
+            fleet = GpuFleet(
+                nodes=gpu,
+                has_nfd=any(any(k in labels(n) for k in NFD_GPU_LABELS) for n in nodes),
+                mig_capable=any_mig_capable(labels(n) for n in gpu),
+            )
+            self._memo = (version, fleet)
+        return self._memo[1]

@@ -24,7 +24,6 @@ from gpuop.controller._cluster import ClusterReconciler
 from gpuop.controller._config import OperatorConfig
 from gpuop.controller._keys import (
     CLUSTER_KEY,
-    FLEET_COALESCE_S,
     NODE_PREFIX,
     UPGRADES_KEY,
     node_key,
@@ -223,7 +222,7 @@ class Operator:
             self.queue.add(REMEDIATION_KEY)
         self.queue.add(NVD_KEY)
         if event != "MODIFIED" or _budget_facts(old) != _budget_facts(new):
-            self.queue.add_after(UPGRADES_KEY, FLEET_COALESCE_S)  # what the budget reads
+            self.node_passes.fleet_soon()  # what the budget reads
         if event != "MODIFIED" or _gpu_facts(old) != _gpu_facts(new):
             self.queue.add(CLUSTER_KEY)
 
@@ -271,7 +270,7 @@ class Operator:
             # The fleet budget only asks whether a node has a driver pod at all.
             is_driver = (pod["metadata"].get("labels") or {}).get("app") == DRIVER_DS
             if is_driver and event != "MODIFIED":
-                self.queue.add_after(UPGRADES_KEY, FLEET_COALESCE_S)
+                self.node_passes.fleet_soon()
 
     def _progress(self) -> None:
         """Something the cluster pass only counts moved: run it soon, coalescing the

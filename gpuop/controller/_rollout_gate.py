@@ -141,7 +141,9 @@ class RolloutGate:
         resume = RESUME_ANNOTATION in annotations
         decision = plan_gate(
             policy,
-            gate_nodes(nodes, revision_of),
+            # Only a gate that is on reads the fleet: skipping it keeps a rollout's
+            # fleet passes from scanning every node for nothing.
+            gate_nodes(nodes, revision_of) if policy.enabled and target else [],
             target,
             previous,
             now=time.time(),

@@ -132,6 +132,10 @@ class NodeRollouts:
         #: function of its labels, its pods and the desired DaemonSets).
         self._seen: dict[str, _Seen] = {}
         self._daemons_seen: tuple[_Daemon, ...] = ()
+        #: Each node's step from its last observation and the state it left the node
+        #: in: a node nothing changed on takes the same step again (most of them, on
+        #: each pass of a rollout), so the machine is not asked.
+        self._steps: dict[str, tuple[_Seen, str, NodeStep]] = {}
 
     def view(self, desired: Mapping[str, Iterable[Obj]], gpu_nodes: Iterable[Obj]) -> RolloutView:
         """Where every GPU node stands. Only nodes whose pods or labels changed since
@@ -163,7 +167,13 @@ class NodeRollouts:
                 seen = _Seen(node_labels, pods, since)
                 self._seen[name] = seen
             observed[name] = seen.pods
-            step = node_step(seen.pods, self._states.get(name))
+            previous = self._states.get(name)
+            memo = self._steps.get(name)
+            if memo is not None and memo[0] is seen and memo[1] == previous:
+                step = memo[2]
+            else:
+                step = node_step(seen.pods, previous)
+                self._steps[name] = (seen, step.state, node_step(seen.pods, step.state))
             steps[name] = step
             if step.moved_back:
                 log.debug("node rollout moved back", node=name, state=step.state)
@@ -190,6 +200,8 @@ class NodeRollouts:
             self._last_done.pop(gone, None)
         for gone in set(self._seen) - names:
             del self._seen[gone]
+        for gone in set(self._steps) - names:
+            del self._steps[gone]
         return RolloutView(
             counts=count_components(observed, steps),
             not_done=sorted(not_done),

@@ -191,3 +191,21 @@ def test_an_object_that_leaves_and_rejoins_the_selection_comes_back() -> None:
     informer._on_line(_event("DELETED", _node("d", "16", "b")))
     informer._on_line(_event("ADDED", _node("d", "18", "c")))
     assert _state(informer, "d") == "c"
+
+
+def test_the_version_moves_on_every_change_of_the_store_and_only_then() -> None:
+    """Readers memoise what they derive from the whole store by this number."""
+    informer, _ = _recording()
+    v0 = informer.version
+    informer._on_line(_event("ADDED", _node("n1", "90", "upgrade-done")))
+    v1 = informer.version
+    assert v1 > v0
+    informer._on_line(_event("MODIFIED", _node("n1", "90", "upgrade-done")))  # same version
+    informer._on_line(_event("MODIFIED", _node("n1", "80", "upgrade-done")))  # older
+    assert informer.version == v1
+    informer.observe(_node("n1", "95", "cordon-required"))
+    v2 = informer.version
+    assert v2 > v1
+    informer._on_line(_event("DELETED", _node("n1", "96", "cordon-required")))
+    assert informer.version > v2
+    assert informer.get("n1") is None
