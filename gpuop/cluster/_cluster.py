@@ -156,6 +156,12 @@ class LocalCluster:
         records, _ = _procs.load(self._state_file)
         return [r.name for r in records if _procs.is_alive(r)]
 
+    def pids(self) -> dict[str, int]:
+        """Pid of each recorded process that is still alive, by name (benchmarks read
+        their CPU time from ``/proc``)."""
+        records, _ = _procs.load(self._state_file)
+        return {r.name: r.pid for r in records if _procs.is_alive(r)}
+
     def info(self) -> ClusterInfo | None:
         records, extra = _procs.load(self._state_file)
         if not records:

@@ -22,6 +22,8 @@ from crd import ClusterPolicySpec
 from gpuop.controller._active import ActivePolicy
 from gpuop.controller._apply import Applier, owned_by, owner_reference
 from gpuop.controller._config import OperatorConfig
+from gpuop.controller._keys import CLUSTER_KEY
+from gpuop.controller._label_gate import LabelGate
 from gpuop.controller._memo import VersionMemo
 from gpuop.controller._nodes import GpuNodes
 from gpuop.controller._owned import OptionalWatches, rest_kind
@@ -50,8 +52,8 @@ Desired = dict[str, list[Obj]]
 """Each component's desired objects, by component name (every component, maybe [])."""
 _SERVICE_MONITOR = rest_kind(SERVICE_MONITOR)
 COALESCE_MIN_S = 0.1
-COALESCE_MAX_S = 2.0
-COALESCE_FACTOR = 20.0
+COALESCE_MAX_S = 5.0
+COALESCE_FACTOR = 50.0
 
 
 @dataclass(kw_only=True)
@@ -77,6 +79,7 @@ class ClusterReconciler:
     _facts: dict[str, tuple[Obj, NodeFacts]] = field(default_factory=dict, init=False)
     _facts_memo: tuple[int, tuple[NodeFacts, ...]] | None = field(default=None, init=False)
     _gpu_nodes: GpuNodes = field(init=False)
+    label_gate: LabelGate = field(default_factory=LabelGate)
 
     def __post_init__(self) -> None:
         self._gpu_nodes = GpuNodes(self.nodes)
@@ -86,7 +89,9 @@ class ClusterReconciler:
         moved): events that arrive meanwhile are counted by the same pass. Scaled by
         what the last pass cost, so the pass takes at most about 1/``COALESCE_FACTOR``
         of a CPU during a rollout's event storm (CPU the control plane scheduling the
-        pods needs too) and status stays seconds behind at most."""
+        pods needs too) and status stays seconds behind at most. The operator asks
+        for the pass at once when every DaemonSet turns ready, so the wait never
+        lengthens the end of a rollout (``Operator._progress``)."""
         return min(COALESCE_MAX_S, max(COALESCE_MIN_S, COALESCE_FACTOR * self._pass_cpu_s))
 
     async def reconcile(self) -> None:
@@ -137,15 +142,16 @@ class ClusterReconciler:
             desired[DRIVER_COMPONENT] = [
                 o for o in desired[DRIVER_COMPONENT] if o["kind"] != "DaemonSet"
             ]
+        waiting = self._wait_for_labels(raw, desired, spec, gpu_nodes)
         view = self.rollouts.view(desired, gpu_nodes)
-        snapshot, actual = self._components(desired, spec, held, view)
+        snapshot, actual = self._components(desired, spec, held, view, waiting)
 
         # Every enabled component at once, as upstream: each node orders itself (init
         # containers wait for its validation files), so a stuck node holds back only
         # itself. The fleet machine below only summarises where the fleet stands.
         plan = plan_rollout(snapshot, previous.rollout_state if previous else None)
         objects = [o for objs in desired.values() for o in objs]
-        refused = await self.applier.apply_all(objects)
+        refused = await self.applier.apply_all([o for o in objects if id(o) not in waiting])
         await self.applier.prune(objects)
         await self.reports.release_abandoned(gpu_nodes, desired)
         self.reports.schedule(view, self.timers)
@@ -205,6 +211,23 @@ class ClusterReconciler:
             self._rendered = (key, desired)
         return {name: list(objs) for name, objs in self._rendered[1].items()}
 
+    def _wait_for_labels(
+        self, raw: Obj, desired: Desired, spec: ClusterPolicySpec, gpu_nodes: list[Obj]
+    ) -> set[int]:
+        """The ``id`` of each new workload held back until the deploy labels are written
+        (see :mod:`gpuop.controller._label_gate`); the pass runs again at the deadline."""
+        held, look_again = self.label_gate.hold(
+            [o for objs in desired.values() for o in objs],
+            lambda o: self.applier.observed(o) is not None,
+            gpu_nodes,
+            spec,
+            (str(raw["metadata"].get("uid")), generation(raw)),
+            self.nodes.version,
+        )
+        if look_again is not None:
+            self.timers.add_after(CLUSTER_KEY, look_again)
+        return {id(o) for o in held}
+
     def _node_facts(self, gpu_nodes: list[Obj]) -> tuple[NodeFacts, ...]:
         """Each GPU node's facts in name order, read again only from a node object the
         cache replaced since."""
@@ -224,7 +247,12 @@ class ClusterReconciler:
         return self._facts_memo[1]
 
     def _components(
-        self, desired: Desired, spec: ClusterPolicySpec, held: bool, view: RolloutView
+        self,
+        desired: Desired,
+        spec: ClusterPolicySpec,
+        held: bool,
+        view: RolloutView,
+        waiting: set[int],
     ) -> tuple[dict[str, ComponentStatus], dict[str, tuple[bool, str]]]:
         """Each component as the rollout machine sees it, and each enabled one's
         (ready, message): applied, its objects ready, on every node it should run on."""
@@ -238,7 +266,10 @@ class ClusterReconciler:
                 continue
             applied = all(not self.applier.needs_apply(o) for o in objs)
             ready, message = component_ready(objs, daemonsets)
-            if not applied:
+            if any(id(o) in waiting for o in objs):
+                waits = self.label_gate.waiting_nodes
+                ready, message = False, f"waiting for deploy labels on {waits} GPU nodes"
+            elif not applied:
                 ready, message = False, "applying"
             if comp.name == DRIVER_COMPONENT:
                 ready, message = self._driver_handover(spec, held, ready, message)

@@ -33,6 +33,7 @@ from gpuop.controller._nodes import is_ready, labels, node_fingerprint, trim_nod
 from gpuop.controller._nvidiadriver import NVD_KEY, NVIDIADrivers
 from gpuop.controller._nvidiadriver_status import is_policy_driver, nvd_owner
 from gpuop.controller._owned import ALWAYS_WATCHED, OptionalWatches
+from gpuop.controller._pace import ProgressPace
 from gpuop.controller._pods import WATCHED_APPS, pod_index, trim_pod, trim_revision
 from gpuop.controller._policy_status import PolicyStatusWriter, generation
 from gpuop.controller._remediation import REMEDIATION_KEY, Remediation, upgrade_drain
@@ -66,6 +67,7 @@ class Operator:
         self.config = config
         self.metrics = metrics
         self.queue = WorkQueue(self._reconcile, workers=config.workers)
+        self.pace = ProgressPace()
         ns = config.namespace
         self.nodes = Informer(
             # A LIST page is parsed whole before it is trimmed, and all caches list at
@@ -225,6 +227,13 @@ class Operator:
             self.node_passes.fleet_soon()  # what the budget reads
         if event != "MODIFIED" or _gpu_facts(old) != _gpu_facts(new):
             self.queue.add(CLUSTER_KEY)
+        elif (
+            self.cluster.label_gate.waiting_nodes
+            and old is not None
+            and new is not None
+            and labels(old) != labels(new)
+        ):
+            self._progress()  # new workloads wait for the deploy labels: count them again
 
     def _on_policy(self, event: str, old: Obj | None, new: Obj | None) -> None:
         if policy_facts(old) != policy_facts(new):
@@ -250,6 +259,10 @@ class Operator:
     def _on_owned(self, kind: Kind, event: str, old: Obj | None, new: Obj | None) -> None:
         obj = new or old
         assert obj is not None
+        if kind.kind == "DaemonSet" and self.pace.daemonsets_changed(
+            self.owned["DaemonSet"].values()
+        ):
+            self.queue.add(CLUSTER_KEY)  # the rollout may be done: say so now
         if event == "DELETED":
             self.applier.deleted(object_key(obj, kind.kind))
             self.queue.add(CLUSTER_KEY)  # put back at once
@@ -275,8 +288,9 @@ class Operator:
     def _progress(self) -> None:
         """Something the cluster pass only counts moved: run it soon, coalescing the
         storm of pod and DaemonSet status events a rollout brings (see
-        ``ClusterReconciler.coalesce_seconds``)."""
-        self.queue.add_after(CLUSTER_KEY, self.cluster.coalesce_seconds())
+        ``ClusterReconciler.coalesce_seconds``). Once every DaemonSet reports all its
+        pods ready, the last pod events are not held back: they end the rollout."""
+        self.queue.add_after(CLUSTER_KEY, self.pace.wait(self.cluster.coalesce_seconds()))
 
     def _on_revision(self, event: str, old: Obj | None, new: Obj | None) -> None:
         # A new driver revision may start upgrades on every GPU node.

@@ -65,6 +65,39 @@ class Settings:
         }
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """User plus system CPU seconds of one process so far, from ``/proc/<pid>/stat``."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    # utime and stime are fields 14 and 15 of stat(5); [0] here is field 3.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class ClusterCpu:
+    """CPU seconds each control-plane process spent between ``start`` and ``take``:
+    on two shared cores the operator run and the baseline differ in where the time
+    went, not only in how much there was."""
+
+    def __init__(self, bench: BenchCluster) -> None:
+        self._pids = bench.cluster.pids()
+        self._before: dict[str, float] = {}
+
+    def _now(self) -> dict[str, float]:
+        now: dict[str, float] = {}
+        for name, pid in self._pids.items():
+            try:
+                now[name] = process_cpu_seconds(pid)
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+        return now
+
+    def start(self) -> None:
+        self._before = self._now()
+
+    def take(self) -> dict[str, float]:
+        after = self._now()
+        return {k: round(v - self._before.get(k, 0.0), 2) for k, v in sorted(after.items())}
+
+
 def _wait_until(check: Callable[[], bool], timeout: float, interval: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not check():
@@ -328,9 +361,7 @@ class OperatorProcess:
     def cpu_seconds(self) -> float:
         """User plus system CPU time so far: on a small machine the operator's CPU is
         taken from the control plane it waits on, so it belongs beside time to ready."""
-        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        # utime and stime are fields 14 and 15 of stat(5); [0] here is field 3.
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return process_cpu_seconds(self.pid)
 
     def rss_mib(self) -> float:
         return self.status("VmRSS") / 2**20

@@ -28,7 +28,7 @@ from gpuop.controller import OperatorConfig
 from gpuop.progress import Progress
 from gpuop.rest import Rest
 
-from ._harness import DS, NAMESPACE, NODE, BenchCluster, Settings
+from ._harness import DS, NAMESPACE, NODE, BenchCluster, ClusterCpu, Settings
 
 SAMPLE_S = 5.0
 """How often the rollout's progress (Ready pods per DaemonSet) is sampled."""
@@ -84,6 +84,8 @@ async def run_once(settings: Settings, gpu_nodes: int, timeout: float) -> dict[s
         objects = [o for objs in desired_objects(spec, ctx).values() for o in objs]
         n_ds = sum(1 for o in objects if o["kind"] == "DaemonSet")
         progress = Progress(f"baseline {gpu_nodes} GPU nodes", total=n_ds)
+        cluster_cpu = ClusterCpu(bench)
+        cluster_cpu.start()
         started = time.monotonic()
         for obj in objects:
             await rest.apply(obj)
@@ -102,8 +104,16 @@ async def run_once(settings: Settings, gpu_nodes: int, timeout: float) -> dict[s
                 raise TimeoutError(f"baseline: {ready}/{n_ds} DaemonSets ready in {timeout}s")
             await asyncio.sleep(0.5)
         elapsed = time.monotonic() - started
-        progress.finish(f"all {n_ds} DaemonSets ready in {elapsed:.1f}s")
-    return {"time_to_ready_s": elapsed, "label_nodes_s": label_s, "pods_ready": samples}
+        used = cluster_cpu.take()
+        progress.finish(
+            f"all {n_ds} DaemonSets ready in {elapsed:.1f}s (cluster CPU {sum(used.values()):.1f}s)"
+        )
+    return {
+        "time_to_ready_s": elapsed,
+        "label_nodes_s": label_s,
+        "pods_ready": samples,
+        "cluster_cpu_s": used,
+    }
 
 
 async def _label(rest: Rest, nodes: list[dict[str, Any]], spec: Any) -> None:

@@ -21,7 +21,15 @@ from gpuop.progress import Progress
 from gpuop.rest import Rest
 
 from ._audit import as_table, by_verb, writes
-from ._harness import DS, NAMESPACE, BenchCluster, OperatorProcess, Settings, policy_state
+from ._harness import (
+    DS,
+    NAMESPACE,
+    BenchCluster,
+    ClusterCpu,
+    OperatorProcess,
+    Settings,
+    policy_state,
+)
 from .baseline import SAMPLE_S, ds_ready, pods_ready
 
 Extra = Callable[[BenchCluster, Rest, OperatorProcess], Awaitable[dict[str, Any]]]
@@ -35,6 +43,8 @@ class RolloutRun:
     # operator's CPU seconds over the rollout: what the gap to the baseline is made of.
     daemonsets_ready_s: float | None = None
     rollout_cpu_s: float = 0.0
+    cluster_cpu_s: dict[str, float] = field(default_factory=dict)
+    """CPU seconds of each control-plane process over the rollout."""
     rollout_spans_s: dict[str, list[float]] = field(default_factory=dict)
     pods_ready: list[dict[str, float]] = field(default_factory=list)
     """Every SAMPLE_S: seconds since the policy, and each DaemonSet's Ready pods."""
@@ -122,16 +132,20 @@ async def run_once(
             bench.audit.mark()
             progress = Progress(f"rollout {gpu_nodes} GPU nodes")
             cpu_before = first.cpu_seconds()
+            cluster_cpu = ClusterCpu(bench)
+            cluster_cpu.start()
             started = time.monotonic()
             started_wall = time.time()
             await rest.apply(crd.sample_policy())
             await _wait_policy_ready(rest, ready_timeout, progress, result)
             result.time_to_ready_s = time.monotonic() - started
             result.rollout_cpu_s = first.cpu_seconds() - cpu_before
+            result.cluster_cpu_s = cluster_cpu.take()
             progress.finish(
                 f"ready in {result.time_to_ready_s:.1f}s "
                 f"(DaemonSets {result.daemonsets_ready_s or 0:.1f}s, "
-                f"operator CPU {result.rollout_cpu_s:.1f}s)"
+                f"operator CPU {result.rollout_cpu_s:.1f}s, "
+                f"cluster CPU {sum(result.cluster_cpu_s.values()):.1f}s)"
             )
             rollout = bench.audit.take()
             labelled = [t - started_wall for t in first.event_times("node labels")]
