@@ -29,7 +29,10 @@ from gpuop.informer import Obj
 
 LABEL_WAIT_MAX_S = 60.0
 """The longest new workloads wait for the deploy labels: labelling 3,000 nodes took
-10-20 s on an unloaded local control plane; a refused patch must not hold more."""
+about 20 s on the local control plane; a refused patch must not hold more."""
+RECHECK_S = 0.5
+"""How often a held pass counts again: the node passes store their own label patches
+in the cache without an event, so nothing else would wake the cluster pass."""
 
 
 def adds_labels(node: Obj, spec: ClusterPolicySpec) -> bool:
@@ -78,4 +81,4 @@ class LabelGate:
         left = since + self.max_wait_s - now
         if left <= 0:
             return [], None
-        return new, left
+        return new, min(left, RECHECK_S)

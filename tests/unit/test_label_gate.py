@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 import crd
 from components.labels import apply_label_changes, node_label_changes
 from crd import ClusterPolicySpec, parse_policy
-from gpuop.controller._label_gate import LabelGate, adds_labels
+from gpuop.controller._label_gate import RECHECK_S, LabelGate, adds_labels
 
 GPU = {"feature.node.kubernetes.io/pci-10de.present": "true"}
 POLICY = ("uid-1", 1)
@@ -50,7 +52,7 @@ def test_a_new_daemonset_waits_while_a_gpu_node_lacks_its_deploy_labels() -> Non
     nodes = [_labelled("a", spec), _node("b", dict(GPU))]
     held, again = gate.hold([CM, DS], lambda o: False, nodes, spec, POLICY, 1)
     assert held == [DS]  # the ConfigMap is applied at once
-    assert again == 60
+    assert again == RECHECK_S  # counted again soon, in memory
     assert gate.waiting_nodes == 1
 
 
@@ -79,8 +81,10 @@ def test_the_wait_ends_at_the_deadline_even_if_a_node_is_never_labelled() -> Non
     clock.now += 45
     held, again = gate.hold([DS], lambda o: False, nodes, spec, POLICY, 1)
     assert held == [DS]
-    assert again == 15
-    clock.now += 15
+    assert again == RECHECK_S
+    clock.now += 14.9
+    assert gate.hold([DS], lambda o: False, nodes, spec, POLICY, 1) == ([DS], pytest.approx(0.1))
+    clock.now += 0.1
     assert gate.hold([DS], lambda o: False, nodes, spec, POLICY, 1) == ([], None)
 
 
@@ -93,7 +97,7 @@ def test_a_new_generation_waits_afresh_for_its_own_labels() -> None:
     assert gate.hold([DS], lambda o: False, nodes, spec, POLICY, 1)[0] == []
     held, again = gate.hold([DS], lambda o: False, nodes, spec, ("uid-1", 2), 1)
     assert held == [DS]
-    assert again == 60
+    assert again == RECHECK_S
 
 
 def test_the_fleet_is_counted_again_only_when_the_node_cache_changed() -> None:
