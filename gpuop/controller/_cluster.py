@@ -215,7 +215,8 @@ class ClusterReconciler:
         self, raw: Obj, desired: Desired, spec: ClusterPolicySpec, gpu_nodes: list[Obj]
     ) -> set[int]:
         """The ``id`` of each new workload held back until the deploy labels are written
-        (see :mod:`gpuop.controller._label_gate`); the pass runs again at the deadline."""
+        (see :mod:`gpuop.controller._label_gate`); the pass counts again soon, until
+        the labels are written or the deadline passes."""
         held, look_again = self.label_gate.hold(
             [o for objs in desired.values() for o in objs],
             lambda o: self.applier.observed(o) is not None,

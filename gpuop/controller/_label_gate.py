@@ -4,10 +4,11 @@ A DaemonSet selects its nodes by the ``nvidia.com/gpu.deploy.*`` labels the node
 write. Created while those labels are still being written, kube-controller-manager
 syncs every such DaemonSet again for each node labelled (a sync reads every node and
 every pod of the DaemonSet), and starts a fresh burst of pod creations for the few nodes
-labelled since. Measured on the local control plane at 1,000 GPU nodes, that labelling
-under a running rollout cost the control plane about 80 CPU seconds more than the same
-DaemonSets created over labelled nodes. Upstream labels the GPU nodes before it applies
-any state, for the same end.
+labelled since; the label patches themselves queue behind the rollout's requests. In one
+1,000-GPU-node run on the local control plane, labelling first finished the labels at
+5.5 s instead of 22.9 s and the control plane used 10 CPU seconds less (within the
+run-to-run spread for time to ready). Upstream labels the GPU nodes before it applies
+any state.
 
 So an object that runs pods and does not exist yet is created once no GPU node is
 waiting for a deploy label, or after ``LABEL_WAIT_MAX_S`` (a node whose label patch the
