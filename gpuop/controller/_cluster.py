@@ -142,7 +142,8 @@ class ClusterReconciler:
             desired[DRIVER_COMPONENT] = [
                 o for o in desired[DRIVER_COMPONENT] if o["kind"] != "DaemonSet"
             ]
-        waiting = self._wait_for_labels(raw, desired, spec, gpu_nodes)
+        objects = [o for objs in desired.values() for o in objs]
+        waiting = self._wait_for_labels(raw, objects, spec, gpu_nodes)
         view = self.rollouts.view(desired, gpu_nodes)
         snapshot, actual = self._components(desired, spec, held, view, waiting)
 
@@ -150,7 +151,6 @@ class ClusterReconciler:
         # containers wait for its validation files), so a stuck node holds back only
         # itself. The fleet machine below only summarises where the fleet stands.
         plan = plan_rollout(snapshot, previous.rollout_state if previous else None)
-        objects = [o for objs in desired.values() for o in objs]
         refused = await self.applier.apply_all([o for o in objects if id(o) not in waiting])
         await self.applier.prune(objects)
         await self.reports.release_abandoned(gpu_nodes, desired)
@@ -212,13 +212,13 @@ class ClusterReconciler:
         return {name: list(objs) for name, objs in self._rendered[1].items()}
 
     def _wait_for_labels(
-        self, raw: Obj, desired: Desired, spec: ClusterPolicySpec, gpu_nodes: list[Obj]
+        self, raw: Obj, objects: list[Obj], spec: ClusterPolicySpec, gpu_nodes: list[Obj]
     ) -> set[int]:
         """The ``id`` of each new workload held back until the deploy labels are written
         (see :mod:`gpuop.controller._label_gate`); the pass counts again soon, until
         the labels are written or the deadline passes."""
         held, look_again = self.label_gate.hold(
-            [o for objs in desired.values() for o in objs],
+            objects,
             lambda o: self.applier.observed(o) is not None,
             gpu_nodes,
             spec,

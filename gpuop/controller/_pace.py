@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from components.readiness import daemonset_ready
+from gpuop.controller._cluster import COALESCE_MIN_S as LEAST_WAIT_S
 from gpuop.informer import Obj
 
-LEAST_WAIT_S = 0.1
-"""What progress news waits once the DaemonSets are settled (the pass's least wait)."""
+__all__ = ["LEAST_WAIT_S", "ProgressPace"]
 
 
 class ProgressPace:
@@ -31,5 +31,6 @@ class ProgressPace:
         return self.settled and not was
 
     def wait(self, coalesced: float) -> float:
-        """How long progress news waits for the pass, given the storm's wait."""
+        """How long progress news waits for the pass, given the storm's wait; once the
+        DaemonSets are settled, the pass's least wait."""
         return LEAST_WAIT_S if self.settled else coalesced
