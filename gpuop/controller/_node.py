@@ -68,6 +68,7 @@ class NodeReconciler:
         node = self.nodes.get(name)
         if node is None:
             self.queue.forget(node_key(name))
+            self.upgrades.forget_node(name)
             return
         raw, model, problems = self.active_policy()
         if raw is not None and (model is None or problems):

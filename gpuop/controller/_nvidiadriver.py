@@ -84,6 +84,11 @@ class NVIDIADrivers:
             self._on_pod,
         )
         self._parsed: VersionMemo[str, NVIDIADriver | None] = VersionMemo()
+        #: Fleet-wide answers read by every cluster pass and every NVIDIADriver pass,
+        #: worked out again only after their cache changed (a rollout's passes would
+        #: otherwise scan every node and every driver pod each time).
+        self._owned_nodes: tuple[int, frozenset[str]] | None = None
+        self._foreign_pods: tuple[int, bool] | None = None
         self.status = StatusWriter(operator, self.drivers)
 
     # ------------------------------------------------------------ watching
@@ -115,7 +120,11 @@ class NVIDIADrivers:
         if event == "MODIFIED":
             return  # hand-over gates and the fleet budget only ask whether one is there
         self.op.queue.add(NVD_KEY)
-        self.op.queue.add(CLUSTER_KEY)
+        if not is_policy_driver(_app(pod)):
+            # The ClusterPolicy's driver waits while an NVIDIADriver's pod runs. Its own
+            # pods coming and going is rollout progress: the operator's paced pass
+            # counts it (queued at once here, 1,000 creations were 1,000 passes).
+            self.op.queue.add(CLUSTER_KEY)
         self.op.queue.add(UPGRADES_KEY)
 
     # ----------------------------------------------------------- questions
@@ -126,12 +135,27 @@ class NVIDIADrivers:
     def holds_policy_driver(self) -> bool:
         """Whether the ClusterPolicy's driver DaemonSet must wait: a resource still owns a
         node or still has a driver pod running."""
-        if any(OWNER_LABEL in labels(n) for n in self.op.nodes.values()):
-            return True
-        return any(
-            not is_policy_driver(str(p["metadata"]["labels"].get("app", "")))
-            for p in self.driver_pods.values()
-        )
+        return bool(self.owned_nodes()) or self._has_foreign_driver_pods()
+
+    def owned_nodes(self) -> frozenset[str]:
+        """The nodes an NVIDIADriver owns (they carry its owner label)."""
+        version = self.op.nodes.version
+        if self._owned_nodes is None or self._owned_nodes[0] != version:
+            owned = frozenset(
+                str(n["metadata"]["name"])
+                for n in self.op.nodes.values()
+                if OWNER_LABEL in labels(n)
+            )
+            self._owned_nodes = (version, owned)
+        return self._owned_nodes[1]
+
+    def _has_foreign_driver_pods(self) -> bool:
+        """Whether any driver pod belongs to an NVIDIADriver's DaemonSet."""
+        version = self.driver_pods.version
+        if self._foreign_pods is None or self._foreign_pods[0] != version:
+            foreign = any(not is_policy_driver(_app(p)) for p in self.driver_pods.values())
+            self._foreign_pods = (version, foreign)
+        return self._foreign_pods[1]
 
     def _model(self, name: str) -> NVIDIADriver | None:
         """The parsed resource, once per resourceVersion (every node pass asks)."""
@@ -301,13 +325,7 @@ class NVIDIADrivers:
             if nvd_owner(ds) is not None and not meta.get("deletionTimestamp"):
                 await self.op.rest.delete(DAEMONSET, meta["name"], meta.get("namespace"))
                 log.info("deleted", kind="DaemonSet", name=meta["name"], reason="disabled")
-        await self._label(
-            {
-                n["metadata"]["name"]: None
-                for n in self.op.nodes.values()
-                if OWNER_LABEL in labels(n)
-            }
-        )
+        await self._label(dict.fromkeys(self.owned_nodes()))
         for raw in raws:
             if raw["metadata"].get("deletionTimestamp"):
                 continue
@@ -343,3 +361,7 @@ def _parse_or_none(raw: Obj) -> NVIDIADriver | None:
         return parse_nvidiadriver(raw)
     except ValidationError:
         return None
+
+
+def _app(pod: Obj) -> str:
+    return str((pod["metadata"].get("labels") or {}).get("app", ""))

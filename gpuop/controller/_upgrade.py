@@ -94,6 +94,11 @@ class Upgrades:
         self.events = EventRecorder(rest)
         self.emptying = Emptying(rest, namespace)
         self._blocked: dict[str, str] = {}
+        #: Per node, the last decision that did nothing and started no clock, with the
+        #: view (its clock zeroed) and policy it answered. A node at rest is asked
+        #: again on each of its driver and validator pod events during a rollout, and
+        #: the rulebook gives a view it has seen the same answer.
+        self._resting: dict[str, tuple[UpgradePolicyView, NodeUpgradeView, Decision]] = {}
         #: Bound of pod-restart-required (see ``UpgradePolicyView``); settable for tests.
         self.driver_ready_timeout_seconds = DRIVER_READY_TIMEOUT_SECONDS
         #: Hooks for NVIDIADrivers: which driver DaemonSet (its `app`) runs on a node,
@@ -258,7 +263,15 @@ class Upgrades:
         if policy.auto_upgrade:
             policy = replace(policy, driver_ready_timeout_seconds=self.driver_ready_timeout_seconds)
         view = await self.view(node, policy, newest)
+        timeless = replace(view, now=0.0)
+        rested = self._resting.get(view.name)
+        if rested is not None and rested[0] == policy and rested[1] == timeless:
+            return rested[2]
         decision = next_step(view, policy)
+        if _at_rest(decision) and not self._node_patch(node, decision):
+            self._resting[view.name] = (policy, timeless, decision)
+        else:
+            self._resting.pop(view.name, None)
         try:
             await self._persist(node, decision)
         except ApiException as err:
@@ -306,10 +319,7 @@ class Upgrades:
         """One merge patch. Leaving ``upgrade-required`` is guarded by the node's
         resourceVersion: the fleet pass (start) and a node pass (cancel, cleanup) may
         both decide it, and only the first to land on the version they read wins."""
-        patch: dict[str, Any] = dict(decision.merge_patch())
-        cordon = _wanted_unschedulable(decision)
-        if cordon is not None and bool(node["spec"].get("unschedulable")) != cordon:
-            patch["spec"] = {"unschedulable": cordon if cordon else None}
+        patch = self._node_patch(node, decision)
         if not patch:
             return
         rv = node["metadata"].get("resourceVersion")
@@ -317,6 +327,19 @@ class Upgrades:
             patch["metadata"] = {**patch.get("metadata", {}), "resourceVersion": rv}
         patched = await self.rest.merge_patch(NODE, node["metadata"]["name"], patch)
         self._nodes.observe(patched)
+
+    @staticmethod
+    def _node_patch(node: Obj, decision: Decision) -> dict[str, Any]:
+        """What the decision changes on the node: labels, annotations, the cordon."""
+        patch: dict[str, Any] = dict(decision.merge_patch())
+        cordon = _wanted_unschedulable(decision)
+        if cordon is not None and bool(node["spec"].get("unschedulable")) != cordon:
+            patch["spec"] = {"unschedulable": cordon if cordon else None}
+        return patch
+
+    def forget_node(self, name: str) -> None:
+        """The node is gone: drop what was kept for it."""
+        self._resting.pop(name, None)
 
     async def _act(
         self, view: NodeUpgradeView, decision: Decision, policy: UpgradePolicyView
@@ -352,3 +375,16 @@ def requeue_after(decision: Decision) -> float | None:
     if decision.target in _EMPTYING:
         delays.append(EMPTYING_POLL_SECONDS)
     return min(delays) if delays else None
+
+
+def _at_rest(decision: Decision) -> bool:
+    """Nothing to do, write or report, and no clock running: the same view asks nothing new."""
+    return (
+        decision.action is Action.NONE
+        and not decision.changed_state
+        and not decision.hops
+        and not decision.has_patch
+        and decision.requeue_after is None
+        and not decision.failure
+        and not decision.notice
+    )

@@ -1,0 +1,96 @@
+"""What driver pods and owner labels wake, and that the fleet-wide answers stay current.
+
+The ClusterPolicy's own driver pods coming and going is rollout progress, counted by
+the operator's paced cluster pass; only an NVIDIADriver's pod changes whether the
+ClusterPolicy's driver must wait, so only that queues the cluster pass at once.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+from crd import OWNER_LABEL
+from gpuop.controller._keys import CLUSTER_KEY, node_key
+from gpuop.controller._nodes import trim_node
+from gpuop.controller._nvidiadriver import NVD_KEY, NVIDIADrivers
+from gpuop.informer import Informer, ResourceSpec, key_of
+
+Obj = dict[str, Any]
+
+
+class _Queue:
+    def __init__(self) -> None:
+        self.added: list[str] = []
+
+    def add(self, key: str) -> None:
+        self.added.append(key)
+
+
+async def _never(**_: Any) -> None:
+    raise AssertionError("not called")
+
+
+def _controller() -> tuple[NVIDIADrivers, _Queue, Informer]:
+    queue = _Queue()
+    nodes = Informer(ResourceSpec("nodes", _never, transform=trim_node), lambda *_: None)
+    rest = SimpleNamespace(lister=lambda *_a, **_k: _never)
+    op = SimpleNamespace(rest=rest, config=SimpleNamespace(namespace="gpu-operator"))
+    op.queue = queue
+    op.nodes = nodes
+    return NVIDIADrivers(op), queue, nodes  # type: ignore[arg-type]
+
+
+def _pod(app: str, node: str = "n0") -> Obj:
+    return {
+        "metadata": {"name": f"{app}-x", "namespace": "gpu-operator", "labels": {"app": app}},
+        "spec": {"nodeName": node},
+    }
+
+
+def _node(name: str, owner: str | None = None) -> Obj:
+    labels = {"nvidia.com/gpu.present": "true"}
+    if owner:
+        labels[OWNER_LABEL] = owner
+    return {"metadata": {"name": name, "resourceVersion": "1", "labels": labels}, "spec": {}}
+
+
+def test_the_policys_own_driver_pods_do_not_queue_the_cluster_pass() -> None:
+    nvd, queue, _ = _controller()
+
+    nvd._on_pod("ADDED", None, _pod("nvidia-driver-daemonset"))
+    nvd._on_pod("DELETED", _pod("nvidia-driver-daemonset"), None)
+
+    assert CLUSTER_KEY not in queue.added
+    assert queue.added.count(node_key("n0")) == 2
+    assert NVD_KEY in queue.added  # the hand-over still looks
+
+
+def test_an_nvidiadriver_pod_queues_the_cluster_pass_at_once() -> None:
+    nvd, queue, _ = _controller()
+
+    nvd._on_pod("ADDED", None, _pod("nvidia-gpu-driver-ubuntu22.04-abc"))
+
+    assert CLUSTER_KEY in queue.added
+
+
+def test_owned_nodes_and_foreign_pods_follow_their_caches() -> None:
+    nvd, _, nodes = _controller()
+    for node in (_node("n0"), _node("n1")):
+        nodes._put(key_of(node), trim_node(node))
+    assert nvd.owned_nodes() == frozenset()
+    assert not nvd.holds_policy_driver()
+
+    owned = trim_node(_node("n1", owner="mine"))
+    nodes._put(key_of(owned), owned)
+    assert nvd.owned_nodes() == frozenset({"n1"})
+    assert nvd.holds_policy_driver()
+
+    nodes._put(key_of(owned), trim_node(_node("n1")))
+    assert not nvd.holds_policy_driver()
+
+    pod = _pod("nvidia-gpu-driver-ubuntu22.04-abc")
+    nvd.driver_pods._put(key_of(pod), pod)
+    assert nvd.holds_policy_driver()
+    nvd.driver_pods._drop(key_of(pod))
+    assert not nvd.holds_policy_driver()

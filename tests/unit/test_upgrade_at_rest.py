@@ -1,0 +1,91 @@
+"""A node at rest is not put through the rulebook again for a view it has answered.
+
+During a rollout every driver and validator pod event queues that node's pass, and
+nearly all of them find the node at ``upgrade-done`` with nothing to do. The answer
+is remembered with the view it was given (its clock left out); anything the rulebook
+reads changing, or a policy change, asks it again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+import gpuop.controller._upgrade as upgrade_module
+from gpuop.controller._nodes import trim_node
+from gpuop.controller._pods import trim_pod
+from gpuop.informer import key_of
+from statemachine.upgrade import next_step
+from statemachine.upgrade_keys import UpgradeState
+from tests.unit.test_upgrade_slots import POLICY, _driver_pod, _operator, _Server
+
+
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    seen: list[str] = []
+
+    def counted(view: Any, policy: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(view.name)
+        return next_step(view, policy, *args, **kwargs)
+
+    monkeypatch.setattr(upgrade_module, "next_step", counted)
+    return seen
+
+
+async def test_the_same_view_at_rest_is_answered_from_memory(calls: list[str]) -> None:
+    server = _Server(["n0"], state="upgrade-done")
+    upgrades, nodes, _ = _operator(server)
+    pods = upgrades.driver_pods
+    pod = trim_pod(_driver_pod("n0", revision="new"))
+    pods._put(key_of(pod), pod)
+
+    stamped = await upgrades.step(nodes.get("n0") or {}, POLICY, "new")  # writes its clock
+    rest = await upgrades.step(nodes.get("n0") or {}, POLICY, "new")
+    again = await upgrades.step(nodes.get("n0") or {}, POLICY, "new")
+
+    assert stamped.has_patch
+    assert rest.target is UpgradeState.UPGRADE_DONE
+    assert not rest.has_patch
+    assert again == rest
+    assert calls == ["n0", "n0"]
+    assert len(server.patches) == 1
+
+
+async def test_a_changed_input_or_policy_asks_the_rulebook_again(calls: list[str]) -> None:
+    server = _Server(["n0"], state="upgrade-done")
+    upgrades, nodes, _ = _operator(server)
+    pods = upgrades.driver_pods
+    pod = trim_pod(_driver_pod("n0", revision="new"))
+    pods._put(key_of(pod), pod)
+    await upgrades.step(nodes.get("n0") or {}, POLICY, "new")
+    await upgrades.step(nodes.get("n0") or {}, POLICY, "new")  # at rest, remembered
+    assert len(calls) == 2
+
+    await upgrades.step(nodes.get("n0") or {}, replace(POLICY, max_parallel_upgrades=5), "new")
+    assert len(calls) == 3
+
+    # A new driver revision: the same node now needs an upgrade.
+    decision = await upgrades.step(nodes.get("n0") or {}, POLICY, "newer")
+    assert len(calls) == 4
+    assert decision.target is UpgradeState.UPGRADE_REQUIRED
+    # That decision wrote the new state; the pass on the fresh node asks again too.
+    node = trim_node(server.nodes["n0"])
+    await upgrades.step(node, POLICY, "newer")
+    assert len(calls) == 5
+
+
+async def test_a_decision_that_acts_or_waits_is_never_remembered(calls: list[str]) -> None:
+    server = _Server(["n0"])  # upgrade-required: waits for a slot, asks every time
+    upgrades, nodes, _ = _operator(server)
+
+    await upgrades.step(nodes.get("n0") or {}, POLICY, "new")
+    await upgrades.grant(nodes.values(), POLICY)
+    node = nodes.get("n0") or {}
+    first = await upgrades.step(node, POLICY, "new")
+    assert first.changed_state  # cordon-required onwards: acted, so not remembered
+
+    assert len(calls) == 2
+    upgrades.forget_node("n0")
+    assert "n0" not in upgrades._resting
