@@ -215,8 +215,7 @@ class NVIDIADrivers:
         return {
             str(p["spec"]["nodeName"])
             for p in self.driver_pods.values()
-            if p["spec"].get("nodeName")
-            and is_policy_driver(str(p["metadata"]["labels"].get("app", "")))
+            if p["spec"].get("nodeName") and is_policy_driver(_app(p))
         }
 
     # ----------------------------------------------------------- reconcile

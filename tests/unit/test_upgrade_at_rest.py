@@ -16,7 +16,8 @@ import pytest
 import gpuop.controller._upgrade as upgrade_module
 from gpuop.controller._nodes import trim_node
 from gpuop.controller._pods import trim_pod
-from gpuop.informer import key_of
+from gpuop.controller._upgrade import Upgrades
+from gpuop.informer import Informer, key_of
 from statemachine.upgrade import next_step
 from statemachine.upgrade_keys import UpgradeState
 from tests.unit.test_upgrade_slots import POLICY, _driver_pod, _operator, _Server
@@ -34,12 +35,17 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return seen
 
 
-async def test_the_same_view_at_rest_is_answered_from_memory(calls: list[str]) -> None:
+def _done_at(revision: str) -> tuple[_Server, Upgrades, Informer]:
+    """One node at ``upgrade-done`` whose driver pod runs ``revision``."""
     server = _Server(["n0"], state="upgrade-done")
     upgrades, nodes, _ = _operator(server)
-    pods = upgrades.driver_pods
-    pod = trim_pod(_driver_pod("n0", revision="new"))
-    pods._put(key_of(pod), pod)
+    pod = trim_pod(_driver_pod("n0", revision=revision))
+    upgrades.driver_pods._put(key_of(pod), pod)
+    return server, upgrades, nodes
+
+
+async def test_the_same_view_at_rest_is_answered_from_memory(calls: list[str]) -> None:
+    server, upgrades, nodes = _done_at("new")
 
     stamped = await upgrades.step(nodes.get("n0") or {}, POLICY, "new")  # writes its clock
     rest = await upgrades.step(nodes.get("n0") or {}, POLICY, "new")
@@ -54,11 +60,7 @@ async def test_the_same_view_at_rest_is_answered_from_memory(calls: list[str]) -
 
 
 async def test_a_changed_input_or_policy_asks_the_rulebook_again(calls: list[str]) -> None:
-    server = _Server(["n0"], state="upgrade-done")
-    upgrades, nodes, _ = _operator(server)
-    pods = upgrades.driver_pods
-    pod = trim_pod(_driver_pod("n0", revision="new"))
-    pods._put(key_of(pod), pod)
+    server, upgrades, nodes = _done_at("new")
     await upgrades.step(nodes.get("n0") or {}, POLICY, "new")
     await upgrades.step(nodes.get("n0") or {}, POLICY, "new")  # at rest, remembered
     assert len(calls) == 2
