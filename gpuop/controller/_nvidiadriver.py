@@ -40,7 +40,7 @@ from gpuop.controller._keys import CLUSTER_KEY, UPGRADES_KEY, node_key
 from gpuop.controller._memo import VersionMemo
 from gpuop.controller._nodes import labels
 from gpuop.controller._nvidiadriver_status import StatusWriter, is_policy_driver, nvd_owner
-from gpuop.controller._pods import pod_index, trim_pod
+from gpuop.controller._pods import pod_app, pod_index, trim_pod
 from gpuop.controller._upgrade_inputs import policy_view
 from gpuop.informer import Informer, Obj, ResourceSpec
 from gpuop.log import get_logger
@@ -87,8 +87,8 @@ class NVIDIADrivers:
         #: Fleet-wide answers read by every cluster pass and every NVIDIADriver pass,
         #: worked out again only after their cache changed (a rollout's passes would
         #: otherwise scan every node and every driver pod each time).
-        self._owned_nodes: tuple[int, frozenset[str]] | None = None
-        self._foreign_pods: tuple[int, bool] | None = None
+        self._owned_nodes: VersionMemo[str, frozenset[str]] = VersionMemo()
+        self._foreign_pods: VersionMemo[str, bool] = VersionMemo()
         self.status = StatusWriter(operator, self.drivers)
 
     # ------------------------------------------------------------ watching
@@ -120,7 +120,7 @@ class NVIDIADrivers:
         if event == "MODIFIED":
             return  # hand-over gates and the fleet budget only ask whether one is there
         self.op.queue.add(NVD_KEY)
-        if not is_policy_driver(_app(pod)):
+        if not is_policy_driver(pod_app(pod)):
             # The ClusterPolicy's driver waits while an NVIDIADriver's pod runs. Its own
             # pods coming and going is rollout progress: the operator's paced pass
             # counts it (queued at once here, 1,000 creations were 1,000 passes).
@@ -139,23 +139,23 @@ class NVIDIADrivers:
 
     def owned_nodes(self) -> frozenset[str]:
         """The nodes an NVIDIADriver owns (they carry its owner label)."""
-        version = self.op.nodes.version
-        if self._owned_nodes is None or self._owned_nodes[0] != version:
-            owned = frozenset(
+        return self._owned_nodes.get(
+            "nodes",
+            str(self.op.nodes.version),
+            lambda: frozenset(
                 str(n["metadata"]["name"])
                 for n in self.op.nodes.values()
                 if OWNER_LABEL in labels(n)
-            )
-            self._owned_nodes = (version, owned)
-        return self._owned_nodes[1]
+            ),
+        )
 
     def _has_foreign_driver_pods(self) -> bool:
         """Whether any driver pod belongs to an NVIDIADriver's DaemonSet."""
-        version = self.driver_pods.version
-        if self._foreign_pods is None or self._foreign_pods[0] != version:
-            foreign = any(not is_policy_driver(_app(p)) for p in self.driver_pods.values())
-            self._foreign_pods = (version, foreign)
-        return self._foreign_pods[1]
+        return self._foreign_pods.get(
+            "pods",
+            str(self.driver_pods.version),
+            lambda: any(not is_policy_driver(pod_app(p)) for p in self.driver_pods.values()),
+        )
 
     def _model(self, name: str) -> NVIDIADriver | None:
         """The parsed resource, once per resourceVersion (every node pass asks)."""
@@ -215,7 +215,7 @@ class NVIDIADrivers:
         return {
             str(p["spec"]["nodeName"])
             for p in self.driver_pods.values()
-            if p["spec"].get("nodeName") and is_policy_driver(_app(p))
+            if p["spec"].get("nodeName") and is_policy_driver(pod_app(p))
         }
 
     # ----------------------------------------------------------- reconcile
@@ -360,7 +360,3 @@ def _parse_or_none(raw: Obj) -> NVIDIADriver | None:
         return parse_nvidiadriver(raw)
     except ValidationError:
         return None
-
-
-def _app(pod: Obj) -> str:
-    return str((pod["metadata"].get("labels") or {}).get("app", ""))

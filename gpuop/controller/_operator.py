@@ -34,7 +34,7 @@ from gpuop.controller._nvidiadriver import NVD_KEY, NVIDIADrivers
 from gpuop.controller._nvidiadriver_status import is_policy_driver, nvd_owner
 from gpuop.controller._owned import ALWAYS_WATCHED, OptionalWatches
 from gpuop.controller._pace import ProgressPace
-from gpuop.controller._pods import WATCHED_APPS, pod_index, trim_pod, trim_revision
+from gpuop.controller._pods import WATCHED_APPS, pod_app, pod_index, trim_pod, trim_revision
 from gpuop.controller._policy_status import PolicyStatusWriter, generation
 from gpuop.controller._remediation import REMEDIATION_KEY, Remediation, upgrade_drain
 from gpuop.controller._remediation_views import policy_facts
@@ -277,12 +277,11 @@ class Operator:
         if pod_facts(old) != pod_facts(new):
             self._progress()  # where that node stands in the rollout
         node = (pod.get("spec") or {}).get("nodeName")
-        app = (pod["metadata"].get("labels") or {}).get("app")
+        app = pod_app(pod)
         if node and app in WATCHED_APPS:
             self.queue.add(node_key(node))
             # The fleet budget only asks whether a node has a driver pod at all.
-            is_driver = (pod["metadata"].get("labels") or {}).get("app") == DRIVER_DS
-            if is_driver and event != "MODIFIED":
+            if app == DRIVER_DS and event != "MODIFIED":
                 self.node_passes.fleet_soon()
 
     def _progress(self) -> None:

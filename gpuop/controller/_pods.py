@@ -91,6 +91,11 @@ def _identity(meta: Obj) -> Obj:
     return {k: shared(meta[k]) if k in _REPEATED else meta[k] for k in _META if k in meta}
 
 
+def pod_app(pod: Obj) -> str:
+    """The pod's ``app`` label (its DaemonSet's name), "" when it has none."""
+    return str((pod["metadata"].get("labels") or {}).get("app", ""))
+
+
 def pod_index(pod: Obj) -> tuple[str, str] | None:
     """Pods by (node, app label): the upgrade code asks for "the driver pod on node X"."""
     node = pod["spec"].get("nodeName")
