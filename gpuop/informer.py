@@ -42,6 +42,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpuop.backoff import Backoff, Retry
 from gpuop.log import get_logger
+from gpuop.shapes import Decoder
 
 log = get_logger(__name__)
 
@@ -96,6 +97,11 @@ class ResourceSpec:
     #: Record which index keys changed, for ``Informer.index_changes`` (opt-in: a set
     #: nobody drains would grow with every key ever seen).
     track_index_changes: bool = False
+    #: The fields ``transform`` reads, as a ``TypedDict`` (see :mod:`gpuop.shapes`):
+    #: watch events and LIST pages are then parsed into those fields only, so the rest
+    #: of a big object (managedFields, the pod spec) is never built in Python. None:
+    #: parse whole objects.
+    shape: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -111,6 +117,7 @@ class Informer:
     ) -> None:
         self.spec = spec
         self.handler = handler
+        self._decode = Decoder(spec.shape)
         self.silence = silence
         self.store: dict[str, Obj] = {}
         self._index: dict[Any, list[Obj]] = {}
@@ -270,7 +277,7 @@ class Informer:
             if cont:
                 kwargs["_continue"] = cont
             resp = await self.spec.list_call(_preload_content=False, **kwargs)
-            body = await _read_json(resp)
+            body = self._decode.page(await _read_body(resp))
             for raw in body.get("items") or []:
                 obj = self.spec.transform(raw)
                 items[key_of(obj)] = obj
@@ -360,7 +367,7 @@ class Informer:
                 await asyncio.sleep(delay)
 
     def _on_line(self, line: bytes) -> None:
-        event = json.loads(line)
+        event = self._decode.event(line)
         kind = event.get("type")
         raw: Obj = event.get("object") or {}
         if kind == "ERROR":
@@ -414,10 +421,10 @@ def _uid(obj: Obj) -> str:
     return str(obj.get("metadata", {}).get("uid") or "")
 
 
-async def _read_json(resp: Any) -> Obj:
+async def _read_body(resp: Any) -> bytes:
     """Read a whole response; raise ``ApiException`` with the server's words on errors."""
     try:
-        data = await resp.read()
+        data: bytes = await resp.read()
     finally:
         with contextlib.suppress(Exception):
             resp.release()
@@ -425,5 +432,9 @@ async def _read_json(resp: Any) -> Obj:
         raise GoneError()
     if not 200 <= resp.status <= 299:
         raise ApiException(status=resp.status, reason=data.decode(errors="replace")[:500])
-    parsed: Obj = json.loads(data)
+    return data
+
+
+async def _read_json(resp: Any) -> Obj:
+    parsed: Obj = json.loads(await _read_body(resp))
     return parsed

@@ -81,6 +81,8 @@ class BudgetNode:
     unschedulable: bool = False
     skip: bool = False
     driver_pod_present: bool = True
+    """Read only for a candidate (it blocks the start); callers may skip the lookup
+    for other nodes."""
 
     @classmethod
     def from_view(cls, view: NodeUpgradeView) -> BudgetNode:

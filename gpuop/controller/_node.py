@@ -24,9 +24,11 @@ from gpuop.controller._keys import (
     UPGRADES_KEY,
     node_key,
 )
+from gpuop.controller._memo import VersionMemo
 from gpuop.controller._nodes import labels
 from gpuop.controller._rollout_gate import RolloutGate
 from gpuop.controller._upgrade import Upgrades, policy_view, requeue_after
+from gpuop.controller._upgrade_inputs import state_of
 from gpuop.informer import Informer, Obj
 from gpuop.log import get_logger
 from gpuop.rest import Rest, by_kind
@@ -55,6 +57,20 @@ class NodeReconciler:
     gate: RolloutGate
     nvd: NVIDIADrivers
     _fleet_cpu_s: float = field(default=0.0, init=False)
+    _queued: VersionMemo[str, bool] = field(default_factory=VersionMemo, init=False)
+
+    def upgrades_queued(self) -> bool:
+        """Does any node wait for an upgrade slot (``upgrade-required``)? Only such a
+        node's driver pod coming or going can change what the fleet pass starts (a
+        candidate without one is passed over), so during a fresh rollout, where every
+        node is enrolled ``upgrade-done``, driver pods wake no fleet pass. Memoised by
+        the node cache's version."""
+        return self._queued.get("", str(self.nodes.version), self._any_queued)
+
+    def _any_queued(self) -> bool:
+        return any(
+            state_of(labels(n)) is UpgradeState.UPGRADE_REQUIRED for n in self.nodes.store.values()
+        )
 
     def fleet_soon(self) -> None:
         """Queue the fleet pass for news it reads (a node's budget facts, a driver pod

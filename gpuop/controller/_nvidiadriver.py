@@ -40,7 +40,7 @@ from gpuop.controller._keys import CLUSTER_KEY, UPGRADES_KEY, node_key
 from gpuop.controller._memo import VersionMemo
 from gpuop.controller._nodes import labels
 from gpuop.controller._nvidiadriver_status import StatusWriter, is_policy_driver, nvd_owner
-from gpuop.controller._pods import pod_app, pod_index, trim_pod
+from gpuop.controller._pods import PodShape, pod_app, pod_index, trim_pod
 from gpuop.controller._upgrade_inputs import policy_view
 from gpuop.informer import Informer, Obj, ResourceSpec
 from gpuop.log import get_logger
@@ -78,6 +78,7 @@ class NVIDIADrivers:
                     f"app.kubernetes.io/component in ({','.join(DRIVER_COMPONENTS)})"
                 ),
                 transform=trim_pod,
+                shape=PodShape,
                 index=pod_index,
                 page_size=50,  # a driver pod is ~9 KB of JSON, parsed ~10x bigger
             ),

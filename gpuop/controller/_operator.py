@@ -34,7 +34,14 @@ from gpuop.controller._nvidiadriver import NVD_KEY, NVIDIADrivers
 from gpuop.controller._nvidiadriver_status import is_policy_driver, nvd_owner
 from gpuop.controller._owned import ALWAYS_WATCHED, OptionalWatches
 from gpuop.controller._pace import ProgressPace
-from gpuop.controller._pods import WATCHED_APPS, pod_app, pod_index, trim_pod, trim_revision
+from gpuop.controller._pods import (
+    WATCHED_APPS,
+    PodShape,
+    pod_app,
+    pod_index,
+    trim_pod,
+    trim_revision,
+)
 from gpuop.controller._policy_status import PolicyStatusWriter, generation
 from gpuop.controller._remediation import REMEDIATION_KEY, Remediation, upgrade_drain
 from gpuop.controller._remediation_views import policy_facts
@@ -103,6 +110,7 @@ class Operator:
             POD,
             self._on_pod,
             transform=trim_pod,
+            shape=PodShape,
             index=pod_index,
             page_size=100,
             track_index_changes=True,  # the per-node view redoes only changed nodes
@@ -280,8 +288,9 @@ class Operator:
         app = pod_app(pod)
         if node and app in WATCHED_APPS:
             self.queue.add(node_key(node))
-            # The fleet budget only asks whether a node has a driver pod at all.
-            if app == DRIVER_DS and event != "MODIFIED":
+            # The fleet budget only asks whether a node waiting for a slot has a
+            # driver pod at all.
+            if app == DRIVER_DS and event != "MODIFIED" and self.node_passes.upgrades_queued():
                 self.node_passes.fleet_soon()
 
     def _progress(self) -> None:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from typing_extensions import TypedDict
+
 from components.driver import CONFIG_DIGEST_ENV, digest_in
 from components.driver import DAEMONSET_NAME as DRIVER_DS
 from components.validator import DAEMONSET_NAME as VALIDATOR_DS
@@ -30,6 +32,72 @@ WATCHED_APPS = (DRIVER_DS, VALIDATOR_DS)
 def pod_selector(managed: str) -> str:
     """``managed`` (our objects) narrowed to the pods of :data:`WATCHED_APPS` (tools)."""
     return f"{managed},app in ({','.join(WATCHED_APPS)})"
+
+
+class _Owner(TypedDict, total=False):
+    kind: str
+    name: str
+    uid: str
+
+
+class _PodMeta(TypedDict, total=False):
+    name: str
+    namespace: str
+    uid: str
+    resourceVersion: str
+    creationTimestamp: str
+    deletionTimestamp: str
+    labels: dict[str, str]
+    ownerReferences: list[_Owner]
+
+
+class _Env(TypedDict, total=False):
+    name: str
+    value: str
+
+
+class _Container(TypedDict, total=False):
+    env: list[_Env]
+
+
+class _PodSpec(TypedDict, total=False):
+    nodeName: str
+    containers: list[_Container]
+
+
+class _Condition(TypedDict, total=False):
+    type: str
+    status: str
+
+
+class _Waiting(TypedDict, total=False):
+    reason: str
+
+
+class _ContainerState(TypedDict, total=False):
+    waiting: _Waiting
+
+
+class _ContainerStatus(TypedDict, total=False):
+    name: str
+    restartCount: int
+    state: _ContainerState
+
+
+class _PodStatus(TypedDict, total=False):
+    phase: str
+    conditions: list[_Condition]
+    containerStatuses: list[_ContainerStatus]
+
+
+class PodShape(TypedDict, total=False):
+    """Every field :func:`trim_pod` reads, for the pods watch to parse and nothing more
+    (:mod:`gpuop.shapes`). A field added to ``trim_pod`` must be added here too;
+    ``tests/unit/test_shapes.py`` checks both give the same cache entry."""
+
+    metadata: _PodMeta
+    spec: _PodSpec
+    status: _PodStatus
 
 
 _META = ("name", "namespace", "uid", "resourceVersion", "creationTimestamp", "deletionTimestamp")

@@ -245,11 +245,7 @@ class Upgrades:
 
     def _budget_nodes(self, nodes: list[Obj]) -> list[BudgetNode]:
         """The GPU nodes as the budget sees them (setting the per-state metrics)."""
-        fleet = [
-            budget_node(n, self.has_driver_pod(n["metadata"]["name"]))
-            for n in nodes
-            if is_gpu_node(labels(n))
-        ]
+        fleet = [budget_node(n, self.has_driver_pod) for n in nodes if is_gpu_node(labels(n))]
         states = Counter(n.state for n in fleet)
         self.metrics.upgrades_in_progress.set(sum(1 for n in fleet if n.in_progress))
         self.metrics.upgrades_done.set(states[UpgradeState.UPGRADE_DONE])

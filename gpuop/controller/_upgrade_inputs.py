@@ -7,7 +7,7 @@ pods, nodes): split from ``_upgrade`` so the node and fleet passes, the
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from components.driver import digest_in
 from crd import ClusterPolicySpec
@@ -114,16 +114,22 @@ def driver_pod_view(pod: Obj) -> DriverPodView:
     )
 
 
-def budget_node(node: Obj, driver_pod_present: bool) -> BudgetNode:
-    """A node as the fleet budget sees it: its persisted state and availability."""
+def budget_node(node: Obj, has_driver_pod: Callable[[str], bool]) -> BudgetNode:
+    """A node as the fleet budget sees it: its persisted state and availability.
+
+    Whether a driver pod runs there matters only to a candidate (``upgrade-required``),
+    so only a candidate's pods are looked up: the fleet pass reads every GPU node.
+    """
     node_labels = labels(node)
+    name = node["metadata"]["name"]
+    state = state_of(node_labels)
     return BudgetNode(
-        name=node["metadata"]["name"],
-        state=state_of(node_labels),
+        name=name,
+        state=state,
         ready=is_ready(node),
         unschedulable=bool(node["spec"].get("unschedulable")),
         skip=node_labels.get(SKIP_LABEL) == "true",
-        driver_pod_present=driver_pod_present,
+        driver_pod_present=state is not UpgradeState.UPGRADE_REQUIRED or has_driver_pod(name),
     )
 
 
