@@ -36,7 +36,7 @@ from crd import (
     parse_nvidiadriver,
 )
 from gpuop.controller._apply import owned_by, owner_reference
-from gpuop.controller._keys import CLUSTER_KEY, UPGRADES_KEY, node_key
+from gpuop.controller._keys import CLUSTER_KEY, node_key
 from gpuop.controller._memo import VersionMemo
 from gpuop.controller._nodes import labels
 from gpuop.controller._nvidiadriver_status import StatusWriter, is_policy_driver, nvd_owner
@@ -126,7 +126,10 @@ class NVIDIADrivers:
             # pods coming and going is rollout progress: the operator's paced pass
             # counts it (queued at once here, 1,000 creations were 1,000 passes).
             self.op.queue.add(CLUSTER_KEY)
-        self.op.queue.add(UPGRADES_KEY)
+        if self.op.node_passes.upgrades_queued():
+            # Only a node waiting for a slot reads whether it has a driver pod. Queued at
+            # once, a fresh install's 1,000 driver pods were 1,000 fleet passes.
+            self.op.node_passes.fleet_soon()
 
     # ----------------------------------------------------------- questions
     def _enabled(self) -> bool:

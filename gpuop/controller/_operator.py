@@ -301,11 +301,28 @@ class Operator:
         self.queue.add_after(CLUSTER_KEY, self.pace.wait(self.cluster.coalesce_seconds()))
 
     def _on_revision(self, event: str, old: Obj | None, new: Obj | None) -> None:
-        # A new driver revision may start upgrades on every GPU node.
+        # A new driver revision may start upgrades on every GPU node. Other operands'
+        # revisions start nothing (their DaemonSets roll by themselves): a fresh install
+        # creates eight, and each would queue every node pass.
+        rev = new or old
+        assert rev is not None
+        if not self._is_driver_revision(rev):
+            return
         self.queue.add(UPGRADES_KEY)
         for name, node in self.nodes.store.items():
             if is_gpu_node(labels(node)):
                 self.queue.add(node_key(name))
+
+    def _is_driver_revision(self, rev: Obj) -> bool:
+        """Is ``rev`` a revision of a driver DaemonSet (the ClusterPolicy's or an
+        NVIDIADriver's)? One whose DaemonSet is not cached yet counts as one."""
+        for ref in rev["metadata"].get("ownerReferences") or ():
+            if ref.get("kind") != "DaemonSet":
+                continue
+            name = str(ref.get("name"))
+            ds = self.owned["DaemonSet"].get(f"{self.config.namespace}/{name}")
+            return ds is None or is_policy_driver(name) or nvd_owner(ds) is not None
+        return False
 
     # ------------------------------------------------------------ dispatch
     async def _reconcile(self, key: str) -> None:

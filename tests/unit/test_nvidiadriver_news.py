@@ -11,7 +11,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from crd import OWNER_LABEL
-from gpuop.controller._keys import CLUSTER_KEY, node_key
+from gpuop.controller._keys import CLUSTER_KEY, UPGRADES_KEY, node_key
 from gpuop.controller._nodes import trim_node
 from gpuop.controller._nvidiadriver import NVD_KEY, NVIDIADrivers
 from gpuop.informer import Informer, ResourceSpec, key_of
@@ -31,13 +31,29 @@ async def _never(**_: Any) -> None:
     raise AssertionError("not called")
 
 
-def _controller() -> tuple[NVIDIADrivers, _Queue, Informer]:
+class _NodePasses:
+    """The fleet pass's news: whether a node waits for a slot, and what woke it."""
+
+    def __init__(self, queue: _Queue) -> None:
+        self.queued = False
+        self._queue = queue
+
+    def upgrades_queued(self) -> bool:
+        return self.queued
+
+    def fleet_soon(self) -> None:
+        self._queue.add(UPGRADES_KEY)
+
+
+def _controller(waiting_for_slot: bool = False) -> tuple[NVIDIADrivers, _Queue, Informer]:
     queue = _Queue()
     nodes = Informer(ResourceSpec("nodes", _never, transform=trim_node), lambda *_: None)
     rest = SimpleNamespace(lister=lambda *_a, **_k: _never)
     op = SimpleNamespace(rest=rest, config=SimpleNamespace(namespace="gpu-operator"))
     op.queue = queue
     op.nodes = nodes
+    op.node_passes = _NodePasses(queue)
+    op.node_passes.queued = waiting_for_slot
     return NVIDIADrivers(op), queue, nodes  # type: ignore[arg-type]
 
 
@@ -64,6 +80,14 @@ def test_the_policys_own_driver_pods_do_not_queue_the_cluster_pass() -> None:
     assert CLUSTER_KEY not in queue.added
     assert queue.added.count(node_key("n0")) == 2
     assert NVD_KEY in queue.added  # the hand-over still looks
+
+
+def test_driver_pods_wake_the_fleet_pass_only_while_a_node_waits_for_a_slot() -> None:
+    for waiting in (False, True):
+        nvd, queue, _ = _controller(waiting_for_slot=waiting)
+        nvd._on_pod("ADDED", None, _pod("nvidia-driver-daemonset"))
+        nvd._on_pod("ADDED", None, _pod("nvidia-gpu-driver-ubuntu22.04-abc", node="n1"))
+        assert (UPGRADES_KEY in queue.added) is waiting
 
 
 def test_an_nvidiadriver_pod_queues_the_cluster_pass_at_once() -> None:

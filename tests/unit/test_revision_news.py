@@ -1,0 +1,77 @@
+"""Only a driver DaemonSet's new revision wakes the upgrade passes.
+
+A fresh install creates one ControllerRevision per operand DaemonSet; each used to
+queue the fleet pass and every GPU node's pass, though only the driver's revision
+can start an upgrade (the others roll by themselves).
+"""
+
+from __future__ import annotations
+
+from types import MethodType, SimpleNamespace
+from typing import Any
+
+from components.keys import NFD_GPU_LABELS
+from gpuop.controller._keys import UPGRADES_KEY, node_key
+from gpuop.controller._operator import Operator
+
+NS = "gpu-operator"
+
+
+class _Queue:
+    def __init__(self) -> None:
+        self.added: list[str] = []
+
+    def add(self, key: str) -> None:
+        self.added.append(key)
+
+
+def _operator(daemonsets: dict[str, dict[str, Any]]) -> Any:
+    gpu = {"metadata": {"name": "g0", "labels": {NFD_GPU_LABELS[0]: "true"}}}
+    cpu = {"metadata": {"name": "c0", "labels": {}}}
+    fake = SimpleNamespace(
+        queue=_Queue(),
+        nodes=SimpleNamespace(store={"g0": gpu, "c0": cpu}),
+        owned={"DaemonSet": {f"{NS}/{name}": ds for name, ds in daemonsets.items()}},
+        config=SimpleNamespace(namespace=NS),
+    )
+    fake._is_driver_revision = MethodType(Operator._is_driver_revision, fake)
+    return fake
+
+
+def _ds(name: str, nvd: str | None = None) -> dict[str, Any]:
+    refs = [{"kind": "NVIDIADriver", "name": nvd, "controller": True}] if nvd else []
+    return {"metadata": {"name": name, "ownerReferences": refs}}
+
+
+def _revision(owner: str) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": f"{owner}-5d8f",
+            "ownerReferences": [{"kind": "DaemonSet", "name": owner, "uid": "u"}],
+        }
+    }
+
+
+def _woken(op: Any, owner: str) -> list[str]:
+    Operator._on_revision(op, "ADDED", None, _revision(owner))
+    added: list[str] = op.queue.added
+    return added
+
+
+def test_an_operand_revision_wakes_nothing() -> None:
+    op = _operator({"nvidia-device-plugin-daemonset": _ds("nvidia-device-plugin-daemonset")})
+    assert _woken(op, "nvidia-device-plugin-daemonset") == []
+
+
+def test_the_policys_driver_revision_wakes_the_fleet_and_every_gpu_node() -> None:
+    op = _operator({"nvidia-driver-daemonset": _ds("nvidia-driver-daemonset")})
+    assert _woken(op, "nvidia-driver-daemonset") == [UPGRADES_KEY, node_key("g0")]
+
+
+def test_an_nvidiadrivers_revision_wakes_the_upgrade_passes() -> None:
+    op = _operator({"nvidia-gpu-driver-ubuntu22.04-abc": _ds("x", nvd="default")})
+    assert UPGRADES_KEY in _woken(op, "nvidia-gpu-driver-ubuntu22.04-abc")
+
+
+def test_a_revision_of_a_daemonset_not_yet_cached_counts_as_a_drivers() -> None:
+    assert UPGRADES_KEY in _woken(_operator({}), "whatever-daemonset")
