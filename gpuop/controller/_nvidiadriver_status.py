@@ -46,6 +46,12 @@ def is_policy_driver(name: str) -> bool:
     return name == POLICY_DRIVER_DS or name.startswith(POLICY_DRIVER_DS + "-")
 
 
+def is_driver_object(obj: Obj) -> bool:
+    """Whether an object (a DaemonSet, say) is part of a driver: the ClusterPolicy's
+    (by name) or an NVIDIADriver's (by owner)."""
+    return nvd_owner(obj) is not None or is_policy_driver(obj["metadata"]["name"])
+
+
 def nvd_owner(obj: Obj) -> str | None:
     """Name of the NVIDIADriver that controls ``obj``, if one does."""
     for ref in obj["metadata"].get("ownerReferences") or ():

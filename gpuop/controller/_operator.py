@@ -31,7 +31,7 @@ from gpuop.controller._keys import (
 from gpuop.controller._node import NodeReconciler
 from gpuop.controller._nodes import is_ready, labels, node_fingerprint, trim_node
 from gpuop.controller._nvidiadriver import NVD_KEY, NVIDIADrivers
-from gpuop.controller._nvidiadriver_status import is_policy_driver, nvd_owner
+from gpuop.controller._nvidiadriver_status import is_driver_object
 from gpuop.controller._owned import ALWAYS_WATCHED, OptionalWatches
 from gpuop.controller._pace import ProgressPace
 from gpuop.controller._pods import (
@@ -276,7 +276,7 @@ class Operator:
             self.queue.add(CLUSTER_KEY)  # put back at once
         else:
             self._progress()  # mostly DaemonSet status during a rollout
-        if nvd_owner(obj) is not None or is_policy_driver(obj["metadata"]["name"]):
+        if is_driver_object(obj):
             self.queue.add(NVD_KEY)  # NVIDIADriver status, and the driver hand-over
 
     def _on_pod(self, event: str, old: Obj | None, new: Obj | None) -> None:
@@ -321,7 +321,7 @@ class Operator:
                 continue
             name = str(ref.get("name"))
             ds = self.owned["DaemonSet"].get(f"{self.config.namespace}/{name}")
-            return ds is None or is_policy_driver(name) or nvd_owner(ds) is not None
+            return ds is None or is_driver_object(ds)
         return False
 
     # ------------------------------------------------------------ dispatch
