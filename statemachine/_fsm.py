@@ -104,7 +104,8 @@ def named(name: str, func: F) -> F:
 class SharedMachine:
     """One `transitions.Machine` (the rulebook) shared by short-lived models.
 
-    Models are added for one evaluation and removed again, so the machine holds no
+    A model is bound for one evaluation (its state set, ``trigger`` attached) and
+    unbound again; the machine never lists it among its models, so it holds no
     per-node memory between calls. The lock makes that safe if a caller ever uses
     threads; under asyncio it is uncontended.
     """
