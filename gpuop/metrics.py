@@ -37,6 +37,12 @@ class OperatorMetrics:
         self.reconciliation_total = Counter(
             f"{PREFIX}reconciliation", "ClusterPolicy reconciliations", registry=r
         )
+        self.reconciliation_cpu_seconds_total = Counter(
+            f"{PREFIX}reconciliation_cpu_seconds",
+            "CPU seconds the operator's ClusterPolicy reconciliations took (not counting "
+            "waits on the API server): with gpu_operator_reconciliation_total, what one costs",
+            registry=r,
+        )
         self.reconciliation_failed_total = Counter(
             f"{PREFIX}reconciliation_failed",
             "ClusterPolicy reconciliations that failed",

@@ -200,6 +200,48 @@ def count_components(
     return {n: ComponentCounts(ready[n], not_ready[n], at[n]) for n in NODE_ORDER}
 
 
+class ComponentTally:
+    """:func:`count_components` kept up to date node by node: a rollout's pass sees a
+    thousand nodes, of which only those whose pods changed since the last pass need
+    counting again (the caller says which by handing over a new observation)."""
+
+    def __init__(self) -> None:
+        self._nodes: dict[str, tuple[Mapping[str, PodState], str]] = {}
+        self._ready = dict.fromkeys(NODE_ORDER, 0)
+        self._not_ready = dict.fromkeys(NODE_ORDER, 0)
+        self._at = dict.fromkeys(NODE_ORDER, 0)
+
+    def observe(self, node: str, pods: Mapping[str, PodState], step: NodeStep) -> None:
+        """Count ``node`` as observed ``pods`` (compared by identity: a node passes
+        the same mapping while nothing changed) at ``step``."""
+        known = self._nodes.get(node)
+        if known is not None and known[0] is pods and known[1] == step.state:
+            return
+        if known is not None:
+            self._add(*known, -1)
+        self._nodes[node] = (pods, step.state)
+        self._add(pods, step.state, 1)
+
+    def keep_only(self, nodes: set[str]) -> None:
+        """Forget the nodes not in ``nodes`` (gone, or no longer GPU nodes)."""
+        for gone in set(self._nodes) - nodes:
+            self._add(*self._nodes.pop(gone), -1)
+
+    def counts(self) -> dict[str, ComponentCounts]:
+        return {
+            n: ComponentCounts(self._ready[n], self._not_ready[n], self._at[n]) for n in NODE_ORDER
+        }
+
+    def _add(self, pods: Mapping[str, PodState], state: str, sign: int) -> None:
+        for name, pod in pods.items():
+            if pod is PodState.READY:
+                self._ready[name] += sign
+            elif pod is not PodState.ABSENT:
+                self._not_ready[name] += sign
+        if state != NODE_DONE:
+            self._at[state] += sign
+
+
 def stuck_after(step: NodeStep, since: float, threshold: float) -> float | None:
     """When a node waiting at ``step`` since ``since`` counts as stuck; None: never
     (done, or only waiting for the DaemonSet's rolling update to reach it)."""

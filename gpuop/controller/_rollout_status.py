@@ -10,7 +10,7 @@ Event and ``gpu_operator_nodes_not_ready``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
 from gpuop.controller._policy_status import policy_ref, stored_condition
@@ -57,16 +57,19 @@ class RolloutReports:
         self._announced: str | None = None
 
     async def release_abandoned(
-        self, gpu_nodes: Iterable[Obj], desired: Mapping[str, Iterable[Obj]]
+        self, dead_nodes: Sequence[Obj], desired: Mapping[str, Iterable[Obj]]
     ) -> None:
-        """Delete (grace period 0) our pods that only block rolling updates elsewhere."""
+        """Delete (grace period 0) our pods that only block rolling updates elsewhere;
+        ``dead_nodes``: the GPU nodes whose kubelet is gone."""
+        if not dead_nodes:
+            return
         apps = [
             o["spec"]["selector"]["matchLabels"]["app"]
             for objs in desired.values()
             for o in objs
             if o.get("kind") == "DaemonSet" and rolls_out(o)
         ]
-        for pod in self._rollouts.abandoned_pods(gpu_nodes, apps):
+        for pod in self._rollouts.abandoned_pods(dead_nodes, apps):
             meta = pod["metadata"]
             body = {
                 "apiVersion": "v1",

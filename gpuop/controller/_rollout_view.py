@@ -28,12 +28,11 @@ from statemachine.node_rollout import (
     NODE_DONE,
     NODE_ORDER,
     ComponentCounts,
+    ComponentTally,
     NodeStep,
     PodState,
     StuckNode,
     abandoned,
-    count_components,
-    kubelet_gone,
     node_step,
     stuck_after,
     stuck_message,
@@ -136,6 +135,7 @@ class NodeRollouts:
         #: in: a node nothing changed on takes the same step again (most of them, on
         #: each pass of a rollout), so the machine is not asked.
         self._steps: dict[str, tuple[_Seen, str, NodeStep]] = {}
+        self._tally = ComponentTally()
 
     def view(self, desired: Mapping[str, Iterable[Obj]], gpu_nodes: Iterable[Obj]) -> RolloutView:
         """Where every GPU node stands. Only nodes whose pods or labels changed since
@@ -150,8 +150,6 @@ class NodeRollouts:
             for node_name, _app in self._pods.index_changes():
                 self._seen.pop(node_name, None)
         now = self._clock()
-        observed: dict[str, Mapping[str, PodState]] = {}
-        steps: dict[str, NodeStep] = {}
         stuck: list[StuckNode] = []
         not_done: list[str] = []
         due: float | None = None
@@ -166,7 +164,6 @@ class NodeRollouts:
                 pods, since = self._observe(name, node_labels, daemons)
                 seen = _Seen(node_labels, pods, since)
                 self._seen[name] = seen
-            observed[name] = seen.pods
             previous = self._states.get(name)
             memo = self._steps.get(name)
             if memo is not None and memo[0] is seen and memo[1] == previous:
@@ -174,7 +171,7 @@ class NodeRollouts:
             else:
                 step = node_step(seen.pods, previous)
                 self._steps[name] = (seen, step.state, node_step(seen.pods, step.state))
-            steps[name] = step
+            self._tally.observe(name, seen.pods, step)
             if step.moved_back:
                 log.debug("node rollout moved back", node=name, state=step.state)
             self._states[name] = step.state
@@ -202,8 +199,9 @@ class NodeRollouts:
             del self._seen[gone]
         for gone in set(self._steps) - names:
             del self._steps[gone]
+        self._tally.keep_only(names)
         return RolloutView(
-            counts=count_components(observed, steps),
+            counts=self._tally.counts(),
             not_done=sorted(not_done),
             stuck=stuck,
             next_due=due,
@@ -272,18 +270,15 @@ class NodeRollouts:
                 )
         return daemons
 
-    def abandoned_pods(self, gpu_nodes: Iterable[Obj], apps: Iterable[str]) -> list[Obj]:
-        """Our pods on nodes whose kubelet is gone that block rolling updates elsewhere
-        (:func:`statemachine.node_rollout.abandoned`); only not-done nodes are asked."""
+    def abandoned_pods(self, dead_nodes: Iterable[Obj], apps: Iterable[str]) -> list[Obj]:
+        """Our pods that only block rolling updates elsewhere
+        (:func:`statemachine.node_rollout.abandoned`), on ``dead_nodes`` (GPU nodes
+        whose kubelet is gone) that are not done."""
         found: list[Obj] = []
         names = tuple(apps)
-        for node in gpu_nodes:
+        for node in dead_nodes:
             name = str(node["metadata"]["name"])
             if self._states.get(name, NODE_DONE) == NODE_DONE:
-                continue
-            conditions = node["status"].get("conditions") or []
-            ready = next((str(c.get("status")) for c in conditions), None)
-            if not kubelet_gone(ready, node["spec"].get("taints") or []):
                 continue
             for app in names:
                 for pod in self._pods.indexed((name, app)):

@@ -27,6 +27,8 @@ from ._harness import REPO_ROOT, BenchCluster, OperatorProcess, Settings, dump_j
 from ._stats import Row, Summary, render_table
 
 FIGURES = ("rollout", "baseline", "latency", "upgrade")
+OPTIONAL_FIGURES = ("floor",)
+"""Asked for by name only: ``floor`` (the baseline with the node labels inside the clock)."""
 
 
 def _ints(text: str) -> list[int]:
@@ -49,7 +51,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--figures",
         default=",".join(FIGURES),
-        help=f"comma list of {', '.join(FIGURES)} (default all)",
+        help=f"comma list of {', '.join(FIGURES + OPTIONAL_FIGURES)} "
+        f"(default: {', '.join(FIGURES)})",
     )
     p.add_argument("--cpu-nodes", type=int, default=2, help="CPU-only nodes per cluster (2)")
     p.add_argument("--qps", type=int, default=300, help="kcm and scheduler client QPS (300)")
@@ -87,7 +90,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if quick:
         args.upgrade_timeout = min(args.upgrade_timeout, 300.0)
     args.figures = {f.strip() for f in args.figures.split(",") if f.strip()}
-    unknown = args.figures - set(FIGURES)
+    unknown = args.figures - set(FIGURES + OPTIONAL_FIGURES)
     if unknown:
         p.error(f"unknown figures: {', '.join(sorted(unknown))}")
     return args
@@ -166,7 +169,7 @@ class Suite:
                 "idle_size": args.idle_size,
                 "settle_seconds": args.settle,
             },
-            "runs": {"rollout": [], "baseline": []},
+            "runs": {"rollout": [], "baseline": [], "floor": []},
             "errors": [],
         }
 
@@ -183,9 +186,11 @@ class Suite:
             if "rollout" in a.figures:
                 for rep in range(self.reps(size)):
                     await self._rollout(size, rep)
-            if "baseline" in a.figures:
-                for rep in range(self.reps(size)):
-                    await self._baseline(size, rep)
+            # Interleaved, so a machine that slows down over the run weighs on both.
+            for rep in range(self.reps(size)):
+                for kind in ("baseline", "floor"):
+                    if kind in a.figures:
+                        await self._baseline(size, rep, labels_timed=kind == "floor")
         self.results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         self.save()
 
@@ -218,13 +223,16 @@ class Suite:
             self._error("rollout", size, rep, err)
         self.save()
 
-    async def _baseline(self, size: int, rep: int) -> None:
-        print(f"\n== baseline: {size} GPU nodes, repetition {rep + 1}", file=sys.stderr)
+    async def _baseline(self, size: int, rep: int, labels_timed: bool = False) -> None:
+        kind = "floor" if labels_timed else "baseline"
+        print(f"\n== {kind}: {size} GPU nodes, repetition {rep + 1}", file=sys.stderr)
         try:
-            got = await baseline.run_once(self.settings, size, self.args.ready_timeout)
-            self.results["runs"]["baseline"].append({"gpu_nodes": size, "rep": rep, **got})
+            got = await baseline.run_once(
+                self.settings, size, self.args.ready_timeout, labels_timed=labels_timed
+            )
+            self.results["runs"].setdefault(kind, []).append({"gpu_nodes": size, "rep": rep, **got})
         except Exception as err:
-            self._error("baseline", size, rep, err)
+            self._error(kind, size, rep, err)
         self.save()
 
     def _error(self, what: str, size: int, rep: int, err: BaseException) -> None:
@@ -256,13 +264,27 @@ def build_rows(results: dict[str, Any]) -> list[Row]:
     rows: list[Row] = []
     rollouts = _by_size(results["runs"]["rollout"])
     baselines = _by_size(results["runs"]["baseline"])
+    floors = _by_size(results["runs"].get("floor", []))
 
     # 1. time to ready
-    for size in sorted(set(rollouts) | set(baselines)):
+    for size in sorted(set(rollouts) | set(baselines) | set(floors)):
         op = Summary.of([r["time_to_ready_s"] for r in rollouts.get(size, [])])
         ds = Summary.of([r["time_to_ready_s"] for r in baselines.get(size, [])])
+        floor = Summary.of([r["time_to_ready_s"] for r in floors.get(size, [])])
         rows.append(Row("1", str(size), "time to ready: operator (policy -> ready)", "s", op))
         rows.append(Row("1", str(size), "time to ready: DaemonSets alone", "s", ds))
+        if floor:
+            rows.append(Row("1", str(size), "time to ready: labels, then DaemonSets", "s", floor))
+            if ds:
+                rows.append(
+                    Row(
+                        "1",
+                        str(size),
+                        "labels, then DaemonSets / DaemonSets alone",
+                        "x",
+                        Summary.of([floor.median / ds.median]),
+                    )
+                )
         if op and ds:
             rows.append(
                 Row(

@@ -43,6 +43,10 @@ class RolloutRun:
     # operator's CPU seconds over the rollout: what the gap to the baseline is made of.
     daemonsets_ready_s: float | None = None
     rollout_cpu_s: float = 0.0
+    rollout_passes: int | None = None
+    """ClusterPolicy reconciles over the rollout, and the CPU seconds they took
+    (the operator's own counters): what the pacing of the cluster pass let through."""
+    rollout_pass_cpu_s: float | None = None
     cluster_cpu_s: dict[str, float] = field(default_factory=dict)
     """CPU seconds of each control-plane process over the rollout."""
     rollout_spans_s: dict[str, list[float]] = field(default_factory=dict)
@@ -132,6 +136,8 @@ async def run_once(
             bench.audit.mark()
             progress = Progress(f"rollout {gpu_nodes} GPU nodes")
             cpu_before = first.cpu_seconds()
+            passes_before = first.metric("gpu_operator_reconciliation_total") or 0.0
+            pass_cpu_before = first.metric("gpu_operator_reconciliation_cpu_seconds_total") or 0.0
             cluster_cpu = ClusterCpu(bench)
             cluster_cpu.start()
             started = time.monotonic()
@@ -140,6 +146,11 @@ async def run_once(
             await _wait_policy_ready(rest, ready_timeout, progress, result)
             result.time_to_ready_s = time.monotonic() - started
             result.rollout_cpu_s = first.cpu_seconds() - cpu_before
+            passes = first.metric("gpu_operator_reconciliation_total")
+            pass_cpu = first.metric("gpu_operator_reconciliation_cpu_seconds_total")
+            if passes is not None and pass_cpu is not None:
+                result.rollout_passes = int(passes - passes_before)
+                result.rollout_pass_cpu_s = round(pass_cpu - pass_cpu_before, 2)
             result.cluster_cpu_s = cluster_cpu.take()
             progress.finish(
                 f"ready in {result.time_to_ready_s:.1f}s "

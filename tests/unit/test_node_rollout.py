@@ -11,6 +11,7 @@ from statemachine import node_rollout
 from statemachine.node_rollout import (
     NODE_DONE,
     NODE_ORDER,
+    ComponentTally,
     NodeStep,
     PodState,
     StuckNode,
@@ -101,6 +102,32 @@ def test_counts_add_up(nodes: dict[str, dict[str, PodState]]) -> None:
         )
         assert counts[name].ready + counts[name].not_ready == wanted
     assert sum(c.at for c in counts.values()) == sum(1 for s in steps.values() if not s.done)
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from("abcd"), st.one_of(st.none(), observations), st.booleans()),
+        max_size=40,
+    )
+)
+def test_the_tally_counts_what_counting_afresh_counts(
+    moves: list[tuple[str, dict[str, PodState] | None, bool]],
+) -> None:
+    """Node by node (a node observed anew, observed again unchanged, or gone), the
+    tally always equals :func:`count_components` over the nodes as they stand."""
+    tally = ComponentTally()
+    nodes: dict[str, dict[str, PodState]] = {}
+    for name, observed, again in moves:
+        if observed is None:
+            nodes.pop(name, None)
+            tally.keep_only(set(nodes))
+        else:
+            if again and name in nodes:
+                observed = nodes[name]  # the same mapping: nothing changed
+            nodes[name] = observed
+            tally.observe(name, observed, node_step(observed))
+        steps = {n: node_step(obs) for n, obs in nodes.items()}
+        assert tally.counts() == count_components(nodes, steps)
 
 
 def test_only_failing_pods_make_a_node_stuck() -> None:
