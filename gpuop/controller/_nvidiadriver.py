@@ -22,6 +22,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from components import RenderContext, daemonset_ready, is_gpu_node, with_hash
+from components.driver import COMPONENT_POD_LABEL
 from components.driver import DAEMONSET_NAME as POLICY_DRIVER_DS
 from components.nvidiadriver import NVIDIADriverRenderError, policy_for, render
 from crd import (
@@ -40,7 +41,7 @@ from gpuop.controller._keys import CLUSTER_KEY, node_key
 from gpuop.controller._memo import VersionMemo
 from gpuop.controller._nodes import labels
 from gpuop.controller._nvidiadriver_status import StatusWriter, is_policy_driver, nvd_owner
-from gpuop.controller._pods import PodShape, pod_app, pod_index, trim_pod
+from gpuop.controller._pods import PodSubset, pod_app
 from gpuop.controller._upgrade_inputs import policy_view
 from gpuop.informer import Informer, Obj, ResourceSpec
 from gpuop.log import get_logger
@@ -59,6 +60,13 @@ NVD = by_kind(NVD_API_VERSION, NVD_KIND)
 NODE = by_kind("v1", "Node")
 DAEMONSET = by_kind("apps/v1", "DaemonSet")
 DRIVER_COMPONENTS = ("nvidia-driver", "nvidia-vgpu-host-manager")
+
+
+def is_driver_pod(pod: Obj) -> bool:
+    """A pod of any driver DaemonSet we run (the ClusterPolicy's or an NVIDIADriver's)."""
+    return (pod["metadata"].get("labels") or {}).get(COMPONENT_POD_LABEL) in DRIVER_COMPONENTS
+
+
 _DISABLED_MESSAGE = "useNvidiaDriverCRD is not enabled in ClusterPolicy"
 
 
@@ -67,23 +75,11 @@ class NVIDIADrivers:
 
     def __init__(self, operator: Operator) -> None:
         self.op = operator
-        rest, ns = operator.rest, operator.config.namespace
+        rest = operator.rest
         self.drivers = Informer(ResourceSpec("nvidiadrivers", rest.lister(NVD)), self._on_driver)
-        self.driver_pods = Informer(
-            ResourceSpec(
-                "driver-pods",
-                rest.lister(by_kind("v1", "Pod"), ns),
-                label_selector=(
-                    "app.kubernetes.io/managed-by=gpuop,"
-                    f"app.kubernetes.io/component in ({','.join(DRIVER_COMPONENTS)})"
-                ),
-                transform=trim_pod,
-                shape=PodShape,
-                index=pod_index,
-                page_size=50,  # a driver pod is ~9 KB of JSON, parsed ~10x bigger
-            ),
-            self._on_pod,
-        )
+        #: Every driver pod (the ClusterPolicy's and each NVIDIADriver's), followed
+        #: through the operator's cache of operand pods (``Operator._on_pod``).
+        self.driver_pods = PodSubset(is_driver_pod)
         self._parsed: VersionMemo[str, NVIDIADriver | None] = VersionMemo()
         #: Fleet-wide answers read by every cluster pass and every NVIDIADriver pass,
         #: worked out again only after their cache changed (a rollout's passes would
@@ -112,7 +108,10 @@ class NVIDIADrivers:
             return  # only status changed (most likely our own write)
         self.op.queue.add(NVD_KEY)
 
-    def _on_pod(self, event: str, old: Obj | None, new: Obj | None) -> None:
+    def on_pod(self, event: str, old: Obj | None, new: Obj | None) -> None:
+        """An event of the operand pods cache: driver pods only."""
+        if not self.driver_pods.update(old, new):
+            return
         pod = new or old
         assert pod is not None
         node = (pod.get("spec") or {}).get("nodeName")

@@ -156,7 +156,6 @@ class Operator:
             stuck_seconds=config.node_stuck_seconds,
         )
         self.upgrades.driver_app = self.nvd.driver_app
-        self.upgrades.driver_pods = self.nvd.driver_pods
         self.cluster = ClusterReconciler(
             config=config,
             rest=rest,
@@ -195,7 +194,6 @@ class Operator:
             self.policies,
             self.pods,
             self.revisions,
-            self.nvd.driver_pods,
             *self.owned.values(),
         ]
 
@@ -282,6 +280,7 @@ class Operator:
     def _on_pod(self, event: str, old: Obj | None, new: Obj | None) -> None:
         pod = new or old
         assert pod is not None
+        self.nvd.on_pod(event, old, new)
         if pod_facts(old) != pod_facts(new):
             self._progress()  # where that node stands in the rollout
         node = (pod.get("spec") or {}).get("nodeName")

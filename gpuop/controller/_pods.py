@@ -11,6 +11,7 @@ DaemonSet revision, the node, the status) is shared between them
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from typing_extensions import TypedDict
@@ -19,6 +20,7 @@ from components.driver import CONFIG_DIGEST_ENV, digest_in
 from components.driver import DAEMONSET_NAME as DRIVER_DS
 from components.validator import DAEMONSET_NAME as VALIDATOR_DS
 from gpuop.compact import shared
+from gpuop.informer import key_of
 
 Obj = dict[str, Any]
 
@@ -182,3 +184,32 @@ def trim_revision(rev: Obj) -> Obj:
         },
         "revision": rev.get("revision", 0),
     }
+
+
+class PodSubset:
+    """Some of the operand pods cache, kept up to date by its events (no watch of its
+    own): the NVIDIADriver controller asks questions of every driver pod, and a second
+    watch for them made the API server send, and this process parse and keep, each
+    driver pod twice. ``version`` counts changes to the subset only, so answers
+    memoised on it are not worked out again for every other operand pod's event."""
+
+    def __init__(self, member: Callable[[Obj], bool]) -> None:
+        self._member = member
+        self._pods: dict[str, Obj] = {}
+        self.version = 0
+
+    def update(self, old: Obj | None, new: Obj | None) -> bool:
+        """Follow one event of the pods cache; True when the pod is in the subset."""
+        pod = new or old
+        if pod is None or not self._member(pod):
+            return False
+        key = key_of(pod)
+        if new is None:
+            self._pods.pop(key, None)
+        else:
+            self._pods[key] = new
+        self.version += 1
+        return True
+
+    def values(self) -> list[Obj]:
+        return list(self._pods.values())

@@ -101,9 +101,9 @@ class Upgrades:
         self._resting: dict[str, tuple[UpgradePolicyView, NodeUpgradeView, Decision]] = {}
         #: Bound of pod-restart-required (see ``UpgradePolicyView``); settable for tests.
         self.driver_ready_timeout_seconds = DRIVER_READY_TIMEOUT_SECONDS
-        #: Hooks for NVIDIADrivers: which driver DaemonSet (its `app`) runs on a node,
-        #: and the cache holding its pods, indexed by (node, app).
+        #: Hook for NVIDIADrivers: which driver DaemonSet (its `app`) runs on a node.
         self.driver_app: Callable[[str], str] = lambda node: DRIVER_DS
+        #: The operand pods cache (every driver DaemonSet's pods too), by (node, app).
         self.driver_pods: Any = pods
 
     # ------------------------------------------------------------- inputs

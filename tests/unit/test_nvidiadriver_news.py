@@ -10,6 +10,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+from components.driver import COMPONENT_POD_LABEL
 from crd import OWNER_LABEL
 from gpuop.controller._keys import CLUSTER_KEY, UPGRADES_KEY, node_key
 from gpuop.controller._nodes import trim_node
@@ -57,9 +58,10 @@ def _controller(waiting_for_slot: bool = False) -> tuple[NVIDIADrivers, _Queue, 
     return NVIDIADrivers(op), queue, nodes  # type: ignore[arg-type]
 
 
-def _pod(app: str, node: str = "n0") -> Obj:
+def _pod(app: str, node: str = "n0", component: str = "nvidia-driver") -> Obj:
+    labels = {"app": app, COMPONENT_POD_LABEL: component}
     return {
-        "metadata": {"name": f"{app}-x", "namespace": "gpu-operator", "labels": {"app": app}},
+        "metadata": {"name": f"{app}-x", "namespace": "gpu-operator", "labels": labels},
         "spec": {"nodeName": node},
     }
 
@@ -74,8 +76,8 @@ def _node(name: str, owner: str | None = None) -> Obj:
 def test_the_policys_own_driver_pods_do_not_queue_the_cluster_pass() -> None:
     nvd, queue, _ = _controller()
 
-    nvd._on_pod("ADDED", None, _pod("nvidia-driver-daemonset"))
-    nvd._on_pod("DELETED", _pod("nvidia-driver-daemonset"), None)
+    nvd.on_pod("ADDED", None, _pod("nvidia-driver-daemonset"))
+    nvd.on_pod("DELETED", _pod("nvidia-driver-daemonset"), None)
 
     assert CLUSTER_KEY not in queue.added
     assert queue.added.count(node_key("n0")) == 2
@@ -85,15 +87,15 @@ def test_the_policys_own_driver_pods_do_not_queue_the_cluster_pass() -> None:
 def test_driver_pods_wake_the_fleet_pass_only_while_a_node_waits_for_a_slot() -> None:
     for waiting in (False, True):
         nvd, queue, _ = _controller(waiting_for_slot=waiting)
-        nvd._on_pod("ADDED", None, _pod("nvidia-driver-daemonset"))
-        nvd._on_pod("ADDED", None, _pod("nvidia-gpu-driver-ubuntu22.04-abc", node="n1"))
+        nvd.on_pod("ADDED", None, _pod("nvidia-driver-daemonset"))
+        nvd.on_pod("ADDED", None, _pod("nvidia-gpu-driver-ubuntu22.04-abc", node="n1"))
         assert (UPGRADES_KEY in queue.added) is waiting
 
 
 def test_an_nvidiadriver_pod_queues_the_cluster_pass_at_once() -> None:
     nvd, queue, _ = _controller()
 
-    nvd._on_pod("ADDED", None, _pod("nvidia-gpu-driver-ubuntu22.04-abc"))
+    nvd.on_pod("ADDED", None, _pod("nvidia-gpu-driver-ubuntu22.04-abc"))
 
     assert CLUSTER_KEY in queue.added
 
@@ -114,7 +116,25 @@ def test_owned_nodes_and_foreign_pods_follow_their_caches() -> None:
     assert not nvd.holds_policy_driver()
 
     pod = _pod("nvidia-gpu-driver-ubuntu22.04-abc")
-    nvd.driver_pods._put(key_of(pod), pod)
+    nvd.on_pod("ADDED", None, pod)
     assert nvd.holds_policy_driver()
-    nvd.driver_pods._drop(key_of(pod))
+    nvd.on_pod("DELETED", pod, None)
     assert not nvd.holds_policy_driver()
+
+
+def test_only_driver_pods_are_followed() -> None:
+    """The operand pods cache hands every pod over; the others wake nothing here and
+    leave the driver pods' version (what the memoised answers hang on) alone."""
+    nvd, queue, _ = _controller()
+    validator = _pod("nvidia-operator-validator", component="gpu-operator")
+    nvd.on_pod("ADDED", None, validator)
+    assert queue.added == []
+    assert nvd.driver_pods.version == 0
+    assert nvd.driver_pods.values() == []
+
+    driver = _pod("nvidia-driver-daemonset")
+    nvd.on_pod("ADDED", None, driver)
+    assert nvd.driver_pods.values() == [driver]
+    nvd.on_pod("DELETED", driver, None)
+    assert nvd.driver_pods.values() == []
+    assert nvd.driver_pods.version == 2
