@@ -37,6 +37,9 @@ from ._harness import DS, NAMESPACE, NODE, BenchCluster, ClusterCpu, Settings
 
 SAMPLE_S = 5.0
 """How often the rollout's progress (Ready pods per DaemonSet) is sampled."""
+DS_POLL_S = 0.5
+"""How often the harness lists the DaemonSets, in the baseline and in the operator's
+run alike: the harness's own requests and parsing load the same two cores."""
 
 
 def pods_ready(at: float, daemonsets: list[dict[str, Any]]) -> dict[str, float]:
@@ -72,7 +75,9 @@ async def run_once(
     assert model is not None, problems
     assert not problems, problems
     spec = model.spec
-    async with BenchCluster(settings, gpu_nodes, audit=False) as bench, bench.admin() as rest:
+    # Audited as in the operator's runs (the policy logs only the operator's user, so
+    # nothing here), so kube-apiserver runs with the same flags in both.
+    async with BenchCluster(settings, gpu_nodes) as bench, bench.admin() as rest:
         await bench.prepare(rest)
         nodes = await rest.list(NODE, label_selector=f"{SIMULATED_LABEL}=true")
         cluster_cpu = ClusterCpu(bench)
@@ -117,7 +122,7 @@ async def run_once(
                 break
             if time.monotonic() - started > timeout:
                 raise TimeoutError(f"{what}: {ready}/{n_ds} DaemonSets ready in {timeout}s")
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(DS_POLL_S)
         elapsed = time.monotonic() - started
         used = cluster_cpu.take()
         progress.finish(

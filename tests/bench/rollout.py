@@ -30,7 +30,7 @@ from ._harness import (
     Settings,
     policy_state,
 )
-from .baseline import SAMPLE_S, ds_ready, pods_ready
+from .baseline import DS_POLL_S, SAMPLE_S, ds_ready, pods_ready
 
 Extra = Callable[[BenchCluster, Rest, OperatorProcess], Awaitable[dict[str, Any]]]
 
@@ -77,11 +77,13 @@ async def _wait_policy_ready(
 ) -> None:
     started = time.monotonic()
     deadline = started + timeout
-    sampled = float("-inf")
+    sampled = polled = float("-inf")
     while True:
         state = await policy_state(rest)
         now = time.monotonic()
-        if result.daemonsets_ready_s is None or now - sampled >= SAMPLE_S:
+        due = result.daemonsets_ready_s is None and now - polled >= DS_POLL_S
+        if due or now - sampled >= SAMPLE_S:
+            polled = now
             daemonsets = await rest.list(DS, NAMESPACE)
             if now - sampled >= SAMPLE_S:
                 sampled = now
