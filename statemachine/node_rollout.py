@@ -184,24 +184,19 @@ class ComponentCounts:
 def count_components(
     observed: Mapping[str, Mapping[str, PodState]], steps: Mapping[str, NodeStep]
 ) -> dict[str, ComponentCounts]:
-    """Counts per component over all nodes (``observed`` and ``steps`` keyed by node)."""
-    ready = dict.fromkeys(NODE_ORDER, 0)
-    not_ready = dict.fromkeys(NODE_ORDER, 0)
-    at = dict.fromkeys(NODE_ORDER, 0)
+    """Counts per component over all nodes (``observed`` and ``steps`` keyed by node;
+    a node without a step counts as done)."""
+    tally = ComponentTally()
     for node, pods in observed.items():
-        for name, pod in pods.items():
-            if pod is PodState.READY:
-                ready[name] += 1
-            elif pod is not PodState.ABSENT:
-                not_ready[name] += 1
-        step = steps.get(node)
-        if step is not None and not step.done:
-            at[step.state] += 1
-    return {n: ComponentCounts(ready[n], not_ready[n], at[n]) for n in NODE_ORDER}
+        tally.observe(node, pods, steps.get(node, _DONE))
+    return tally.counts()
+
+
+_DONE = NodeStep(state=NODE_DONE, waiting=None)
 
 
 class ComponentTally:
-    """:func:`count_components` kept up to date node by node: a rollout's pass sees a
+    """Counts per component kept up to date node by node: a rollout's pass sees a
     thousand nodes, of which only those whose pods changed since the last pass need
     counting again (the caller says which by handing over a new observation)."""
 

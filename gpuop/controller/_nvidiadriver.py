@@ -60,14 +60,12 @@ NVD = by_kind(NVD_API_VERSION, NVD_KIND)
 NODE = by_kind("v1", "Node")
 DAEMONSET = by_kind("apps/v1", "DaemonSet")
 DRIVER_COMPONENTS = ("nvidia-driver", "nvidia-vgpu-host-manager")
+_DISABLED_MESSAGE = "useNvidiaDriverCRD is not enabled in ClusterPolicy"
 
 
 def is_driver_pod(pod: Obj) -> bool:
     """A pod of any driver DaemonSet we run (the ClusterPolicy's or an NVIDIADriver's)."""
     return (pod["metadata"].get("labels") or {}).get(COMPONENT_POD_LABEL) in DRIVER_COMPONENTS
-
-
-_DISABLED_MESSAGE = "useNvidiaDriverCRD is not enabled in ClusterPolicy"
 
 
 class NVIDIADrivers:
