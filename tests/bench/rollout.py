@@ -92,6 +92,11 @@ async def _wait_policy_ready(
                 result.daemonsets_ready_s = time.monotonic() - started
         progress.status(f"state={state}")
         if state == "ready":
+            if result.daemonsets_ready_s is None:
+                # Ready between two DaemonSet polls: they were ready by now at the latest.
+                daemonsets = await rest.list(DS, NAMESPACE)
+                if daemonsets and all(map(ds_ready, daemonsets)):
+                    result.daemonsets_ready_s = time.monotonic() - started
             return
         if time.monotonic() > deadline:
             raise TimeoutError(f"ClusterPolicy not ready within {timeout:.0f}s (state={state})")
