@@ -101,10 +101,9 @@ class Upgrades:
         self._resting: dict[str, tuple[UpgradePolicyView, NodeUpgradeView, Decision]] = {}
         #: Bound of pod-restart-required (see ``UpgradePolicyView``); settable for tests.
         self.driver_ready_timeout_seconds = DRIVER_READY_TIMEOUT_SECONDS
-        #: Hook for NVIDIADrivers: which driver DaemonSet (its `app`) runs on a node.
+        #: Hook for NVIDIADrivers: which driver DaemonSet (its `app`) runs on a node;
+        #: its pods are in the operand pods cache like every other driver's.
         self.driver_app: Callable[[str], str] = lambda node: DRIVER_DS
-        #: The operand pods cache (every driver DaemonSet's pods too), by (node, app).
-        self.driver_pods: Any = pods
 
     # ------------------------------------------------------------- inputs
     def newest_driver_revision(self, app: str = DRIVER_DS) -> str | None:
@@ -119,7 +118,7 @@ class Upgrades:
         return digest_in(template.get("spec") or {})
 
     def _driver_pods_on(self, node: str) -> list[Obj]:
-        pods: list[Obj] = self.driver_pods.indexed((node, self.driver_app(node)))
+        pods: list[Obj] = self._pods.indexed((node, self.driver_app(node)))
         return pods
 
     def _live_driver_pods(self, node: str) -> list[Obj]:

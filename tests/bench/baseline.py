@@ -66,6 +66,11 @@ def ds_ready(ds: dict[str, Any]) -> bool:
     )
 
 
+def all_ready(daemonsets: list[dict[str, Any]]) -> bool:
+    """Some DaemonSet exists and every one is :func:`ds_ready`."""
+    return bool(daemonsets) and all(map(ds_ready, daemonsets))
+
+
 async def run_once(
     settings: Settings, gpu_nodes: int, timeout: float, labels_timed: bool = False
 ) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from ._harness import (
     Settings,
     policy_state,
 )
-from .baseline import DS_POLL_S, SAMPLE_S, ds_ready, pods_ready
+from .baseline import DS_POLL_S, SAMPLE_S, all_ready, pods_ready
 
 Extra = Callable[[BenchCluster, Rest, OperatorProcess], Awaitable[dict[str, Any]]]
 
@@ -88,14 +88,14 @@ async def _wait_policy_ready(
             if now - sampled >= SAMPLE_S:
                 sampled = now
                 result.pods_ready.append(pods_ready(now - started, daemonsets))
-            if result.daemonsets_ready_s is None and daemonsets and all(map(ds_ready, daemonsets)):
+            if result.daemonsets_ready_s is None and all_ready(daemonsets):
                 result.daemonsets_ready_s = time.monotonic() - started
         progress.status(f"state={state}")
         if state == "ready":
             if result.daemonsets_ready_s is None:
                 # Ready between two DaemonSet polls: they were ready by now at the latest.
                 daemonsets = await rest.list(DS, NAMESPACE)
-                if daemonsets and all(map(ds_ready, daemonsets)):
+                if all_ready(daemonsets):
                     result.daemonsets_ready_s = time.monotonic() - started
             return
         if time.monotonic() > deadline:

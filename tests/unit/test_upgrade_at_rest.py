@@ -40,7 +40,7 @@ def _done_at(revision: str) -> tuple[_Server, Upgrades, Informer]:
     server = _Server(["n0"], state="upgrade-done")
     upgrades, nodes, _ = _operator(server)
     pod = trim_pod(_driver_pod("n0", revision=revision))
-    upgrades.driver_pods._put(key_of(pod), pod)
+    upgrades._pods._put(key_of(pod), pod)  # the operand pods cache
     return server, upgrades, nodes
 
 
