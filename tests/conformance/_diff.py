@@ -36,9 +36,10 @@ ABSENT = "<absent>"
 
 
 def conformance_dir() -> Path:
-    """`$GPUOP_CONFORMANCE_DIR`, else `<repo>/../shared/conformance`."""
+    """`$GPUOP_CONFORMANCE_DIR`, else the recorded data kept in the repository
+    (`tests/conformance/upstream/`, copied from NVIDIA's operator v26.7 runs)."""
     override = os.environ.get("GPUOP_CONFORMANCE_DIR")
-    return Path(override) if override else REPO.parent / "shared" / "conformance"
+    return Path(override) if override else Path(__file__).resolve().parent / "upstream"
 
 
 def scenarios(root: Path | None = None) -> list[Path]:

@@ -24,7 +24,8 @@ SCENARIOS = scenarios(ROOT)
 
 
 def test_conformance_data_is_present() -> None:
-    """CI has ../shared/conformance: without it the comparison would silently not run."""
+    """The recorded data is in the repository: without it the comparison would silently
+    not run."""
     assert ROOT.is_dir(), f"no conformance data at {ROOT} (set GPUOP_CONFORMANCE_DIR)"
     assert SCENARIOS, f"no scenario (a folder with policy.yaml) under {ROOT}"
     for folder in SCENARIOS:

@@ -123,7 +123,7 @@ def _check_stored(sent_spec: dict[str, Any], stored: dict[str, Any]) -> None:
 
 CONFORMANCE = {
     path.parent.name: yaml.safe_load(path.read_text())
-    for path in sorted((ROOT.parent / "shared" / "conformance").glob("*/policy.yaml"))
+    for path in sorted((ROOT / "tests" / "conformance" / "upstream").glob("*/policy.yaml"))
 }
 
 

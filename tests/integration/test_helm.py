@@ -497,7 +497,7 @@ def test_upstream_values_file_installs_a_policy_without_problems() -> None:
     assert problems == []
     assert policy is not None
     upstream = yaml.safe_load(
-        (ROOT.parent / "shared" / "conformance" / "default" / "policy.yaml").read_text()
+        (ROOT / "tests" / "conformance" / "upstream" / "default" / "policy.yaml").read_text()
     )
     theirs = crd.ClusterPolicy.model_validate(upstream).spec
     for section in ("driver", "toolkit", "devicePlugin", "dcgmExporter", "gfd", "migManager"):

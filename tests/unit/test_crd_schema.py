@@ -59,7 +59,7 @@ def test_sample_policy_is_the_model_defaults_with_the_chart_choices() -> None:
 def test_sample_policy_matches_upstream_chart_default_but_for_images() -> None:
     """deploy/clusterpolicy.yaml and upstream's chart-default policy mean the same, except
     that images are left to the operator's built-in defaults and ours spells out defaults."""
-    upstream = yaml.safe_load((ROOT.parent / "shared/conformance/default/policy.yaml").read_text())
+    upstream = yaml.safe_load((ROOT / "tests/conformance/upstream/default/policy.yaml").read_text())
     ours = crd.ClusterPolicy.model_validate(yaml.safe_load(crd.render_sample_policy_yaml())).spec
     theirs = crd.ClusterPolicy.model_validate(upstream).spec
     image_keys = {"repository", "image", "version", "imagePullPolicy"}  # IfNotPresent both
