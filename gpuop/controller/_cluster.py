@@ -27,6 +27,7 @@ from gpuop.controller._label_gate import LabelGate
 from gpuop.controller._memo import VersionMemo
 from gpuop.controller._nodes import GpuNodes
 from gpuop.controller._owned import OptionalWatches, rest_kind
+from gpuop.controller._pace import LEAST_WAIT_S
 from gpuop.controller._policy_status import PolicyStatusWriter, generation, now
 from gpuop.controller._rollout_status import RolloutReports, Timers
 from gpuop.controller._rollout_view import NodeRollouts, RolloutView
@@ -51,7 +52,7 @@ log = get_logger(__name__)
 Desired = dict[str, list[Obj]]
 """Each component's desired objects, by component name (every component, maybe [])."""
 _SERVICE_MONITOR = rest_kind(SERVICE_MONITOR)
-COALESCE_MIN_S = 0.1
+COALESCE_MIN_S = LEAST_WAIT_S
 COALESCE_MAX_S = 5.0
 COALESCE_FACTOR = 200.0
 """A rollout's pass waits this many times its last CPU time for more news. At 1,000

@@ -51,7 +51,8 @@ from statemachine.driver_owner import DriverResource, assign_owners
 from statemachine.upgrade_keys import SKIP_LABEL, STATE_LABEL
 
 if TYPE_CHECKING:
-    from gpuop.controller._operator import Operator
+    from gpuop.controller._driver_host import DriverHost
+    from gpuop.events import EventRecorder
 
 log = get_logger(__name__)
 
@@ -71,7 +72,7 @@ def is_driver_pod(pod: Obj) -> bool:
 class NVIDIADrivers:
     """The NVIDIADriver side of the operator; shares the operator's caches and queue."""
 
-    def __init__(self, operator: Operator) -> None:
+    def __init__(self, operator: DriverHost, events: EventRecorder) -> None:
         self.op = operator
         rest = operator.rest
         self.drivers = Informer(ResourceSpec("nvidiadrivers", rest.lister(NVD)), self._on_driver)
@@ -84,7 +85,7 @@ class NVIDIADrivers:
         #: otherwise scan every node and every driver pod each time).
         self._owned_nodes: VersionMemo[str, frozenset[str]] = VersionMemo()
         self._foreign_pods: VersionMemo[str, bool] = VersionMemo()
-        self.status = StatusWriter(operator, self.drivers)
+        self.status = StatusWriter(rest, operator.config.namespace, events, self.drivers)
 
     # ------------------------------------------------------------ watching
     async def run(self) -> None:

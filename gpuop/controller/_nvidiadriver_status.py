@@ -28,7 +28,8 @@ from gpuop.log import get_logger
 from gpuop.rest import by_kind
 
 if TYPE_CHECKING:
-    from gpuop.controller._operator import Operator
+    from gpuop.events import EventRecorder
+    from gpuop.rest import Rest
 
 log = get_logger(__name__)
 
@@ -87,10 +88,14 @@ def desired_status(
 
 
 class StatusWriter:
-    """Writes NVIDIADriver statuses through the operator's client and Event recorder."""
+    """Writes NVIDIADriver statuses through the client and Event recorder it is given."""
 
-    def __init__(self, operator: Operator, drivers: Informer) -> None:
-        self._op = operator
+    def __init__(
+        self, rest: Rest, namespace: str, events: EventRecorder, drivers: Informer
+    ) -> None:
+        self._rest = rest
+        self._namespace = namespace
+        self._events = events
         self._drivers = drivers
 
     async def write(
@@ -106,7 +111,7 @@ class StatusWriter:
             state,
             ready,
             error,
-            self._op.config.namespace,
+            self._namespace,
             meta.get("generation"),
             raw.get("status"),
         )
@@ -114,9 +119,7 @@ class StatusWriter:
         if patch is None:
             return
         try:
-            patched = await self._op.rest.merge_patch(
-                NVD, meta["name"], patch, subresource="status"
-            )
+            patched = await self._rest.merge_patch(NVD, meta["name"], patch, subresource="status")
         except ApiException as err:
             if err.status == 404:
                 return
@@ -126,7 +129,7 @@ class StatusWriter:
             log.info("NVIDIADriver state", nvidiadriver=meta["name"], state=state)
             involved = {"apiVersion": NVD_API_VERSION, "kind": NVD_KIND, "metadata": meta}
             reason, message = (ready[1], ready[2]) if ready[0] else (error[1], error[2])
-            await self._op.upgrades.events.record(
+            await self._events.record(
                 involved,
                 reason,
                 f"NVIDIADriver is {state}: {message}",

@@ -147,7 +147,7 @@ class Operator:
         self.applier = Applier(rest, self.owned, lambda d: self.queue.add_after(CLUSTER_KEY, d))
         self.synced = False
         self._started = time.monotonic()
-        self.nvd = NVIDIADrivers(self)
+        self.nvd = NVIDIADrivers(self, self.upgrades.events)
         self.rollouts = NodeRollouts(
             self.pods,
             self.revisions,

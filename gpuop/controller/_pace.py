@@ -11,10 +11,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from components.readiness import daemonset_ready
-from gpuop.controller._cluster import COALESCE_MIN_S as LEAST_WAIT_S
 from gpuop.informer import Obj
 
 __all__ = ["LEAST_WAIT_S", "ProgressPace"]
+
+LEAST_WAIT_S = 0.1
+"""The shortest a pass ever waits for more news; also the cluster pass's least coalescing
+wait (`gpuop.controller._cluster`), which imports it from here so the two stay one."""
 
 
 class ProgressPace:

@@ -55,7 +55,7 @@ def _controller(waiting_for_slot: bool = False) -> tuple[NVIDIADrivers, _Queue, 
     op.nodes = nodes
     op.node_passes = _NodePasses(queue)
     op.node_passes.queued = waiting_for_slot
-    return NVIDIADrivers(op), queue, nodes  # type: ignore[arg-type]
+    return NVIDIADrivers(op, SimpleNamespace()), queue, nodes  # type: ignore[arg-type]
 
 
 def _pod(app: str, node: str = "n0", component: str = "nvidia-driver") -> Obj:
