@@ -76,9 +76,6 @@ class Component:
     """The RBAC rules its own Role and ClusterRole grant its pods."""
     eligible: NodeFilter = every_gpu_node
     """Which GPU nodes carry `deploy_label` (the MIG manager's: MIG-capable ones)."""
-    gates_rollout: bool = True
-    """Later states wait for this one to be ready. False for operator-validation: its
-    pods only turn Ready once the device plugin (a later state) advertises GPUs."""
 
     def enabled(self, spec: ClusterPolicySpec) -> bool:
         """Whether the policy switches this component on."""

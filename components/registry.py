@@ -25,7 +25,7 @@ from components import (
     toolkit,
     validator,
 )
-from components.component import Component, ObjectKind, Rule
+from components.component import Component, ObjectKind
 from components.context import Manifest, RenderContext
 from components.keys import DEPLOY_CLIENT_LABEL
 from crd import ClusterPolicySpec
@@ -44,7 +44,8 @@ COMPONENTS: tuple[Component, ...] = (
     mig_manager.COMPONENT,
     node_status_exporter.COMPONENT,
 )
-"""Rollout order: a component rolls out once every earlier gating one is ready."""
+"""Rollout order: every enabled component is applied in each pass, and each GPU node
+    takes them in this order (its per-node machine, `statemachine.node_rollout`)."""
 
 EXTRA_DEPLOY_LABELS: tuple[str, ...] = (DEPLOY_CLIENT_LABEL,)
 """Deploy labels set with the operands' though no operand of ours owns them (upstream's)."""
@@ -70,16 +71,6 @@ def deploy_labels(components: Iterable[Component]) -> tuple[str, ...]:
 def owned_kinds(components: Iterable[Component]) -> tuple[ObjectKind, ...]:
     """Every kind some operand renders, each once, in order of first appearance."""
     return tuple(dict.fromkeys(k for c in components for k in c.kinds))
-
-
-def operand_rules(components: Iterable[Component]) -> tuple[tuple[Rule, ...], tuple[Rule, ...]]:
-    """(Role rules, ClusterRole rules) that operands grant their pods: the operator must
-    hold these in the namespace, resp. cluster-wide."""
-    items = list(components)
-    return (
-        tuple(r for c in items for r in c.permissions.role),
-        tuple(r for c in items for r in c.permissions.cluster),
-    )
 
 
 ROLLOUT_ORDER = rollout_order(COMPONENTS)

@@ -191,5 +191,4 @@ COMPONENT = Component(
     render=render,
     kinds=(*NAMESPACED_RBAC, *CLUSTER_RBAC, DAEMONSET),
     permissions=Permissions(role=tuple(_ROLE_RULES), cluster=tuple(_CLUSTER_RULES)),
-    gates_rollout=False,
 )

@@ -156,10 +156,6 @@ class RemediationPlan:
     """Seconds until the earliest settle time ends; the only timed wake-up."""
     dry_run: bool = False
 
-    @property
-    def changes_nodes(self) -> bool:
-        return bool(self.quarantine or self.release)
-
     def pause_message(self, max_unhealthy: int | str) -> str:
         held = ", ".join(self.held[:10]) + (" ..." if len(self.held) > 10 else "")
         return (

@@ -34,8 +34,6 @@ class UpgradeState(StrEnum):
         return None if self is UpgradeState.UNKNOWN else self.value
 
 
-UPGRADE_STATES: tuple[UpgradeState, ...] = tuple(UpgradeState)
-
 IN_PROGRESS_STATES: frozenset[UpgradeState] = frozenset(
     {
         UpgradeState.CORDON_REQUIRED,

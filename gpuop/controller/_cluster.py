@@ -65,7 +65,9 @@ is never held back (``gpuop.controller._pace``)."""
 
 @dataclass(kw_only=True)
 class ClusterReconciler:
-    """The cluster pass over the operator's caches; keeps only the ServiceMonitor probe."""
+    """The cluster pass over the operator's caches. Besides them it keeps only what is
+    derived from them (memos of the render, node facts and the ServiceMonitor probe, the
+    label gate) and its last CPU time, which paces the next pass."""
 
     config: OperatorConfig
     rest: Rest

@@ -47,7 +47,9 @@ NODE = by_kind("v1", "Node")
 
 @dataclass(kw_only=True)
 class NodeReconciler:
-    """Node and fleet passes over the operator's caches; remembers nothing itself."""
+    """Node and fleet passes over the operator's caches. It keeps only a memo derived from
+    the node cache and the fleet pass's last CPU time (its pace); upgrade progress lives
+    in node labels and annotations."""
 
     rest: Rest
     nodes: Informer

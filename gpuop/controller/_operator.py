@@ -65,7 +65,9 @@ REVISION = by_kind("apps/v1", "ControllerRevision")
 
 
 class Operator:
-    """Wires watch caches to a work queue; owns no state that is not in the cluster."""
+    """Wires watch caches to a work queue. What it holds besides the caches (memos, the
+    pace of passes) is derived from them and rebuilt after a restart; every decision
+    reads what is stored in the cluster."""
 
     def __init__(self, rest: Rest, config: OperatorConfig, metrics: OperatorMetrics) -> None:
         from gpuop.workqueue import WorkQueue

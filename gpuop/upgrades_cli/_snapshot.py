@@ -107,11 +107,6 @@ def _active(policies: Iterable[Obj]) -> Obj | None:
     return ordered[0] if ordered else None
 
 
-def _pod_ready(pod: Mapping[str, Any]) -> bool:
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-
-
 def snapshot(
     objects: Objects, namespace: str, sets: Sequence[str] = (), now: float | None = None
 ) -> Snapshot:

@@ -474,7 +474,6 @@ def test_validator_daemonset() -> None:
         "path": "/run/nvidia/validations",
         "type": "DirectoryOrCreate",
     }
-    assert c.component_by_name("operator-validation").gates_rollout is False
 
 
 def test_validator_cuda_image_and_options_from_policy() -> None:
