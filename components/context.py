@@ -86,6 +86,10 @@ class RenderContext:
     """Pull secrets for the operator image, added to pods that run it."""
     gpu_nodes: tuple[NodeFacts, ...] = ()
     """Facts of every GPU node, in the controller's (name) order."""
+    config_map_keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """The data keys of the ConfigMaps the policy names for the driver's site
+    configuration (`components.driver_config.referenced_config_maps`), by name; a name
+    that is absent is a ConfigMap that does not exist."""
 
     @property
     def container_runtime(self) -> str:
@@ -106,6 +110,13 @@ class RenderContext:
         counts = Counter(tags)
         best = max(counts.values())
         return next(t for t in tags if counts[t] == best)
+
+    @property
+    def os_id(self) -> str | None:
+        """The OS (NFD's `os_release.ID`) of the nodes whose tag is :attr:`os_tag`: where
+        the driver's repository and certificate files go."""
+        tag = self.os_tag
+        return next((n.os_id for n in self.gpu_nodes if tag and n.os_tag == tag), None)
 
     @property
     def kernels(self) -> dict[str, str]:

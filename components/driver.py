@@ -38,6 +38,7 @@ from components._k8s import (
 )
 from components.component import Component, Permissions
 from components.context import KERNEL_LABEL, Manifest, RenderContext
+from components.driver_config import apply_site_config
 from components.keys import DEPLOY_DRIVER_LABEL, TRUE
 from components.kinds import CLUSTER_RBAC, CONFIG_MAP, DAEMONSET, NAMESPACED_RBAC
 from crd import ClusterPolicySpec, ContainerProbeSpec, DriverSpec, component_image
@@ -341,6 +342,14 @@ def pod_spec(
     spec: ClusterPolicySpec, ctx: RenderContext, kernel: str | None = None
 ) -> dict[str, Any]:
     """The driver pod spec (before the pod-wide settings); exposed for tests."""
+    pod = _base_pod_spec(spec, ctx, kernel)
+    apply_site_config(pod, spec, ctx)
+    return pod
+
+
+def _base_pod_spec(
+    spec: ClusterPolicySpec, ctx: RenderContext, kernel: str | None
+) -> dict[str, Any]:
     return {
         "serviceAccountName": SERVICE_ACCOUNT,
         "hostPID": True,

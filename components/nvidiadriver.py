@@ -28,6 +28,7 @@ from components.context import (
     RenderContext,
     node_facts,
 )
+from components.driver_config import site_config
 from components.keys import DEPLOY_DRIVER_LABEL, GPU_PRESENT_LABEL, TRUE
 from crd import (
     OWNER_LABEL,
@@ -166,6 +167,7 @@ def policy_for(spec: NVIDIADriverSpec, base: ClusterPolicySpec) -> ClusterPolicy
         if spec.virtual_topology_config
         else None,
         kernel_module_config=spec.kernel_module_config,
+        secret_env=spec.secret_env,
     )
     gpu = Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")
     extra = [t for t in spec.tolerations or [] if t != gpu]
@@ -214,6 +216,9 @@ def render_pool(
     check(spec, base)
     policy = policy_for(spec, base)
     pool_ctx = dataclasses.replace(ctx, gpu_nodes=(pool.facts,))
+    problems = site_config(policy, pool_ctx).problems
+    if problems:
+        raise NVIDIADriverRenderError(f"pool {pool.name}: " + "; ".join(problems))
     pod = driver.pod_spec(policy, pool_ctx, pool.kernel)
     if spec.node_affinity:
         pod["affinity"] = {**pod["affinity"], "nodeAffinity": spec.node_affinity}

@@ -83,35 +83,6 @@ _FIELDS: tuple[tuple[str, _Check, str], ...] = (
         "precompiled driver DaemonSets are rendered per kernel, but driver upgrades are"
         " managed only for nvidia-driver-daemonset",
     ),
-    (
-        "driver.repoConfig.configMapName",
-        lambda s: bool(s.driver.repo_config and s.driver.repo_config.config_map_name),
-        "custom package repositories are not mounted",
-    ),
-    (
-        "driver.certConfig.name",
-        lambda s: bool(s.driver.cert_config and s.driver.cert_config.name),
-        "custom certificates are not mounted",
-    ),
-    (
-        "driver.licensingConfig",
-        lambda s: bool(
-            s.driver.licensing_config
-            and (s.driver.licensing_config.config_map_name or s.driver.licensing_config.secret_name)
-        ),
-        "vGPU guest licensing is not mounted",
-    ),
-    (
-        "driver.virtualTopology.config",
-        lambda s: bool(s.driver.virtual_topology and s.driver.virtual_topology.config),
-        "the topology file is not mounted",
-    ),
-    (
-        "driver.kernelModuleConfig.name",
-        lambda s: bool(s.driver.kernel_module_config and s.driver.kernel_module_config.name),
-        "module parameters are not mounted",
-    ),
-    ("driver.secretEnv", lambda s: bool(s.driver.secret_env), "not passed to the driver"),
     ("dcgmExporter.hostPID", lambda s: bool(s.dcgm_exporter.host_pid), "not applied"),
     ("dcgmExporter.annotations", lambda s: bool(s.dcgm_exporter.annotations), "not applied"),
     (

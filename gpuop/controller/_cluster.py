@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from components import COMPONENTS, NodeFacts, RenderContext, desired_objects, node_facts
 from components.driver import NAME as DRIVER_COMPONENT
+from components.driver_config import config_problems, referenced_config_maps
 from components.hashing import with_hash
 from components.kinds import SERVICE_MONITOR
 from components.readiness import component_ready
@@ -31,6 +32,7 @@ from gpuop.controller._pace import LEAST_WAIT_S
 from gpuop.controller._policy_status import PolicyStatusWriter, generation, now
 from gpuop.controller._rollout_status import RolloutReports, Timers
 from gpuop.controller._rollout_view import NodeRollouts, RolloutView
+from gpuop.controller._site_config import SiteConfigMaps
 from gpuop.controller._status import (
     POLICY,
     ClusterObservation,
@@ -82,9 +84,12 @@ class ClusterReconciler:
     nvd: NVIDIADrivers
     watches: OptionalWatches
     timers: Timers
+    site_config: SiteConfigMaps
     _service_monitors: VersionMemo[str, bool] = field(default_factory=VersionMemo, init=False)
     _pass_cpu_s: float = field(default=0.0, init=False)
-    _rendered: tuple[tuple[object, ...], Desired] | None = field(default=None, init=False)
+    _rendered: tuple[tuple[object, ...], Desired, tuple[str, ...]] | None = field(
+        default=None, init=False
+    )
     _facts: dict[str, tuple[Obj, NodeFacts]] = field(default_factory=dict, init=False)
     _facts_memo: tuple[int, tuple[NodeFacts, ...]] | None = field(default=None, init=False)
     _gpu_nodes: GpuNodes = field(init=False)
@@ -154,6 +159,11 @@ class ClusterReconciler:
             ]
         objects = [o for objs in desired.values() for o in objs]
         waiting = self._wait_for_labels(raw, objects, spec, gpu_nodes)
+        if self.config_problems:
+            # The driver's site configuration is incomplete: rolling drivers out without
+            # the repositories or certificates they need would break nodes that work
+            # now, so the driver DaemonSets are neither written nor pruned.
+            waiting |= {id(o) for o in desired[DRIVER_COMPONENT] if o["kind"] == "DaemonSet"}
         view = self.rollouts.view(desired, gpu_nodes)
         snapshot, actual = self._components(desired, spec, held, view, waiting)
 
@@ -177,6 +187,7 @@ class ClusterReconciler:
             view=view,
             refused=refused,
             has_nfd=has_nfd,
+            config_problems=self.config_problems,
         )
         status, outcome = cluster_status(seen, now())
         if refused:
@@ -197,12 +208,14 @@ class ClusterReconciler:
         pod change, and rendering and hashing every object each time cost most of its
         CPU. Callers get a fresh mapping over the shared, never-mutated objects."""
         facts = self._node_facts(gpu_nodes)
+        site_keys = self.site_config.keys(referenced_config_maps(spec))
         ctx = RenderContext(
             namespace=self.config.namespace,
             operator_image=self.config.operator_image,
             mig_capable=mig_capable,
             service_monitor_crd=await self._has_service_monitors(raw),
             gpu_nodes=facts,
+            config_map_keys=site_keys,
         )
         meta = raw["metadata"]
         key = (
@@ -211,6 +224,7 @@ class ClusterReconciler:
             ctx.mig_capable,
             ctx.service_monitor_crd,
             facts,
+            tuple(sorted(site_keys.items())),
         )
         if self._rendered is None or self._rendered[0] != key:
             owner = owner_reference(POLICY.api_version, POLICY.kind, meta)
@@ -218,8 +232,14 @@ class ClusterReconciler:
                 name: [with_hash(owned_by(o, owner)) for o in objs]
                 for name, objs in desired_objects(spec, ctx).items()
             }
-            self._rendered = (key, desired)
+            self._rendered = (key, desired, tuple(config_problems(spec, ctx)))
         return {name: list(objs) for name, objs in self._rendered[1].items()}
+
+    @property
+    def config_problems(self) -> tuple[str, ...]:
+        """Why the last render lacks the driver's site configuration (a named ConfigMap
+        missing, an OS with no known directory): empty when it has it all."""
+        return self._rendered[2] if self._rendered else ()
 
     def _wait_for_labels(
         self, raw: Obj, objects: list[Obj], spec: ClusterPolicySpec, gpu_nodes: list[Obj]

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from crd import ClusterPolicySpec
     from gpuop.controller._apply import Applier
     from gpuop.controller._config import OperatorConfig
+    from gpuop.controller._site_config import SiteConfigMaps
     from gpuop.informer import Informer
     from gpuop.rest import Rest
     from gpuop.workqueue import WorkQueue
@@ -42,5 +43,7 @@ class DriverHost(Protocol):
     def applier(self) -> Applier: ...
     @property
     def node_passes(self) -> FleetNews: ...
+    @property
+    def site_config(self) -> SiteConfigMaps: ...
 
     def active_spec(self) -> ClusterPolicySpec | None: ...

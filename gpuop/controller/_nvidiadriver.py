@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from components import RenderContext, daemonset_ready, is_gpu_node, with_hash
 from components.driver import COMPONENT_POD_LABEL
 from components.driver import DAEMONSET_NAME as POLICY_DRIVER_DS
+from components.driver_config import referenced_config_maps
 from components.nvidiadriver import NVIDIADriverRenderError, policy_for, render
 from crd import (
     NVD_API_VERSION,
@@ -273,8 +274,11 @@ class NVIDIADrivers:
         spec = self.op.active_spec()
         assert spec is not None
         meta = raw["metadata"]
+        names = referenced_config_maps(policy_for(model.spec, spec))
         ctx = RenderContext(
-            namespace=self.op.config.namespace, operator_image=self.op.config.operator_image
+            namespace=self.op.config.namespace,
+            operator_image=self.op.config.operator_image,
+            config_map_keys=self.op.site_config.keys(names),
         )
         try:
             desired = render(

@@ -48,6 +48,7 @@ from gpuop.controller._remediation_views import policy_facts
 from gpuop.controller._rollout_gate import RolloutGate, gate_facts
 from gpuop.controller._rollout_status import STUCK_KEY, RolloutReports
 from gpuop.controller._rollout_view import NodeRollouts, pod_facts
+from gpuop.controller._site_config import SiteConfigMaps
 from gpuop.controller._upgrade import Upgrades
 from gpuop.informer import Handler, Informer, Obj, ResourceSpec
 from gpuop.log import get_logger
@@ -158,6 +159,8 @@ class Operator:
             stuck_seconds=config.node_stuck_seconds,
         )
         self.upgrades.driver_app = self.nvd.driver_app
+        #: The ConfigMaps the driver's site configuration names (repositories, certs...).
+        self.site_config = SiteConfigMaps(rest, ns, self._site_config_changed)
         self.cluster = ClusterReconciler(
             config=config,
             rest=rest,
@@ -177,6 +180,7 @@ class Operator:
             nvd=self.nvd,
             watches=self.watches,
             timers=self.queue,
+            site_config=self.site_config,
         )
         self.node_passes = NodeReconciler(
             rest=rest,
@@ -196,6 +200,7 @@ class Operator:
             self.policies,
             self.pods,
             self.revisions,
+            self.site_config.cache,
             *self.owned.values(),
         ]
 
@@ -221,6 +226,10 @@ class Operator:
                 self.queue.add(node_key(name))
 
     # -------------------------------------------------------- event routing
+    def _site_config_changed(self) -> None:
+        self.queue.add(CLUSTER_KEY)
+        self.queue.add(NVD_KEY)
+
     def _on_node(self, event: str, old: Obj | None, new: Obj | None) -> None:
         node = new or old
         assert node is not None

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from crd import (
+    REASON_DRIVER_CONFIG_MISSING,
     REASON_INVALID_SPEC,
     REASON_NFD_LABELS_MISSING,
     REASON_OPERAND_NOT_READY,
@@ -200,6 +201,9 @@ class ClusterObservation:
     view: RolloutView
     refused: Sequence[Refusal]
     has_nfd: bool
+    config_problems: Sequence[str] = ()
+    """Why the driver's site configuration could not be rendered (the driver DaemonSets
+    were left as they are)."""
 
 
 def cluster_status(seen: ClusterObservation, now: datetime) -> tuple[ClusterPolicyStatus, int]:
@@ -211,6 +215,10 @@ def cluster_status(seen: ClusterObservation, now: datetime) -> tuple[ClusterPoli
         # The server's answer, not ours: an admin must see which object and why,
         # and the state must not keep saying ready (issue 14, item 7).
         why = (REASON_RECONCILE_FAILED, refusals_message(list(seen.refused)), True)
+        outcome = STATUS_ERROR
+    elif seen.config_problems:
+        message = "driver DaemonSets left unchanged: " + "; ".join(seen.config_problems)
+        why = (REASON_DRIVER_CONFIG_MISSING, message, True)
         outcome = STATUS_ERROR
     elif not seen.has_nfd:
         why = (REASON_NFD_LABELS_MISSING, NFD_MISSING_MESSAGE, False)
