@@ -30,6 +30,7 @@ from gpuop.controller._nodes import GpuNodes
 from gpuop.controller._owned import OptionalWatches, rest_kind
 from gpuop.controller._pace import LEAST_WAIT_S
 from gpuop.controller._policy_status import PolicyStatusWriter, generation, now
+from gpuop.controller._psa import PodSecurityLabels
 from gpuop.controller._rollout_status import RolloutReports, Timers
 from gpuop.controller._rollout_view import NodeRollouts, RolloutView
 from gpuop.controller._site_config import SiteConfigMaps
@@ -94,8 +95,10 @@ class ClusterReconciler:
     _facts_memo: tuple[int, tuple[NodeFacts, ...]] | None = field(default=None, init=False)
     _gpu_nodes: GpuNodes = field(init=False)
     label_gate: LabelGate = field(default_factory=LabelGate)
+    _psa: PodSecurityLabels = field(init=False)
 
     def __post_init__(self) -> None:
+        self._psa = PodSecurityLabels(self.rest, self.config.namespace)
         self._gpu_nodes = GpuNodes(self.nodes)
 
     def coalesce_seconds(self) -> float:
@@ -147,6 +150,7 @@ class ClusterReconciler:
             return
 
         spec = model.spec
+        await self._psa.ensure(spec.psa.enabled, (raw["metadata"].get("uid"), gen))
         self.metrics.driver_auto_upgrade_enabled.set(
             1 if spec.driver.enabled and spec.driver.upgrade_policy.auto_upgrade else 0
         )

@@ -351,6 +351,10 @@ def test_operator_holds_what_it_does_and_what_it_grants_nothing_more() -> None:
     need(True, "", "pods/eviction", ["create"])
     # Events about the policy (in `default`), nodes and pods (gpuop/events.py).
     need(True, "", "events", ["create"])
+    # spec.psa.enabled: its own namespace's Pod Security labels (gpuop/controller/_psa.py).
+    need(True, "", "namespaces", ["get", "patch"], NAMESPACE)
+    # The driver's site configuration: keys of the namespace's ConfigMaps (_site_config.py).
+    need(False, "", "configmaps", ["list", "watch"])
     # Leader election (gpuop/leader.py).
     need(False, "coordination.k8s.io", "leases", ["create"])
     need(False, "coordination.k8s.io", "leases", ["get", "update"], "gpuop-leader")

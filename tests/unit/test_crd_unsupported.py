@@ -22,7 +22,6 @@ ASKS: dict[str, dict[str, Any]] = {
     "spec.sandboxWorkloads.enabled": {"sandboxWorkloads": {"enabled": True}},
     "spec.kataManager.enabled": {"kataManager": {"enabled": True}},
     "spec.psp.enabled": {"psp": {"enabled": True}},
-    "spec.psa.enabled": {"psa": {"enabled": True}},
     "spec.cdi.default": {"cdi": {"default": True}},
     "spec.cdi.nriPluginEnabled": {"cdi": {"nriPluginEnabled": True}},
     "spec.hostPaths.kubeletRootDir": {"hostPaths": {"kubeletRootDir": "/data/kubelet"}},
@@ -67,6 +66,8 @@ ACTED_ON: dict[str, dict[str, Any]] = {
     "virtualTopology": {"driver": {"virtualTopology": {"config": "t"}}},
     "kernelModuleConfig": {"driver": {"kernelModuleConfig": {"name": "k"}}},
     "secretEnv": {"driver": {"secretEnv": "driver-env"}},
+    # The operator's namespace gets the Pod Security labels (gpuop.controller._psa).
+    "psa": {"psa": {"enabled": True}},
 }
 
 
@@ -128,8 +129,9 @@ def test_values_that_change_nothing_upstream_are_not_reported(spec: dict[str, An
 
 
 def test_reasons_say_what_is_not_done() -> None:
-    found = crd.unsupported_fields(crd.ClusterPolicySpec.model_validate({"psa": {"enabled": True}}))
-    assert str(found[0]) == "spec.psa.enabled (the namespace gets no Pod Security labels)"
+    spec = crd.ClusterPolicySpec.model_validate({"cdi": {"nriPluginEnabled": True}})
+    found = crd.unsupported_fields(spec)
+    assert str(found[0]) == "spec.cdi.nriPluginEnabled (no NRI plugin is deployed)"
 
 
 def _ready(previous: crd.ClusterPolicyStatus | None = None) -> crd.ClusterPolicyStatus:
