@@ -209,7 +209,8 @@ class NodeStatusApi(Protocol):
 
 class KubernetesNodeStatus:
     """:class:`NodeStatusApi` over ``kubernetes_asyncio`` (needs ``get nodes`` and
-    ``patch nodes/status``, which the chart grants the node agent)."""
+    ``patch nodes/status``, which the chart grants the node agent; its admission policy
+    admits only this condition, only on the node named in the pod's token)."""
 
     def __init__(self, api_client: Any) -> None:
         from kubernetes_asyncio import client

@@ -14,6 +14,7 @@ import yaml
 import crd
 from components import COMPONENTS, RenderContext, rbac
 from gpuop.controller._owned import OWNED_CLUSTER, OWNED_NAMESPACED
+from gpuop.nodeagent import health
 from gpuop.rest import Kind
 from tests.integration.helm_chart import (
     CHART,
@@ -31,7 +32,14 @@ from tests.integration.helm_chart import (
 
 SEED004 = (DATA / "values_seed004.yaml", DATA / "values_seed004_monitoring.yaml")
 
-_CLUSTER_SCOPED = ("ClusterRole", "ClusterRoleBinding", "ClusterPolicy", "CustomResourceDefinition")
+_CLUSTER_SCOPED = (
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "ClusterPolicy",
+    "CustomResourceDefinition",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+)
 
 #: Every switch the chart has, off: the operator alone.
 ALL_DISABLED = [
@@ -448,6 +456,37 @@ def test_node_agent_may_patch_only_node_status() -> None:
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": name, "namespace": NAMESPACE} for name in accounts
     ]
+
+
+@pytest.mark.parametrize("namespace", [NAMESPACE, "gpu-system"])
+def test_node_agent_writes_are_narrowed_to_its_own_node(namespace: str) -> None:
+    """RBAC cannot say "its own node": an admission policy on the agent's account does
+    (enforcement: tests/integration/test_nodeagent_api.py), failing closed, for the
+    release's namespace, keyed on the node-name claim, keeping the agent's condition."""
+    docs = documents(template(namespace=namespace))
+    binding = one(docs, "ValidatingAdmissionPolicyBinding", "gpuop-node-agent")
+    assert binding["spec"] == {"policyName": "gpuop-node-agent", "validationActions": ["Deny"]}
+    policy = one(docs, "ValidatingAdmissionPolicy", "gpuop-node-agent")["spec"]
+    assert policy["failurePolicy"] == "Fail"
+    assert policy["matchConstraints"]["resourceRules"] == [
+        {
+            "apiGroups": [""],
+            "apiVersions": ["*"],
+            "operations": ["UPDATE"],
+            "resources": ["nodes/status"],
+        }
+    ]
+    subject = one(docs, "ClusterRoleBinding", "gpuop-node-agent")["subjects"][0]
+    (match,) = policy["matchConditions"]
+    user = f"system:serviceaccount:{namespace}:{subject['name']}"
+    assert match["expression"].split() == ["request.userInfo.username", "==", f"'{user}'"]
+    variables = {v["name"]: v["expression"] for v in policy["variables"]}
+    assert yaml.safe_load(variables["ownConditions"]) == [health.CONDITION_TYPE]
+    assert (
+        "request.userInfo.extra['authentication.kubernetes.io/node-name']"
+        in (variables["nodeClaim"])
+    )
+    assert all(v["reason"] == "Forbidden" for v in policy["validations"])
 
 
 # ------------------------------------------------------------------ manifests
