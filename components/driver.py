@@ -94,6 +94,21 @@ def enabled(spec: ClusterPolicySpec) -> bool:
     return spec.driver.enabled
 
 
+def startup_budget_seconds(driver: DriverSpec) -> int:
+    """How long the kubelet gives a new driver container to start before it restarts it:
+    the startup probe's initial delay plus its period times its failure threshold
+    (60 + 10 x 120 = 1,260 s by default; a driver compiled on a fresh kernel takes
+    minutes). The upgrade machine waits at least this long for a new driver pod to turn
+    Ready, so it never fails a node whose driver the kubelet still lets start."""
+    merged = _STARTUP_DEFAULTS.model_copy(
+        update=driver.startup_probe.model_dump(exclude_none=True) if driver.startup_probe else {}
+    )
+    delay = merged.initial_delay_seconds or 0
+    period = merged.period_seconds or 10
+    threshold = merged.failure_threshold or 3
+    return int(delay + period * threshold)
+
+
 def _probe(command: list[str], timing: ContainerProbeSpec | None) -> dict[str, Any]:
     probe: dict[str, Any] = {"exec": {"command": command}}
     merged = {

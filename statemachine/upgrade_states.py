@@ -189,7 +189,8 @@ STATE_TABLE: dict[UpgradeState, UpgradeStateDef] = dict(
             says=_said("waiting for the new driver pod"),
             refine=_restart_first,
             timeout=PolicyTimeout(
-                "the driver-ready timeout (gpuop, 600 s)", lambda p: p.driver_ready_timeout_seconds
+                "the driver-ready timeout (gpuop: the startup probe's budget)",
+                lambda p: p.driver_ready_timeout_seconds,
             ),
             failure=_driver_not_ready,
         ),

@@ -143,8 +143,9 @@ class DrainView:
     delete_empty_dir: bool = False
 
 
-#: Default bound of pod-restart-required (see `UpgradePolicyView`).
-DRIVER_READY_TIMEOUT_SECONDS = 600
+#: Bound of pod-restart-required under the driver's default startup probe (see
+#: `UpgradePolicyView`; `components.driver.startup_budget_seconds`): 60 + 10 x 120 s.
+DRIVER_READY_TIMEOUT_SECONDS = 1260
 
 
 @dataclass(frozen=True)
@@ -156,7 +157,9 @@ class UpgradePolicyView:
     `validation_timeout_seconds` is upstream's fixed 600 s. `driver_ready_timeout_seconds`
     has no upstream counterpart: upstream waits forever for a new driver pod that never
     turns Ready (an image that cannot be pulled), keeping the node cordoned and its slot
-    taken; we fail the node after the same 600 s, with the pod's waiting reason.
+    taken; we fail the node, with the pod's waiting reason, once the driver's own startup
+    probe would have given up (its initial delay plus period times failure threshold),
+    never sooner: a slow but healthy driver build must not fail its node.
     """
 
     auto_upgrade: bool = False

@@ -55,7 +55,6 @@ from statemachine import (
     start_step,
 )
 from statemachine.eviction import RemovalPlan
-from statemachine.upgrade_views import DRIVER_READY_TIMEOUT_SECONDS
 
 log = get_logger(__name__)
 
@@ -99,8 +98,9 @@ class Upgrades:
         #: again on each of its driver and validator pod events during a rollout, and
         #: the rulebook gives a view it has seen the same answer.
         self._resting: dict[str, tuple[UpgradePolicyView, NodeUpgradeView, Decision]] = {}
-        #: Bound of pod-restart-required (see ``UpgradePolicyView``); settable for tests.
-        self.driver_ready_timeout_seconds = DRIVER_READY_TIMEOUT_SECONDS
+        #: Overrides the bound of pod-restart-required the policy's startup probe gives
+        #: (see ``UpgradePolicyView``); for tests only.
+        self.driver_ready_timeout_seconds: int | None = None
         #: Hook for NVIDIADrivers: which driver DaemonSet (its `app`) runs on a node;
         #: its pods are in the operand pods cache like every other driver's.
         self.driver_app: Callable[[str], str] = lambda node: DRIVER_DS
@@ -255,7 +255,7 @@ class Upgrades:
     # ------------------------------------------------------------ decisions
     async def step(self, node: Obj, policy: UpgradePolicyView, newest: str | None) -> Decision:
         """One node's next step from ``cordon-required`` on (never a start)."""
-        if policy.auto_upgrade:
+        if policy.auto_upgrade and self.driver_ready_timeout_seconds is not None:
             policy = replace(policy, driver_ready_timeout_seconds=self.driver_ready_timeout_seconds)
         view = await self.view(node, policy, newest)
         timeless = replace(view, now=0.0)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 
-from components.driver import digest_in
+from components.driver import digest_in, startup_budget_seconds
 from crd import ClusterPolicySpec
 from gpuop.controller._nodes import is_ready, labels
 from gpuop.informer import Obj
@@ -49,6 +49,7 @@ def policy_view(spec: ClusterPolicySpec) -> UpgradePolicyView:
             delete_empty_dir=up.drain.delete_empty_dir,
         ),
         validation_enabled=spec.validator.enabled if spec.validator.enabled is not None else True,
+        driver_ready_timeout_seconds=startup_budget_seconds(spec.driver),
     )
 
 

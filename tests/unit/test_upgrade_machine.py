@@ -11,6 +11,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from transitions import Event, EventData, Machine
 
+import crd
 from statemachine import upgrade
 from statemachine.upgrade import cleanup_step, holds_cordon, next_step
 from statemachine.upgrade_guards import GuardContext
@@ -634,7 +635,7 @@ def test_waits_for_the_new_pod_to_become_ready() -> None:
     d = next_step(_restarting(NEW_POD_STARTING), POLICY)
     assert d.target is S.POD_RESTART_REQUIRED
     assert d.action is Action.WAIT_DRIVER_POD
-    assert d.requeue_after == 570  # the default driver-ready timeout
+    assert d.requeue_after == 1230  # the default startup probe's budget, 1,260 s
 
 
 def test_new_ready_pod_moves_to_validation() -> None:
@@ -684,15 +685,19 @@ def test_driver_ready_timeout_fails_the_node_when_configured() -> None:
 def test_a_new_driver_pod_that_never_turns_ready_fails_by_default() -> None:
     """ImagePullBackOff with no restarts used to hold the node cordoned for ever."""
     pod = replace(NEW_POD_STARTING, waiting_reason="ImagePullBackOff")
-    assert POLICY.driver_ready_timeout_seconds == 600
+    assert POLICY.driver_ready_timeout_seconds == 1260
     waiting = next_step(_restarting(pod), POLICY)
     assert waiting.target is S.POD_RESTART_REQUIRED
-    assert waiting.requeue_after == 570
-    v = _restarting(pod, annotations={POD_RESTART_START_ANNOTATION: since(600)})
+    assert waiting.requeue_after == 1230
+    # A slow driver build within the startup probe's budget is not failed.
+    v = _restarting(pod, annotations={POD_RESTART_START_ANNOTATION: since(1200)})
+    assert next_step(v, POLICY).target is S.POD_RESTART_REQUIRED
+    v = _restarting(pod, annotations={POD_RESTART_START_ANNOTATION: since(1260)})
     d = next_step(v, POLICY)
     assert d.target is S.UPGRADE_FAILED
     assert (
-        d.reason == "new driver pod not ready after 600s (new driver pod waiting: ImagePullBackOff)"
+        d.reason
+        == "new driver pod not ready after 1260s (new driver pod waiting: ImagePullBackOff)"
     )
     assert d.annotations[REASON_ANNOTATION] == d.reason
 
@@ -1479,3 +1484,30 @@ def test_a_changed_digest_or_a_request_takes_the_full_way() -> None:
     for v in (changed, unknown, asked):
         # The first hop empties the node (jobs, GPU pods, drain) before the restart.
         assert next_step(v, DRAIN).hops[0][2] is S.WAIT_FOR_JOBS_REQUIRED
+
+
+def test_the_driver_ready_bound_is_the_startup_probes_budget() -> None:
+    """Issue 31 item 4: the default probe allows 60 + 10 x 120 s; a policy's own probe
+    gives its own budget, through the policy view the controller builds."""
+    from components.driver import startup_budget_seconds
+    from gpuop.controller._upgrade_inputs import policy_view
+
+    default = crd.ClusterPolicySpec()
+    assert startup_budget_seconds(default.driver) == 1260
+    assert policy_view(default).driver_ready_timeout_seconds == 1260
+    short = crd.ClusterPolicySpec.model_validate(
+        {
+            "driver": {
+                "startupProbe": {
+                    "initialDelaySeconds": 0,
+                    "periodSeconds": 2,
+                    "failureThreshold": 10,
+                }
+            }
+        }
+    )
+    assert policy_view(short).driver_ready_timeout_seconds == 20
+    partial = crd.ClusterPolicySpec.model_validate(
+        {"driver": {"startupProbe": {"periodSeconds": 5}}}
+    )
+    assert startup_budget_seconds(partial.driver) == 60 + 5 * 120
