@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from gpuop import __version__
-from gpuop.cluster import ClusterError, LocalCluster, cache_dir, ensure_binaries
+from gpuop.cli_errors import EXPECTED, Parser, report
+from gpuop.cluster import LocalCluster, cache_dir, ensure_binaries
 from gpuop.controller._config import DEFAULT_NAMESPACE, DEFAULT_OPERATOR_IMAGE
 
 Handler = Callable[[argparse.Namespace], int]
@@ -136,7 +138,7 @@ def _cmd_version(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gpuop", description=__doc__)
+    parser = Parser(prog="gpuop", description=__doc__)
     parser.add_argument("--log-level", default="info", help="debug, info, warning, error")
     parser.add_argument("--log-format", default="auto", choices=["auto", "json", "console"])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -273,12 +275,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     func: Handler = args.func
     try:
         return func(args)
-    except ClusterError as err:
-        print(f"\ngpuop: error: {err}", file=sys.stderr)
-        return 2
-    except ValueError as err:
-        print(f"gpuop: error: {err}", file=sys.stderr)
-        return 2
+    except EXPECTED as err:
+        if args.log_level == "debug":
+            traceback.print_exc()
+        return report(err)
     except KeyboardInterrupt:
         print("gpuop: interrupted", file=sys.stderr)
         return 130

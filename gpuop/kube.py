@@ -8,8 +8,26 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from kubernetes_asyncio import client, config
+from kubernetes_asyncio.config.kube_config import KUBE_CONFIG_DEFAULT_LOCATION
 
 USER_AGENT = "gpuop"
+
+
+class KubeconfigError(ValueError):
+    """No kubeconfig to read: named here, where the library would only say that a key
+    is missing from an empty configuration."""
+
+
+def _check_kubeconfig(kubeconfig: Path | None) -> None:
+    if kubeconfig is not None:
+        if not kubeconfig.is_file():
+            raise KubeconfigError(f"kubeconfig {kubeconfig} does not exist")
+        return
+    if os.environ.get("KUBECONFIG"):
+        return  # a list of files, merged by the library
+    default = Path(KUBE_CONFIG_DEFAULT_LOCATION).expanduser()
+    if not default.is_file():
+        raise KubeconfigError(f"no kubeconfig: $KUBECONFIG is unset and {default} does not exist")
 
 
 async def load_configuration(kubeconfig: Path | None = None) -> client.Configuration:
@@ -18,6 +36,7 @@ async def load_configuration(kubeconfig: Path | None = None) -> client.Configura
     if kubeconfig is None and "KUBERNETES_SERVICE_HOST" in os.environ:
         config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     else:
+        _check_kubeconfig(kubeconfig)
         await config.load_kube_config(
             config_file=str(kubeconfig) if kubeconfig else None,
             client_configuration=configuration,

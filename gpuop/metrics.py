@@ -62,7 +62,9 @@ class OperatorMetrics:
             f"{PREFIX}driver_auto_upgrade_enabled", "1 when driver auto-upgrade is on", registry=r
         )
         self.upgrades_in_progress = Gauge(
-            f"{PREFIX}nodes_upgrades_in_progress", "Nodes in a driver upgrade", registry=r
+            f"{PREFIX}nodes_upgrades_in_progress",
+            "Nodes in a driver upgrade (failed ones included, as upstream)",
+            registry=r,
         )
         self.upgrades_done = Gauge(
             f"{PREFIX}nodes_upgrades_done", "Nodes whose driver upgrade is done", registry=r

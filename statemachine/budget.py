@@ -1,11 +1,12 @@
 """The upgrade parallelism budget: how many nodes may start upgrading now, and which.
 
 Two limits hold together:
-- `maxParallelUpgrades`: nodes in progress (cordon-required .. uncordon-required;
+- `maxParallelUpgrades`: nodes in progress (cordon-required .. uncordon-required, and
+  upgrade-failed, which keeps its slot as upstream counts it: see `SLOT_STATES`;
   `upgrade-required` is a queue and does not count). 0 means no limit.
 - `maxUnavailable` (int, or a percent of GPU nodes rounded up): nodes in progress
   plus nodes unavailable for other reasons (cordoned or NotReady, whatever cordoned
-  them, our failed nodes included) must stay within it.
+  them) must stay within it.
 
 Unlike upstream, candidates that are NotReady are passed over and reported, so one
 sick node never stalls the fleet, and candidates already cordoned go first: starting
@@ -19,7 +20,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from statemachine.upgrade_keys import IN_PROGRESS_STATES, UpgradeState
+from statemachine.upgrade_keys import SLOT_STATES, UpgradeState
 from statemachine.upgrade_views import NodeUpgradeView
 
 _PERCENT = re.compile(r"^\s*(\d+)\s*%\s*$")
@@ -97,7 +98,8 @@ class BudgetNode:
 
     @property
     def in_progress(self) -> bool:
-        return self.state in IN_PROGRESS_STATES
+        """Holds a slot (failed nodes included, see `SLOT_STATES`)."""
+        return self.state in SLOT_STATES
 
     @property
     def unavailable(self) -> bool:

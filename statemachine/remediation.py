@@ -25,7 +25,7 @@ from __future__ import annotations
 import enum
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 # The taint is spelled with the other node keys; re-exported for the remediation shell.
@@ -54,8 +54,15 @@ MANAGED_ANNOTATIONS = (
     CORDONED_ANNOTATION,
     ACTION_ANNOTATION,
 )
-#: On the ClusterPolicy: an administrator resumes a paused remediation with it.
+#: On the ClusterPolicy: an administrator resumes a paused remediation by setting it to
+#: "true"; the operator removes it once used.
 RESUME_ANNOTATION = "gpuop.io/health-remediation-resume"
+
+
+def resume_requested(annotations: Mapping[str, str]) -> bool:
+    """Only the value "true" resumes: `...-resume=false` must not re-arm the breaker."""
+    return annotations.get(RESUME_ANNOTATION) == "true"
+
 
 _PERCENT = re.compile(r"^\s*(\d+)\s*%\s*$")
 

@@ -19,8 +19,14 @@ from statemachine.upgrade_keys import IN_PROGRESS_STATES, UpgradeState
 
 #: The gate's record on the ClusterPolicy (JSON, see `GateRecord`).
 RECORD_ANNOTATION = "gpuop.io/driver-rollout"
-#: Set (any value) by an administrator to lift a halt; the operator removes it.
+#: Set to "true" by an administrator to lift a halt; the operator removes it once used.
 RESUME_ANNOTATION = "gpuop.io/driver-upgrade-resume"
+
+
+def resume_requested(annotations: Mapping[str, str]) -> bool:
+    """Only the value "true" resumes (as upstream's upgrade-requested annotation): an
+    administrator's `...-resume=false` must not lift a halt."""
+    return annotations.get(RESUME_ANNOTATION) == "true"
 
 
 class GatePhase(StrEnum):
@@ -208,7 +214,7 @@ def plan_gate(
         why = (
             f"halted after {len(record.counted_failures)} failed node(s) "
             f"(haltAfterFailures={limit}): {_listing(record.counted_failures)}; "
-            f"set the {RESUME_ANNOTATION} annotation on the ClusterPolicy or fix the driver"
+            f"set the {RESUME_ANNOTATION}=true annotation on the ClusterPolicy or fix the driver"
         )
         return _decided(GatePhase.HALTED, record, previous, candidates, why, resumed=resumed)
 

@@ -45,8 +45,14 @@ IN_PROGRESS_STATES: frozenset[UpgradeState] = frozenset(
         UpgradeState.UNCORDON_REQUIRED,
     }
 )
-"""States that hold an upgrade slot. `upgrade-required` is a queue, not a slot: the
+"""States an upgrade is under way in. `upgrade-required` is a queue, not a slot: the
 node is still schedulable and serving, so it does not count against the budget."""
+
+SLOT_STATES: frozenset[UpgradeState] = IN_PROGRESS_STATES | {UpgradeState.UPGRADE_FAILED}
+"""States that hold a `maxParallelUpgrades` slot. A failed node keeps its slot, as
+upstream counts it: it leaves `upgrade-failed` for `uncordon-required` on its own when
+its driver heals (no grant), so a freed slot would let that recovery overfill the
+budget. A retry sends it back to the queue (`upgrade-required`), freeing the slot."""
 
 
 def parse_state(label: str | None) -> UpgradeState:

@@ -9,11 +9,12 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from components.driver import DAEMONSET_NAME as POLICY_DRIVER_DS
 from crd import (
+    CONDITION_ERROR,
+    CONDITION_READY,
     NVD_API_VERSION,
     NVD_KIND,
     REASON_DRIVER_NOT_READY,
@@ -22,7 +23,7 @@ from crd import (
     ready_error_conditions,
     set_conditions,
 )
-from gpuop.controller._status import status_patch
+from gpuop.controller._status import StatusWrite, status_patch, write_status
 from gpuop.informer import Informer, Obj
 from gpuop.log import get_logger
 from gpuop.rest import by_kind
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
 log = get_logger(__name__)
 
 NVD = by_kind(NVD_API_VERSION, NVD_KIND)
+#: The condition types this writer owns on an NVIDIADriver.
+_OWNED = frozenset({CONDITION_READY, CONDITION_ERROR})
 Verdict = tuple[bool, str, str]
 """(holds, reason, message) of one condition."""
 
@@ -115,16 +118,14 @@ class StatusWriter:
             meta.get("generation"),
             raw.get("status"),
         )
-        patch = status_patch(raw.get("status"), desired)
-        if patch is None:
+        if status_patch(raw.get("status"), desired) is None:
             return
-        try:
-            patched = await self._rest.merge_patch(NVD, meta["name"], patch, subresource="status")
-        except ApiException as err:
-            if err.status == 404:
-                return
-            raise
-        self._drivers.observe(patched)
+        # Ready and Error only: a condition someone else wrote is kept, even one written
+        # after our cache was filled (see write_status).
+        mine = [c for c in desired.get("conditions") or [] if c["type"] in _OWNED]
+        write = StatusWrite(_OWNED, mine, fields=desired)
+        if await write_status(self._rest, NVD, self._drivers, raw, write) is None:
+            return
         if state != (raw.get("status") or {}).get("state"):
             log.info("NVIDIADriver state", nvidiadriver=meta["name"], state=state)
             involved = {"apiVersion": NVD_API_VERSION, "kind": NVD_KIND, "metadata": meta}

@@ -13,8 +13,6 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from kubernetes_asyncio.client.exceptions import ApiException
-
 from crd import (
     CONDITION_UNSUPPORTED_FIELDS,
     REASON_FIELDS_NOT_ACTED_ON,
@@ -23,11 +21,14 @@ from crd import (
     ignored_status,
 )
 from gpuop.controller._status import (
+    CLUSTER_PASS_CONDITIONS,
     POLICY,
+    StatusWrite,
     flag_unsupported,
     parse_status,
     status_dict,
     status_patch,
+    write_status,
 )
 from gpuop.events import EventRecorder
 from gpuop.informer import Informer, Obj
@@ -105,13 +106,11 @@ class PolicyStatusWriter:
         if status.state != old.get("state") or _new_error(old, desired):
             await self._record_state_change(raw, status)
         await self._record_unsupported_fields(raw, status)
-        try:
-            patched = await self.rest.merge_patch(POLICY, name, patch, subresource="status")
-        except ApiException as err:
-            if err.status == 404:
-                return  # deleted meanwhile; its DELETED event brings the next pass
-            raise
-        self.policies.observe(patched)
+        # Only our condition types: another writer's condition, written after our cache
+        # was filled, survives (and a stale copy of one is never written back).
+        mine = [c for c in desired.get("conditions") or [] if c["type"] in CLUSTER_PASS_CONDITIONS]
+        write = StatusWrite(CLUSTER_PASS_CONDITIONS, mine, fields=desired)
+        await write_status(self.rest, POLICY, self.policies, raw, write)
         self._written[name] = time.monotonic()
 
     async def _record_unsupported_fields(self, raw: Obj, status: ClusterPolicyStatus) -> None:

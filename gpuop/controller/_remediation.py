@@ -60,6 +60,7 @@ from statemachine.remediation import (
     plan_remediation,
     quarantined_taints,
     released_taints,
+    resume_requested,
 )
 
 log = get_logger(__name__)
@@ -136,7 +137,7 @@ class Remediation:
         paused = (paused_cond or {}).get("status") == "True" or (
             self._paused_written and paused_cond is None
         )
-        resume = raw is not None and RESUME_ANNOTATION in (raw["metadata"].get("annotations") or {})
+        resume = raw is not None and resume_requested(raw["metadata"].get("annotations") or {})
         now = datetime.now(UTC)
         fleet = FleetHealthView(views, now.timestamp(), paused=paused, resume_requested=resume)
         plan = plan_remediation(fleet, policy)
@@ -266,7 +267,9 @@ class Remediation:
         self._paused_written = condition is not None and condition[0] == "True"
         if change.wanted == change.stored:
             return
-        await write_policy_conditions(self.rest, self._policies, raw, change.wanted)
+        await write_policy_conditions(
+            self.rest, self._policies, raw, change.wanted, owned=CONDITION_REMEDIATION_PAUSED
+        )
 
     # ---------------------------------------------------------------- dry run
     async def _report_dry_run(

@@ -32,6 +32,7 @@ from statemachine.rollout_gate import (
     GatePolicy,
     GateRecord,
     plan_gate,
+    resume_requested,
 )
 from statemachine.upgrade_keys import (
     FAILED_REVISION_ANNOTATION,
@@ -138,7 +139,7 @@ class RolloutGate:
         policy = gate_policy(spec)
         annotations = raw["metadata"].get("annotations") or {}
         previous = GateRecord.loads(annotations.get(RECORD_ANNOTATION))
-        resume = RESUME_ANNOTATION in annotations
+        resume = resume_requested(annotations)
         decision = plan_gate(
             policy,
             # Only a gate that is on reads the fleet: skipping it keeps a rollout's
@@ -216,4 +217,6 @@ class RolloutGate:
             return
         if change.wanted == change.stored:
             return
-        await write_policy_conditions(self.rest, self._policies, raw, change.wanted)
+        await write_policy_conditions(
+            self.rest, self._policies, raw, change.wanted, owned=CONDITION_TYPE
+        )

@@ -7,11 +7,16 @@ and the ``reconciliation_status`` metric out, so every branch is a unit test.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from kubernetes_asyncio.client.exceptions import ApiException
+
 from crd import (
+    CONDITION_ERROR,
+    CONDITION_READY,
+    CONDITION_UNSUPPORTED_FIELDS,
     REASON_DRIVER_CONFIG_MISSING,
     REASON_INVALID_SPEC,
     REASON_NFD_LABELS_MISSING,
@@ -33,29 +38,115 @@ from crd import (
 from gpuop.controller._rollout_view import RolloutView
 from gpuop.informer import Informer, Obj
 from gpuop.metrics import STATUS_ERROR, STATUS_NOT_READY, STATUS_READY
-from gpuop.rest import Rest, by_kind
+from gpuop.rest import Kind, Rest, by_kind
 from statemachine.rollout import ROLLOUT_ORDER, ComponentStatus, RolloutPlan
 
 POLICY = by_kind("nvidia.com/v1", "ClusterPolicy")
 
 
+#: The condition types the cluster pass owns; every other type on a policy belongs to
+#: another writer (RemediationPaused, DriverUpgradeGate) and is never dropped by it.
+CLUSTER_PASS_CONDITIONS = frozenset(
+    {CONDITION_READY, CONDITION_ERROR, CONDITION_UNSUPPORTED_FIELDS}
+)
+#: A status write that meets a newer object re-reads it and tries again, this often.
+STATUS_WRITE_ATTEMPTS = 5
+
+
+def merge_owned(
+    stored: Sequence[Obj] | None, ours: Sequence[Obj], owned: Collection[str]
+) -> list[Obj]:
+    """``stored`` with the conditions of the ``owned`` types replaced by ``ours``: ours
+    take their type's place (new types go last), every other type stays exactly as
+    stored, so a writer never drops or rewrites another writer's condition."""
+    mine = {c["type"]: c for c in ours}
+    merged: list[Obj] = []
+    for cond in stored or ():
+        kind = cond.get("type")
+        if kind not in owned:
+            merged.append(cond)
+        elif kind in mine:
+            merged.append(mine.pop(kind))
+    merged.extend(c for c in ours if c["type"] in mine)
+    return merged
+
+
+@dataclass(frozen=True)
+class StatusWrite:
+    """What one writer puts in a status: its conditions (of ``owned`` types; an owned
+    type it has no condition for is removed) and, for the writer that owns them,
+    every other status field (``fields``; None leaves them as stored)."""
+
+    owned: frozenset[str]
+    conditions: Sequence[Obj] = ()
+    fields: Obj | None = None
+
+    def __post_init__(self) -> None:
+        strays = sorted({c["type"] for c in self.conditions} - self.owned)
+        if strays:
+            raise ValueError(f"condition(s) {', '.join(strays)} not owned by this writer")
+
+    def status_for(self, stored: Obj | None) -> Obj:
+        """The whole status this writer wants, given what is stored now."""
+        stored = stored or {}
+        if self.fields is not None:
+            status = {k: v for k, v in self.fields.items() if k != "conditions"}
+        else:
+            status = {k: v for k, v in stored.items() if k != "conditions"}
+        conditions = merge_owned(stored.get("conditions"), self.conditions, self.owned)
+        if conditions:
+            status["conditions"] = conditions
+        return status
+
+
+async def write_status(
+    rest: Rest, kind: Kind, cache: Informer, raw: Obj, write: StatusWrite
+) -> Obj | None:
+    """Read-modify-write of a status, merged onto the freshest object.
+
+    The patch carries the resourceVersion it was computed from; when another writer
+    got there first (409) the object is read again and the write merged onto it. So
+    a condition another key wrote after our cache was filled is never dropped, and a
+    stale copy of it is never written back. Returns the stored object, or None when
+    nothing changed or the object is gone.
+    """
+    name = raw["metadata"]["name"]
+    for attempt in range(STATUS_WRITE_ATTEMPTS):
+        patch = status_patch(raw.get("status"), write.status_for(raw.get("status")))
+        if patch is None:
+            return None
+        patch["metadata"] = {"resourceVersion": raw["metadata"].get("resourceVersion")}
+        try:
+            patched: Obj = await rest.merge_patch(kind, name, patch, subresource="status")
+        except ApiException as err:
+            if err.status == 404:
+                return None  # deleted meanwhile; its DELETED event brings the next pass
+            if err.status != 409 or attempt == STATUS_WRITE_ATTEMPTS - 1:
+                raise
+            fresh = await rest.get(kind, name)
+            if fresh is None:
+                return None
+            cache.observe(fresh)
+            raw = fresh
+            continue
+        cache.observe(patched)
+        return patched
+    return None  # not reached: the last attempt returns or raises
+
+
 async def write_policy_conditions(
-    rest: Rest, policies: Informer, raw: Obj, wanted: list[Condition]
+    rest: Rest, policies: Informer, raw: Obj, wanted: list[Condition], *, owned: str
 ) -> None:
-    """Replace the policy's status conditions with ``wanted``, guarded by the cached
-    resourceVersion (a concurrent status write fails with a conflict and the pass is
-    retried on fresh data instead of dropping the other writer's conditions)."""
-    dumped = [c.model_dump(by_alias=True, exclude_none=True, mode="json") for c in wanted]
-    patched = await rest.merge_patch(
-        POLICY,
-        raw["metadata"]["name"],
-        {
-            "metadata": {"resourceVersion": raw["metadata"].get("resourceVersion")},
-            "status": {"conditions": dumped or None},
-        },
-        subresource="status",
+    """Write the policy's condition of type ``owned`` as ``wanted`` has it (removed when
+    it has none), leaving every other condition and field as the server holds them."""
+    mine = [
+        c.model_dump(by_alias=True, exclude_none=True, mode="json")
+        for c in wanted
+        if c.type == owned
+    ]
+    await write_status(
+        rest, POLICY, policies, raw, StatusWrite(owned=frozenset({owned}), conditions=mine)
     )
-    policies.observe(patched)
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kubernetes_asyncio.config.kube_config import KUBE_CONFIG_DEFAULT_LOCATION
+
 from gpuop.informer import Informer, ResourceSpec
-from gpuop.kube import api_client
+from gpuop.kube import KubeconfigError, api_client
 from gpuop.rest import Rest
 from gpuop.upgrades_cli._snapshot import (
     DAEMONSET,
@@ -23,8 +25,8 @@ from gpuop.upgrades_cli._snapshot import (
     POLICY,
     REVISION,
     Objects,
-    PlanError,
     Snapshot,
+    apply_sets,
     list_objects,
     snapshot,
 )
@@ -53,6 +55,13 @@ def kubeconfig_for(args: argparse.Namespace) -> Path | None:
     local = LocalCluster(Path(args.dir) if args.dir else None)
     if local.info() is not None:
         return local.kubeconfig
+    default = Path(KUBE_CONFIG_DEFAULT_LOCATION).expanduser()
+    if not default.is_file():
+        raise KubeconfigError(
+            f"no cluster to read: pass --kubeconfig, set $KUBECONFIG or start one with "
+            f"`gpuop cluster up` ({default} does not exist, no local cluster in "
+            f"{local.directory})"
+        )
     return None
 
 
@@ -133,6 +142,7 @@ async def _status_main(args: argparse.Namespace) -> int:
 
 
 async def _plan_main(args: argparse.Namespace) -> int:
+    apply_sets({}, args.set or ())  # a bad proposal is named before any cluster is read
     async with api_client(kubeconfig_for(args)) as api:
         objects = await list_objects(Rest(api), args.namespace)
     snap = snapshot(objects, args.namespace, args.set or ())
@@ -172,11 +182,8 @@ async def _plan_main(args: argparse.Namespace) -> int:
 
 
 def _run(main: Any, args: argparse.Namespace) -> int:
-    try:
-        code: int = asyncio.run(main(args))
-    except PlanError as err:
-        print(f"gpuop: error: {err}", file=sys.stderr)
-        return 2
+    """Errors (no cluster, a bad --set, the API refusing) go to the CLI's one handler."""
+    code: int = asyncio.run(main(args))
     return code
 
 

@@ -79,7 +79,11 @@ def apply_sets(raw: Obj, sets: Sequence[str]) -> Obj:
             target = target.setdefault(key, {})
             if not isinstance(target, dict):
                 raise PlanError(f"--set {path}: {key} is not an object")
-        target[keys[-1]] = yaml.safe_load(value) if value else ""
+        try:
+            target[keys[-1]] = yaml.safe_load(value) if value else ""
+        except yaml.YAMLError as err:
+            problem = getattr(err, "problem", None) or "not valid YAML"
+            raise PlanError(f"--set {path}: {value!r} is not a YAML value ({problem})") from None
     return changed
 
 

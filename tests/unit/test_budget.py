@@ -157,8 +157,8 @@ def test_in_progress_and_failed_nodes_count() -> None:
         required("b"),
     ]
     sel = select_nodes(nodes, max_parallel_upgrades=3, max_unavailable=3)
-    assert sel.in_progress == 1
-    assert sel.unavailable == 1  # the failed node is cordoned
+    assert sel.in_progress == 2  # the failed node keeps its slot, as upstream
+    assert sel.unavailable == 0  # ...and is not counted twice
     assert sel.start == ("a",)
     assert sel.waiting == ("b",)
 
