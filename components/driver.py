@@ -218,6 +218,7 @@ def _driver_container(
             },
         ],
         privileged=True,
+        selinux_s0=True,
         extra=extra,
     )
 
@@ -290,6 +291,7 @@ def _sidecars(spec: ClusterPolicySpec, ctx: RenderContext) -> list[dict[str, Any
                     ),
                 ][1:],
                 privileged=True,
+                selinux_s0=True,
                 extra={
                     "livenessProbe": {
                         "exec": {"command": probe},
@@ -323,6 +325,7 @@ def _sidecars(spec: ClusterPolicySpec, ctx: RenderContext) -> list[dict[str, Any
                 args=[_MODULE_WAIT.format(f"{installer} install")],
                 mounts=common_mounts,
                 privileged=True,
+                selinux_s0=True,
                 extra={
                     "startupProbe": {
                         "exec": {"command": ["sh", "-c", f"lsmod | grep {module}"]},

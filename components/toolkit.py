@@ -84,7 +84,7 @@ def driver_wait(spec: ClusterPolicySpec, ctx: RenderContext) -> dict[str, Any]:
         "command": ["sh", "-c"],
         "args": [f"until {check}; do sleep 5; done"],
         "env": [field_env("NODE_NAME", "spec.nodeName")],
-        "securityContext": security_context(privileged=True, root=True),
+        "securityContext": security_context(privileged=True, root=True, selinux_s0=True),
         "volumeMounts": [
             mount("driver-install-dir", DRIVER_ROOT, propagation="HostToContainer"),
             mount("run-nvidia-validations", VALIDATIONS_DIR, propagation="Bidirectional"),
@@ -176,6 +176,7 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
             *runtime_mounts,
         ],
         privileged=True,
+        selinux_s0=True,
     )
     # A path the user gave is the host's; the container sees it where it is mounted.
     main["env"] = merge_env(main["env"], runtime_env)

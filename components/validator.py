@@ -148,6 +148,7 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         ],
         privileged=True,
         root=True,
+        selinux_s0=True,  # as upstream's driver-validation: it links /dev/char
         extra={
             "readinessProbe": {
                 "exec": {"command": ["test", "-f", f"{VALIDATIONS_DIR}/plugin-ready"]},
