@@ -40,6 +40,7 @@ from components.component import Component, Permissions
 from components.context import CONTAINERD, CRIO, DOCKER, Manifest, RenderContext
 from components.keys import DEPLOY_TOOLKIT_LABEL, TRUE
 from components.kinds import CONFIG_MAP, DAEMONSET, NAMESPACED_RBAC
+from components.validator import driver_check_args
 from crd import ClusterPolicySpec, component_image
 
 NAME = "container-toolkit"
@@ -75,8 +76,9 @@ def enabled(spec: ClusterPolicySpec) -> bool:
 
 def driver_wait(spec: ClusterPolicySpec, ctx: RenderContext) -> dict[str, Any]:
     """Init container: retry our driver check until NVML works (writes `driver-ready`)."""
-    root = DRIVER_ROOT if spec.driver.enabled else HOST_ROOT_MOUNT
-    check = f"gpuop node-agent validate --checks driver --driver-root {root}"
+    check = " ".join(
+        ["gpuop", "node-agent", "validate", "--checks", "driver", *driver_check_args(spec)]
+    )
     return {
         "name": "driver-validation",
         "image": ctx.operator_image,

@@ -516,10 +516,35 @@ def test_validator_cuda_image_and_options_from_policy() -> None:
     )
     cmd = validator.command(policy)
     assert cmd[cmd.index("--cuda-image") + 1] == "my/cuda:1"
-    assert cmd[cmd.index("--driver-root") + 1] == "/host"  # host-installed driver
+    # No driver DaemonSet: the check finds a host driver itself, and waits for no
+    # driver container.
+    assert cmd[cmd.index("--driver-root") + 1] == "/run/nvidia/driver"
+    assert "--driver-container" not in cmd
     assert cmd[cmd.index("--image-pull-secret") + 1] == "pull"
     assert "--plugin-workload" in cmd
     assert cmd[cmd.index("--toolkit-runtime-dirs") + 1].startswith("/opt/nvidia/toolkit,")
+
+
+def test_driver_check_follows_the_policys_paths_and_driver() -> None:
+    """The validator and the toolkit's driver-validation run the same driver check, told
+    the host paths upstream's validator gets as HOST_ROOT and DRIVER_INSTALL_DIR."""
+    default = validator.driver_check_args(spec())
+    assert default == [
+        "--driver-root",
+        "/run/nvidia/driver",
+        "--host-root",
+        "/host",
+        "--driver-container",
+    ]
+    custom = spec(hostPaths={"rootFS": "/sysroot", "driverInstallDir": "/opt/nvidia/driver"})
+    args = validator.driver_check_args(custom)
+    assert args[args.index("--host-rootfs") + 1] == "/sysroot"
+    assert args[args.index("--driver-install-dir") + 1] == "/opt/nvidia/driver"
+    for policy in (spec(), custom, spec(driver={"enabled": False})):
+        init = pod(only_daemonset("container-toolkit", policy))["initContainers"][0]
+        assert " ".join(validator.driver_check_args(policy)) in init["args"][0]
+        cmd = " ".join(validator.command(policy))
+        assert " ".join(validator.driver_check_args(policy)) in cmd
 
 
 def test_node_status_exporter_runs_our_export() -> None:
