@@ -547,6 +547,22 @@ def test_driver_check_follows_the_policys_paths_and_driver() -> None:
         assert " ".join(validator.driver_check_args(policy)) in cmd
 
 
+def test_validator_driver_env_reaches_the_toolkits_driver_check() -> None:
+    """As upstream: `validator.driver.env` (e.g. DISABLE_DEV_CHAR_SYMLINK_CREATION) goes
+    to every driver-validation, the toolkit's init container included."""
+    env = [{"name": "DISABLE_DEV_CHAR_SYMLINK_CREATION", "value": "true"}]
+    policy = spec(validator={"driver": {"env": env}})
+    init = pod(only_daemonset("container-toolkit", policy))["initContainers"][0]
+    assert init["name"] == "driver-validation"
+    assert env_of(init)["DISABLE_DEV_CHAR_SYMLINK_CREATION"] == "true"
+    assert (
+        env_of(main_container(only_daemonset("operator-validation", policy)))[
+            "DISABLE_DEV_CHAR_SYMLINK_CREATION"
+        ]
+        == "true"
+    )
+
+
 def test_node_status_exporter_runs_our_export() -> None:
     ds = only_daemonset("node-status-exporter", spec(nodeStatusExporter={"enabled": True}))
     main = main_container(ds)
