@@ -50,10 +50,17 @@ def metadata(
     return meta
 
 
+#: Pod labels the policy may not replace, as upstream: `app` is the DaemonSet's selector
+#: and `part-of` is how the controller finds operand pods.
+_FIXED_POD_LABELS = (APP_LABEL, PART_OF_LABEL)
+
+
 def pod_labels(app: str, component: str, spec: ClusterPolicySpec) -> dict[str, str]:
-    """Pod template labels: only the policy's pod-wide labels and fixed ones, so nothing
-    outside `spec.daemonsets` and the operand's own section can restart its pods."""
-    return {**spec.daemonsets.labels, APP_LABEL: app, **_ours(component)}
+    """Pod template labels: ours, then the policy's pod-wide labels, which win (upstream's
+    chart sets `managed-by: gpu-operator`) except on `app` and `part-of`. Nothing outside
+    `spec.daemonsets` and the operand's own section can restart its pods."""
+    policy = {k: v for k, v in spec.daemonsets.labels.items() if k not in _FIXED_POD_LABELS}
+    return {APP_LABEL: app, **_ours(component), **policy}
 
 
 def max_unavailable(value: int | str) -> int | str:
@@ -172,12 +179,14 @@ def container(
     mounts: Sequence[dict[str, Any]] = (),
     privileged: bool = False,
     root: bool = False,
+    selinux_s0: bool = False,
     section_args: bool = True,
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A container; a ComponentSpec section adds its args, env and resources. `root` runs
     it as uid 0 whatever the image's user is (ours runs as 65532 by default, which cannot
-    write host paths such as /run/nvidia/validations)."""
+    write host paths such as /run/nvidia/validations). `selinux_s0`: see
+    `security_context`."""
     user_args: list[str] = []
     user_env: list[dict[str, Any]] = []
     resources: dict[str, Any] | None = None
@@ -203,18 +212,28 @@ def container(
         result["resources"] = resources
     if mounts:
         result["volumeMounts"] = list(mounts)
-    if privileged or root:
-        result["securityContext"] = security_context(privileged=privileged, root=root)
+    if privileged or root or selinux_s0:
+        result["securityContext"] = security_context(
+            privileged=privileged, root=root, selinux_s0=selinux_s0
+        )
     result.update(extra or {})
     return result
 
 
-def security_context(*, privileged: bool = True, root: bool = False) -> dict[str, Any]:
+def security_context(
+    *, privileged: bool = True, root: bool = False, selinux_s0: bool = False
+) -> dict[str, Any]:
+    """`selinux_s0` gives the container SELinux level s0, as upstream does for the driver,
+    the toolkit and the driver check: on an enforcing node (RHEL, Rocky) the default
+    per-pod MCS level keeps them from loading modules, writing the runtime's config and
+    linking /dev/char."""
     context: dict[str, Any] = {}
     if privileged:
         context["privileged"] = True
     if root:
         context["runAsUser"] = 0
+    if selinux_s0:
+        context["seLinuxOptions"] = {"level": "s0"}
     return context
 
 

@@ -55,12 +55,8 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         privileged=True,
         extra={
             "ports": [
-                {
-                    "name": "dcgm",
-                    "containerPort": ENGINE_PORT,
-                    "hostPort": dcgm.host_port,
-                    "protocol": "TCP",
-                }
+                # No hostPort, as upstream: the engine stays off the node's IP.
+                {"name": "dcgm", "containerPort": ENGINE_PORT, "protocol": "TCP"}
             ],
             "livenessProbe": _probe(),
             "readinessProbe": _probe(),

@@ -150,7 +150,21 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
     ]
 
 
-_SCRIPT = entrypoint_script(PROCESS)
+HOST_MODULES = "/proc/modules"
+_HOST_MODULE_FLAGS = (
+    "# GPUDirect modules loaded on the host count even where the policy did not enable\n"
+    "# them (as upstream): gdrdrv turns on GDRCopy, nvidia_fs GDS and MOFED. A flag the\n"
+    "# pod already sets is kept.\n"
+    f"if grep -q '^gdrdrv ' {HOST_MODULES}; then\n"
+    '  : "${GDRCOPY_ENABLED:=true}"\n'
+    "  export GDRCOPY_ENABLED\n"
+    "fi\n"
+    f"if grep -q '^nvidia_fs ' {HOST_MODULES}; then\n"
+    '  : "${GDS_ENABLED:=true}" "${MOFED_ENABLED:=true}"\n'
+    "  export GDS_ENABLED MOFED_ENABLED\n"
+    "fi\n"
+)
+_SCRIPT = entrypoint_script(PROCESS, extra=_HOST_MODULE_FLAGS)
 
 COMPONENT = Component(
     name=NAME,

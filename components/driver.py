@@ -234,6 +234,7 @@ def _driver_container(
             },
         ],
         privileged=True,
+        selinux_s0=True,
         extra=extra,
     )
 
@@ -306,6 +307,7 @@ def _sidecars(spec: ClusterPolicySpec, ctx: RenderContext) -> list[dict[str, Any
                     ),
                 ][1:],
                 privileged=True,
+                selinux_s0=True,
                 extra={
                     "livenessProbe": {
                         "exec": {"command": probe},
@@ -339,6 +341,7 @@ def _sidecars(spec: ClusterPolicySpec, ctx: RenderContext) -> list[dict[str, Any
                 args=[_MODULE_WAIT.format(f"{installer} install")],
                 mounts=common_mounts,
                 privileged=True,
+                selinux_s0=True,
                 extra={
                     "startupProbe": {
                         "exec": {"command": ["sh", "-c", f"lsmod | grep {module}"]},

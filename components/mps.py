@@ -61,7 +61,9 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
     main = container(
         CONTAINER_NAME,
         image,
-        plugin,
+        # The device plugin's resources, but not its env or args (PASS_DEVICE_SPECS,
+        # DEVICE_LIST_STRATEGY... are the plugin's), as upstream.
+        plugin.model_copy(update={"env": None, "args": None}),
         command=[PROCESS],
         env_vars=env_vars,
         mounts=mounts,

@@ -11,6 +11,7 @@ also writes `driver-ready` for the operands after it.
 from __future__ import annotations
 
 import posixpath
+import shlex
 from typing import Any
 
 from components._k8s import (
@@ -20,6 +21,7 @@ from components._k8s import (
     VALIDATIONS_DIR,
     container,
     daemonset,
+    dump_env,
     entrypoint_args,
     entrypoint_config_map,
     entrypoint_mount,
@@ -40,6 +42,7 @@ from components.component import Component, Permissions
 from components.context import CONTAINERD, CRIO, DOCKER, Manifest, RenderContext
 from components.keys import DEPLOY_TOOLKIT_LABEL, TRUE
 from components.kinds import CONFIG_MAP, DAEMONSET, NAMESPACED_RBAC
+from components.validator import driver_check_args
 from crd import ClusterPolicySpec, component_image
 
 NAME = "container-toolkit"
@@ -74,17 +77,23 @@ def enabled(spec: ClusterPolicySpec) -> bool:
 
 
 def driver_wait(spec: ClusterPolicySpec, ctx: RenderContext) -> dict[str, Any]:
-    """Init container: retry our driver check until NVML works (writes `driver-ready`)."""
-    root = DRIVER_ROOT if spec.driver.enabled else HOST_ROOT_MOUNT
-    check = f"gpuop node-agent validate --checks driver --driver-root {root}"
+    """Init container: retry our driver check until it passes (writes `driver-ready`).
+    It gets `validator.driver.env` (e.g. DISABLE_DEV_CHAR_SYMLINK_CREATION), as
+    upstream's driver-validation init containers do."""
+    check = shlex.join(
+        ["gpuop", "node-agent", "validate", "--checks", "driver", *driver_check_args(spec)]
+    )
+    section = spec.validator.driver
     return {
         "name": "driver-validation",
         "image": ctx.operator_image,
         "imagePullPolicy": ctx.operator_image_pull_policy,
         "command": ["sh", "-c"],
         "args": [f"until {check}; do sleep 5; done"],
-        "env": [field_env("NODE_NAME", "spec.nodeName")],
-        "securityContext": security_context(privileged=True, root=True),
+        "env": merge_env(
+            [field_env("NODE_NAME", "spec.nodeName")], dump_env(section.env if section else None)
+        ),
+        "securityContext": security_context(privileged=True, root=True, selinux_s0=True),
         "volumeMounts": [
             mount("driver-install-dir", DRIVER_ROOT, propagation="HostToContainer"),
             mount("run-nvidia-validations", VALIDATIONS_DIR, propagation="Bidirectional"),
@@ -176,6 +185,7 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
             *runtime_mounts,
         ],
         privileged=True,
+        selinux_s0=True,
     )
     # A path the user gave is the host's; the container sees it where it is mounted.
     main["env"] = merge_env(main["env"], runtime_env)

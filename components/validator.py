@@ -83,19 +83,30 @@ def cuda_image(spec: ClusterPolicySpec) -> str:
     return _env_value(spec.validator.cuda, CUDA_IMAGE_ENV) or CUDA_SAMPLE_IMAGE
 
 
+def driver_check_args(spec: ClusterPolicySpec) -> list[str]:
+    """Where the driver check looks, as upstream's validator under this policy: a driver
+    on the host (mounted at /host) wins, else the install directory (mounted at
+    /run/nvidia/driver); with a driver DaemonSet, after its `.driver-ctr-ready`."""
+    args = ["--driver-root", DRIVER_ROOT, "--host-root", HOST_ROOT_MOUNT]
+    paths = spec.host_paths
+    if paths.root_fs not in ("", "/"):
+        args += ["--host-rootfs", paths.root_fs]
+    if paths.driver_install_dir not in ("", DRIVER_ROOT):
+        args += ["--driver-install-dir", paths.driver_install_dir]
+    if spec.driver.enabled:
+        args.append("--driver-container")
+    return args
+
+
 def command(spec: ClusterPolicySpec) -> list[str]:
     """`gpuop node-agent validate --wait ...` with this policy's settings."""
     validator = spec.validator
-    root = DRIVER_ROOT if spec.driver.enabled else HOST_ROOT_MOUNT
     cmd = [
         "gpuop",
         "node-agent",
         "validate",
         "--wait",
-        "--driver-root",
-        root,
-        "--host-root",
-        HOST_ROOT_MOUNT,
+        *driver_check_args(spec),
         "--validations-dir",
         VALIDATIONS_DIR,
         "--cuda-image",
@@ -148,6 +159,7 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         ],
         privileged=True,
         root=True,
+        selinux_s0=True,  # as upstream's driver-validation: it links /dev/char
         extra={
             "readinessProbe": {
                 "exec": {"command": ["test", "-f", f"{VALIDATIONS_DIR}/plugin-ready"]},

@@ -262,24 +262,14 @@ class DevicePluginSpec(ComponentSpec):
     """MPS settings."""
 
 
-DEFAULT_DCGM_PORT = 5555
-_MAX_PORT = 65535
-
-
 class DCGMSpec(ComponentSpec):
     """Standalone DCGM host engine (the exporter embeds one when this is off)."""
 
     enabled: bool = False
     """Deploy a standalone DCGM host engine."""
-    host_port_as_written: int = Field(default=5555, alias="hostPort")
-    """Host port the engine listens on (upstream ignores the field and always uses 5555;
-    a value outside 1-65535 is kept as written but means 5555)."""
-
-    @property
-    def host_port(self) -> int:
-        """The host port the engine gets."""
-        port = self.host_port_as_written
-        return port if 1 <= port <= _MAX_PORT else DEFAULT_DCGM_PORT
+    host_port: int = Field(default=5555, alias="hostPort")
+    """Deprecated and unread, as upstream: the engine binds no host port (it would be
+    reachable on every GPU node's IP); exporters reach it through the node-local Service."""
 
 
 class DCGMExporterMetricsConfig(K8sModel):

@@ -129,8 +129,6 @@ def _unknown_values(spec: ClusterPolicySpec) -> Iterator[UnsupportedField]:
     for path, section in _image_specs(spec, "spec"):
         if section.pull_policy_as_written not in PULL_POLICIES:
             yield UnsupportedField(f"{path}.imagePullPolicy", "unknown policy: IfNotPresent used")
-    if spec.dcgm.host_port != spec.dcgm.host_port_as_written:
-        yield UnsupportedField("spec.dcgm.hostPort", "not a port: 5555 used")
     if spec.operator.runtime_as_written not in RUNTIMES:
         yield UnsupportedField("spec.operator.defaultRuntime", "unknown runtime: docker assumed")
 

@@ -13,7 +13,7 @@ import asyncio
 import time
 from typing import Any
 
-from components._k8s import MANAGED_BY, MANAGED_BY_LABEL
+from components._k8s import MANAGED_BY, MANAGED_BY_LABEL, PART_OF, PART_OF_LABEL
 from components.driver import DAEMONSET_NAME as DRIVER_DS
 from components.keys import MIG_CAPABLE_LABEL
 from components.labels import is_gpu_node
@@ -59,6 +59,10 @@ from statemachine.upgrade_keys import SKIP_LABEL, STATE_LABEL
 log = get_logger(__name__)
 
 MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
+#: Operand pods (and their DaemonSets' revisions) are found by `part-of`, the one label
+#: of ours the policy's `daemonsets.labels` may not replace on a pod (as upstream); its
+#: `managed-by` wins there, e.g. upstream's chart policy sets `gpu-operator`.
+OPERAND_POD_SELECTOR = f"{PART_OF_LABEL}={PART_OF}"
 NODE = by_kind("v1", "Node")
 POLICY = by_kind("nvidia.com/v1", "ClusterPolicy")
 POD = by_kind("v1", "Pod")
@@ -104,7 +108,7 @@ class Operator:
         def managed_cache(name: str, kind: Kind, handler: Handler, **opts: Any) -> Informer:
             lister = rest.lister(kind, ns)
             return Informer(
-                ResourceSpec(name, lister, label_selector=MANAGED_SELECTOR, **opts), handler
+                ResourceSpec(name, lister, label_selector=OPERAND_POD_SELECTOR, **opts), handler
             )
 
         # Every operand pod: the per-node rollout reads each component's pod.

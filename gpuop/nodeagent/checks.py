@@ -9,15 +9,25 @@ from typing import Protocol
 
 @dataclass(frozen=True, slots=True)
 class CheckResult:
-    """``reason`` is one line for the logs when the check failed; ``fields`` go in the file."""
+    """``reason`` is one line for the logs when the check failed. ``fields`` go in the
+    file, exactly what upstream's validator writes there (operands source it);
+    ``facts`` only in the log. ``companions``: more (empty) status files the check
+    vouches for, e.g. the driver's ``nvidia-fs-ready``; they come and go with its file."""
 
     ok: bool
     reason: str = ""
     fields: Mapping[str, str] = field(default_factory=dict)
+    companions: tuple[str, ...] = ()
+    facts: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
-    def passed(cls, fields: Mapping[str, str] | None = None) -> CheckResult:
-        return cls(True, "", dict(fields or {}))
+    def passed(
+        cls,
+        fields: Mapping[str, str] | None = None,
+        companions: tuple[str, ...] = (),
+        facts: Mapping[str, str] | None = None,
+    ) -> CheckResult:
+        return cls(True, "", dict(fields or {}), companions, dict(facts or {}))
 
     @classmethod
     def failed(cls, reason: str) -> CheckResult:

@@ -11,14 +11,16 @@ import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from gpuop.log import get_logger
 from gpuop.nodeagent.checks import Check
 from gpuop.nodeagent.cuda import CudaCheck
-from gpuop.nodeagent.driver import CONTAINER_DRIVER_ROOT, DriverCheck
+from gpuop.nodeagent.devchar import DEFAULT_DEV_CHAR, DevCharLinker
+from gpuop.nodeagent.driver import CONTAINER_DRIVER_ROOT, DriverCheck, DriverLayout
+from gpuop.nodeagent.driver_root import DEFAULT_DRIVER_INSTALL_DIR
 from gpuop.nodeagent.exporter import serve
 from gpuop.nodeagent.health import HealthReporter, KubernetesNodeStatus, NodeStatusApi
 from gpuop.nodeagent.kube import KubeApi, KubernetesApi
@@ -57,7 +59,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
         type=Path,
         default=Path(os.environ.get("DRIVER_ROOT", str(CONTAINER_DRIVER_ROOT))),
         help="where the driver's files are, as seen in this container: the driver "
-        "container's root (default /run/nvidia/driver) or the host's (/ or /host)",
+        "container's root (default /run/nvidia/driver) or the host's (/ or /host); "
+        "validate finds a driver installed on the host by itself (under --host-root)",
     )
     parser.add_argument(
         "--validations-dir",
@@ -81,6 +84,37 @@ def add_subcommands(subparsers: argparse._SubParsersAction[Any]) -> None:
     _common(v)
     v.add_argument("--wait", action="store_true", help="retry until passing, then stay up")
     v.add_argument("--host-root", type=Path, default=DEFAULT_HOST_ROOT, help="host / mount")
+    v.add_argument(
+        "--host-rootfs",
+        default=os.environ.get("HOST_ROOT", "/"),
+        help="the host's root on the host (hostPaths.rootFS; default $HOST_ROOT or /)",
+    )
+    v.add_argument(
+        "--driver-install-dir",
+        default=os.environ.get("DRIVER_INSTALL_DIR", DEFAULT_DRIVER_INSTALL_DIR),
+        help="the driver install directory on the host (hostPaths.driverInstallDir), "
+        "mounted here at --driver-root",
+    )
+    v.add_argument(
+        "--driver-container",
+        action="store_true",
+        help="the policy runs a driver container: without a driver on the host, wait "
+        "for its .driver-ctr-ready and the GPUDirect modules it names",
+    )
+    v.add_argument(
+        "--dev-char-dir",
+        type=Path,
+        default=DEFAULT_DEV_CHAR,
+        help="the host's /dev/char as mounted here",
+    )
+    v.add_argument(
+        "--no-dev-char-symlinks",
+        dest="dev_char_symlinks",
+        action="store_false",
+        default=os.environ.get("DISABLE_DEV_CHAR_SYMLINK_CREATION", "").lower() != "true",
+        help="do not link NVIDIA device nodes in /dev/char "
+        "(default: $DISABLE_DEV_CHAR_SYMLINK_CREATION)",
+    )
     v.add_argument(
         "--checks", type=_checks, default=list(CHECK_NAMES), help="comma list, run in order"
     )
@@ -174,7 +208,15 @@ async def _api_client() -> Any:
     return client.ApiClient()
 
 
-def _build_checks(args: argparse.Namespace, api: KubeApi | None) -> list[Check]:
+def build_checks(
+    args: argparse.Namespace,
+    api: KubeApi | None,
+    *,
+    nvml_for: Callable[[Path], Nvml] = PynvmlNvml,
+    fs_root: Path = Path("/"),
+) -> list[Check]:
+    """The checks ``validate`` runs. ``fs_root``: where this container's /proc and /sys
+    are (a test points it, and the path arguments, into a scratch tree)."""
     spec = WorkloadSpec(
         node_name=args.node_name,
         namespace=args.namespace,
@@ -187,8 +229,26 @@ def _build_checks(args: argparse.Namespace, api: KubeApi | None) -> list[Check]:
     checks: list[Check] = []
     for name in args.checks:
         if name == "driver":
+            layout = DriverLayout(
+                host_root_here=args.host_root,
+                driver_root_here=args.driver_root,
+                validations_here=args.validations_dir,
+                proc_modules_here=fs_root / "proc/modules",
+                host_rootfs=args.host_rootfs,
+                driver_install_dir=args.driver_install_dir,
+            )
+            linker = (
+                DevCharLinker(fs_root=fs_root, dev_char=args.dev_char_dir)
+                if args.dev_char_symlinks
+                else None
+            )
             checks.append(
-                DriverCheck(PynvmlNvml(args.driver_root), args.driver_root, args.host_root)
+                DriverCheck(
+                    nvml_for,
+                    layout,
+                    driver_container=args.driver_container,
+                    dev_char=linker,
+                )
             )
         elif name == "toolkit":
             checks.append(
@@ -224,7 +284,7 @@ async def validate_main(args: argparse.Namespace) -> int:
                 return 1
         api = KubernetesApi(api_client) if api_client is not None else None
         validator = Validator(
-            _build_checks(args, api),
+            build_checks(args, api),
             StatusFiles(args.validations_dir),
             backoff=Backoff(args.backoff_initial, args.backoff_max),
             recheck_interval_s=args.recheck_interval,

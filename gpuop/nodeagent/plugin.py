@@ -57,7 +57,7 @@ class PluginCheck:
             return CheckResult.failed(
                 f"node {self.node_name} has no allocatable {GPU_RESOURCE} or {MIG_PREFIX}*"
             )
-        fields = {"RESOURCES": ",".join(f"{k}:{v}" for k, v in sorted(gpus.items()))}
+        facts = {"RESOURCES": ",".join(f"{k}:{v}" for k, v in sorted(gpus.items()))}
         if self.workload is not None and not self._workload_done:
             resource = GPU_RESOURCE if GPU_RESOURCE in gpus else sorted(gpus)[0]
             spec = replace(self.workload, app=PLUGIN_VALIDATOR, gpu_resource=resource)
@@ -67,4 +67,4 @@ class PluginCheck:
             if not result.ok:
                 return result
             self._workload_done = True  # once per process; rechecks only look at allocatable
-        return CheckResult.passed(fields)
+        return CheckResult.passed(facts=facts)  # plugin-ready is empty, as upstream's

@@ -75,7 +75,8 @@ def find_toolkit(
         return CheckResult.failed(f"cannot read {config}: {exc.strerror or exc}")
     except tomllib.TOMLDecodeError as exc:
         return CheckResult.failed(f"{config} is not valid TOML: {exc}")
-    return CheckResult.passed({"RUNTIME": binary, "RUNTIME_CONFIG": config})
+    # toolkit-ready is empty, as upstream's; what was found goes to the log.
+    return CheckResult.passed(facts={"RUNTIME": binary, "RUNTIME_CONFIG": config})
 
 
 class ToolkitCheck:

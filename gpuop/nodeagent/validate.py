@@ -49,6 +49,7 @@ class Validator:
         self.recheck_interval_s = recheck_interval_s
         self.passed: set[str] = set()
         self.last: dict[str, CheckResult] = {}
+        self.companions: dict[str, tuple[str, ...]] = {}
 
     async def _run(self, check: Check) -> CheckResult:
         try:
@@ -60,10 +61,15 @@ class Validator:
         previous = self.last.get(check.name)
         self.last[check.name] = result
         if result.ok:
+            for gone in set(self.companions.get(check.name, ())) - set(result.companions):
+                self.status.remove(gone)
+            for companion in result.companions:
+                self.status.write(companion, {})
+            self.companions[check.name] = result.companions
             self.status.write(check.name, result.fields)
             self.passed.add(check.name)
             if previous is None or not previous.ok:
-                log.info("check passed", check=check.name, **dict(result.fields))
+                log.info("check passed", check=check.name, **{**result.fields, **result.facts})
         else:
             self._invalidate(check)
             log.warning("check failed", check=check.name, reason=result.reason)
@@ -73,13 +79,17 @@ class Validator:
         """A failed check takes its own file and those of every later check with it."""
         start = self.checks.index(check)
         for later in self.checks[start:]:
-            self.status.remove(later.name)
-            self.passed.discard(later.name)
+            self._remove(later.name)
+
+    def _remove(self, name: str) -> None:
+        self.status.remove(name)
+        for companion in self.companions.pop(name, ()):
+            self.status.remove(companion)
+        self.passed.discard(name)
 
     def remove_all(self) -> None:
         for check in self.checks:
-            self.status.remove(check.name)
-        self.passed.clear()
+            self._remove(check.name)
 
     async def run_once(self) -> bool:
         """Every check in order, stopping at the first failure."""

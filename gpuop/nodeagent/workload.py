@@ -142,7 +142,7 @@ async def run_pod(
                 return CheckResult.failed(f"pod {namespace}/{name} disappeared")
             seen = observe_pod(pod)
             if seen.phase == "Succeeded":
-                return CheckResult.passed({"POD": name})
+                return CheckResult.passed(facts={"POD": name})  # cuda-ready is empty
             if seen.phase == "Failed":
                 return CheckResult.failed(f"pod {namespace}/{name} failed: {seen.reason}")
             if loop.time() >= deadline:

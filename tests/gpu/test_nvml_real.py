@@ -16,7 +16,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuop.nodeagent.driver import DriverCheck
+from gpuop.nodeagent.driver import DriverCheck, DriverLayout
 from gpuop.nodeagent.exporter import build_registry
 from gpuop.nodeagent.status import StatusFiles
 from gpuop.nvml import (
@@ -98,7 +98,9 @@ def test_inventory_and_driver_check(nvml: PynvmlNvml) -> None:
 
 
 async def test_driver_check(nvml: PynvmlNvml) -> None:
-    result = await DriverCheck(nvml, DRIVER_ROOT).run()
+    # A real node's root as both host and driver root: a host driver is found under it.
+    layout = DriverLayout(host_root_here=DRIVER_ROOT, driver_root_here=DRIVER_ROOT)
+    result = await DriverCheck(lambda _root: nvml, layout).run()
     print(f"driver check: {result}")
     assert result.ok, result.reason
 

@@ -20,6 +20,7 @@ from components.keys import (
 )
 from components.registry import DEPLOY_LABELS
 from gpuop.cluster import NFD_GPU_LABEL
+from gpuop.controller._operator import OPERAND_POD_SELECTOR
 from gpuop.rest import Rest, by_kind
 from statemachine.upgrade_keys import MANAGED_ANNOTATIONS, STATE_LABEL
 from tests.conftest import TEST_GPU_NODES
@@ -29,7 +30,6 @@ pytestmark = pytest.mark.integration
 
 DS = by_kind("apps/v1", "DaemonSet")
 POD = by_kind("v1", "Pod")
-MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
 
 
 async def _policy(rest: Rest, name: str = "cluster-policy") -> dict[str, Any] | None:
@@ -50,7 +50,7 @@ async def _fresh_nodes(rest: Rest) -> None:
     annotations on the nodes (an operator stopped before its policy was deleted)."""
 
     async def no_operand_pods() -> bool:
-        return not await rest.list(POD, NAMESPACE, label_selector=MANAGED_SELECTOR)
+        return not await rest.list(POD, NAMESPACE, label_selector=OPERAND_POD_SELECTOR)
 
     assert await eventually(no_operand_pods, timeout=60)
     ours = {GPU_PRESENT_LABEL, MIG_CONFIG_LABEL, STATE_LABEL, *DEPLOY_LABELS}
@@ -214,4 +214,30 @@ async def test_semantic_error_is_reported_and_a_second_policy_is_ignored(
             if e["involvedObject"]["kind"] == "ClusterPolicy" and e["type"] == "Warning"
         ]
         assert any("podSelector" in e["message"] for e in warnings)
+    await rest.apply(crd.sample_policy())
+
+
+async def test_policy_pod_labels_win_and_the_operator_still_finds_its_pods(
+    rest: Rest, api_client: client.ApiClient
+) -> None:
+    """Upstream's chart policy labels operand pods `managed-by: gpu-operator`: the pods
+    carry it (as upstream's), and the operator, which finds operand pods by `part-of`,
+    still sees them Ready and turns the policy ready."""
+    policy = copy.deepcopy(crd.sample_policy())
+    labels = {MANAGED_BY_LABEL: "gpu-operator", "helm.sh/chart": "gpu-operator-v26.7.0"}
+    policy["spec"].setdefault("daemonsets", {})["labels"] = labels
+    await rest.apply(policy)
+    async with Running(api_client):
+
+        async def relabelled_and_ready() -> bool:
+            pods = await rest.list(POD, NAMESPACE, label_selector=OPERAND_POD_SELECTOR)
+            relabelled = bool(pods) and all(
+                labels.items() <= p["metadata"]["labels"].items() for p in pods
+            )
+            return relabelled and await policy_state_is(rest, "ready")
+
+        assert await eventually(relabelled_and_ready, timeout=180)
+        driver = await rest.get(DS, "nvidia-driver-daemonset", NAMESPACE)
+        assert driver is not None
+        assert driver["metadata"]["labels"][MANAGED_BY_LABEL] == MANAGED_BY  # ours: watched
     await rest.apply(crd.sample_policy())

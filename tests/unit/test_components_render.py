@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +14,7 @@ import yaml
 import components as c
 import crd
 from components import dcgm_exporter, driver, validator
+from gpuop.controller import _operator as operator
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 NS = "gpu-ops"
@@ -312,11 +315,30 @@ def test_daemonsets_section_applies_to_every_pod() -> None:
                 }
 
 
-def test_policy_labels_never_replace_ours() -> None:
-    policy = spec(daemonsets={"labels": {"app": "evil", c.MANAGED_BY_LABEL: "helm"}})
-    ds = only_daemonset("driver", policy)
-    assert ds["spec"]["template"]["metadata"]["labels"]["app"] == driver.DAEMONSET_NAME
-    assert ds["metadata"]["labels"][c.MANAGED_BY_LABEL] == "gpuop"
+def test_policy_pod_labels_win_except_app_and_part_of() -> None:
+    """As upstream: `daemonsets.labels` replace ours on the pods (its chart sets
+    `managed-by: gpu-operator`), except the selector's `app` and `part-of`, by which the
+    controller finds operand pods. The DaemonSet's own metadata keeps ours."""
+    policy = spec(
+        daemonsets={
+            "labels": {
+                "app": "evil",
+                c.PART_OF_LABEL: "evil",
+                c.MANAGED_BY_LABEL: "gpu-operator",
+                "team": "gpu",
+            }
+        }
+    )
+    for name in ("driver", "device-plugin", "operator-validation"):
+        ds = only_daemonset(name, policy)
+        labels = ds["spec"]["template"]["metadata"]["labels"]
+        assert labels["app"] == ds["metadata"]["name"]
+        assert labels[c.PART_OF_LABEL] == "gpu-operator"
+        assert labels[c.MANAGED_BY_LABEL] == "gpu-operator"
+        assert labels["team"] == "gpu"
+        assert ds["metadata"]["labels"][c.MANAGED_BY_LABEL] == "gpuop"
+    key, _, value = operator.OPERAND_POD_SELECTOR.partition("=")
+    assert (key, value) == (c.PART_OF_LABEL, "gpu-operator")  # what the pods keep
 
 
 def test_extra_labels_go_on_metadata_only() -> None:
@@ -464,8 +486,13 @@ def test_validator_daemonset() -> None:
     # Status files written here must reach the host (and other pods): Bidirectional.
     assert mounts["/run/nvidia/validations"]["mountPropagation"] == "Bidirectional"
     assert mounts["/run/nvidia/driver"]["mountPropagation"] == "HostToContainer"
-    # Our image runs as 65532; host paths under /run/nvidia are root's.
-    assert main["securityContext"] == {"privileged": True, "runAsUser": 0}
+    # Our image runs as 65532; host paths under /run/nvidia are root's. SELinux level s0
+    # as upstream's driver-validation, which this container does too.
+    assert main["securityContext"] == {
+        "privileged": True,
+        "runAsUser": 0,
+        "seLinuxOptions": {"level": "s0"},
+    }
     assert pod(ds)["runtimeClassName"] == "nvidia"
     assert mounts["/host"]["readOnly"] is True
     assert mounts["/host"]["mountPropagation"] == "HostToContainer"
@@ -488,10 +515,51 @@ def test_validator_cuda_image_and_options_from_policy() -> None:
     )
     cmd = validator.command(policy)
     assert cmd[cmd.index("--cuda-image") + 1] == "my/cuda:1"
-    assert cmd[cmd.index("--driver-root") + 1] == "/host"  # host-installed driver
+    # No driver DaemonSet: the check finds a host driver itself, and waits for no
+    # driver container.
+    assert cmd[cmd.index("--driver-root") + 1] == "/run/nvidia/driver"
+    assert "--driver-container" not in cmd
     assert cmd[cmd.index("--image-pull-secret") + 1] == "pull"
     assert "--plugin-workload" in cmd
     assert cmd[cmd.index("--toolkit-runtime-dirs") + 1].startswith("/opt/nvidia/toolkit,")
+
+
+def test_driver_check_follows_the_policys_paths_and_driver() -> None:
+    """The validator and the toolkit's driver-validation run the same driver check, told
+    the host paths upstream's validator gets as HOST_ROOT and DRIVER_INSTALL_DIR."""
+    default = validator.driver_check_args(spec())
+    assert default == [
+        "--driver-root",
+        "/run/nvidia/driver",
+        "--host-root",
+        "/host",
+        "--driver-container",
+    ]
+    custom = spec(hostPaths={"rootFS": "/sysroot", "driverInstallDir": "/opt/nvidia/driver"})
+    args = validator.driver_check_args(custom)
+    assert args[args.index("--host-rootfs") + 1] == "/sysroot"
+    assert args[args.index("--driver-install-dir") + 1] == "/opt/nvidia/driver"
+    for policy in (spec(), custom, spec(driver={"enabled": False})):
+        init = pod(only_daemonset("container-toolkit", policy))["initContainers"][0]
+        assert " ".join(validator.driver_check_args(policy)) in init["args"][0]
+        cmd = " ".join(validator.command(policy))
+        assert " ".join(validator.driver_check_args(policy)) in cmd
+
+
+def test_validator_driver_env_reaches_the_toolkits_driver_check() -> None:
+    """As upstream: `validator.driver.env` (e.g. DISABLE_DEV_CHAR_SYMLINK_CREATION) goes
+    to every driver-validation, the toolkit's init container included."""
+    env = [{"name": "DISABLE_DEV_CHAR_SYMLINK_CREATION", "value": "true"}]
+    policy = spec(validator={"driver": {"env": env}})
+    init = pod(only_daemonset("container-toolkit", policy))["initContainers"][0]
+    assert init["name"] == "driver-validation"
+    assert env_of(init)["DISABLE_DEV_CHAR_SYMLINK_CREATION"] == "true"
+    assert (
+        env_of(main_container(only_daemonset("operator-validation", policy)))[
+            "DISABLE_DEV_CHAR_SYMLINK_CREATION"
+        ]
+        == "true"
+    )
 
 
 def test_node_status_exporter_runs_our_export() -> None:
@@ -614,6 +682,72 @@ def test_mps_daemon_exists_with_the_device_plugin() -> None:
     assert "mps-control-daemon" not in c.enabled_components(off)
 
 
+def test_mps_daemon_takes_the_plugins_resources_but_not_its_env_or_args() -> None:
+    """Upstream's MPS daemon gets the device plugin's image and resources only: the
+    plugin's env (PASS_DEVICE_SPECS, DEVICE_LIST_STRATEGY) and args are the plugin's."""
+    policy = spec(
+        devicePlugin={
+            "env": [{"name": "PASS_DEVICE_SPECS", "value": "false"}],
+            "args": ["--fail-on-init-error=false"],
+            "resources": {"limits": {"memory": "1Gi"}},
+        }
+    )
+    main = main_container(only_daemonset("mps-control-daemon", policy))
+    assert "PASS_DEVICE_SPECS" not in env_of(main)
+    assert "args" not in main
+    assert main["resources"] == {"limits": {"memory": "1Gi"}}
+    plugin = main_container(only_daemonset("device-plugin", policy))
+    assert env_of(plugin)["PASS_DEVICE_SPECS"] == "false"
+
+
+def _run_plugin_entrypoint(
+    tmp_path: Path, modules: str, preset: dict[str, str] | None = None
+) -> dict[str, str]:
+    """The device plugin's rendered entrypoint, run with its host files in `tmp_path`:
+    the environment it would start the plugin with."""
+    (config_map,) = [
+        o
+        for o in c.component_by_name("device-plugin").objects(spec(), ctx())
+        if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-entrypoint")
+    ]
+    validations = tmp_path / "validations"
+    validations.mkdir(parents=True)
+    (validations / "driver-ready").write_text("IS_HOST_DRIVER=false\n")
+    (tmp_path / "modules").write_text(modules)
+    script = (
+        config_map["data"]["entrypoint.sh"]
+        .replace("/run/nvidia/validations", str(validations))
+        .replace("/proc/modules", str(tmp_path / "modules"))
+        .replace('exec nvidia-device-plugin "$@"', "exec env")
+    )
+    out = subprocess.run(
+        ["sh", "-c", script],
+        env={"PATH": os.environ["PATH"], **(preset or {})},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def test_device_plugin_entrypoint_turns_on_features_for_host_modules(tmp_path: Path) -> None:
+    """As upstream's entrypoint: a host-loaded gdrdrv sets GDRCOPY_ENABLED, nvidia_fs
+    sets GDS_ENABLED and MOFED_ENABLED; a value the pod already has is kept."""
+    none = _run_plugin_entrypoint(tmp_path / "a", "nvidia 1 0 - Live 0x0\n")
+    assert not {"GDRCOPY_ENABLED", "GDS_ENABLED", "MOFED_ENABLED"} & set(none)
+    assert none["IS_HOST_DRIVER"] == "false"
+    both = _run_plugin_entrypoint(
+        tmp_path / "b",
+        "gdrdrv 24576 0 - Live 0x0\nnvidia_fs 262144 0 - Live 0x0\n",
+        {"MOFED_ENABLED": "false"},
+    )
+    assert both["GDRCOPY_ENABLED"] == "true"
+    assert both["GDS_ENABLED"] == "true"
+    assert both["MOFED_ENABLED"] == "false"
+    similar = _run_plugin_entrypoint(tmp_path / "c", "gdrdrv_x 1 0 - Live 0x0\n")
+    assert "GDRCOPY_ENABLED" not in similar
+
+
 def test_mig_manager_needs_a_mig_capable_node() -> None:
     component = c.component_by_name("mig-manager")
     assert component.enabled(spec())
@@ -621,9 +755,39 @@ def test_mig_manager_needs_a_mig_capable_node() -> None:
     assert daemonsets(component.objects(spec(), ctx(mig_capable=True)))
 
 
-def test_dcgm_host_port() -> None:
-    main = main_container(only_daemonset("dcgm", spec(dcgm={"enabled": True, "hostPort": 6000})))
-    assert main["ports"][0]["hostPort"] == 6000
+def test_selinux_level_s0_where_upstream_sets_it() -> None:
+    """On an SELinux-enforcing node the driver must load modules, the toolkit write the
+    runtime's config and the driver check link /dev/char: upstream gives exactly these
+    containers level s0, and no others."""
+    policy = spec(
+        gds={"enabled": True}, gdrcopy={"enabled": True}, driver={"rdma": {"enabled": True}}
+    )
+    wanted = {
+        "nvidia-driver-ctr",
+        "nvidia-peermem-ctr",
+        "nvidia-fs-ctr",
+        "nvidia-gdrcopy-ctr",
+        "nvidia-container-toolkit-ctr",
+        "driver-validation",
+        "nvidia-operator-validator",
+    }
+    found = set()
+    for objects in c.desired_objects(policy, ctx()).values():
+        for ds in daemonsets(objects):
+            for container in all_containers(ds):
+                options = container.get("securityContext", {}).get("seLinuxOptions")
+                if options is not None:
+                    assert options == {"level": "s0"}
+                    found.add(container["name"])
+    assert found == wanted
+
+
+def test_dcgm_binds_no_host_port() -> None:
+    """Upstream's `dcgm.hostPort` is deprecated and unread: the engine is not reachable
+    on the node's IP, only through the node-local Service."""
+    for dcgm in ({"enabled": True}, {"enabled": True, "hostPort": 6000}):
+        main = main_container(only_daemonset("dcgm", spec(dcgm=dcgm)))
+        assert main["ports"] == [{"name": "dcgm", "containerPort": 5555, "protocol": "TCP"}]
 
 
 def test_operands_wait_for_the_toolkit() -> None:

@@ -49,7 +49,6 @@ ASKS: dict[str, dict[str, Any]] = {
         "driver": {"manager": {"imagePullPolicy": "Sometimes"}}
     },
     "spec.operator.defaultRuntime": {"operator": {"defaultRuntime": "podman"}},
-    "spec.dcgm.hostPort": {"dcgm": {"hostPort": 0}},
 }
 
 

@@ -7,34 +7,55 @@ from pathlib import Path
 
 import pytest
 
-from gpuop.nodeagent.driver import DriverCheck
+from gpuop.nodeagent.driver import DriverCheck, DriverLayout
 from gpuop.nodeagent.toolkit import ToolkitCheck, find_toolkit
 from gpuop.nvml import Unknown
 from gpuop.nvml.fake import A100_SXM4_80GB, H100_80GB_HBM3, TESLA_T4, FakeNvml, make_gpus
 
-ROOT = Path("/run/nvidia/driver")
+
+def layout(tmp_path: Path) -> DriverLayout:
+    """No driver on the host (an empty tree): the driver container's install dir."""
+    return DriverLayout(
+        host_root_here=tmp_path / "host",
+        driver_root_here=tmp_path / "driver",
+        validations_here=tmp_path / "validations",
+    )
 
 
-async def test_driver_passes_and_reports_versions() -> None:
+def check(nvml: FakeNvml, tmp_path: Path) -> DriverCheck:
+    return DriverCheck(lambda _root: nvml, layout(tmp_path))
+
+
+async def test_driver_passes_with_upstreams_keys(tmp_path: Path) -> None:
     nvml = FakeNvml(make_gpus(A100_SXM4_80GB, H100_80GB_HBM3, TESLA_T4))
-    result = await DriverCheck(nvml, ROOT).run()
+    result = await check(nvml, tmp_path).run()
     assert result.ok, result.reason
     assert result.fields == {
         "IS_HOST_DRIVER": "false",
         "NVIDIA_DRIVER_ROOT": "/run/nvidia/driver",
-        "DRIVER_VERSION": "595.91.07",
-        "CUDA_DRIVER_VERSION": "13.0",
-        "GPU_COUNT": "3",
+        "DRIVER_ROOT_CTR_PATH": "/driver-root",
+        "NVIDIA_DEV_ROOT": "/",
+        "DEV_ROOT_CTR_PATH": "/host",
     }
     assert threading.get_ident() not in nvml.threads  # NVML ran off the event loop
     assert not nvml.initialized
 
 
-@pytest.mark.parametrize("root", [Path("/"), Path("/host")])
-async def test_driver_on_the_host(root: Path) -> None:
-    result = await DriverCheck(FakeNvml(make_gpus(TESLA_T4)), root, Path("/host")).run()
+async def test_driver_on_the_host_wins(tmp_path: Path) -> None:
+    smi = tmp_path / "host/usr/bin/nvidia-smi"
+    smi.parent.mkdir(parents=True)
+    smi.write_text("#!/bin/sh\n")
+    smi.chmod(0o755)
+    roots: list[Path] = []
+
+    def nvml_for(root: Path) -> FakeNvml:
+        roots.append(root)
+        return FakeNvml(make_gpus(TESLA_T4))
+
+    result = await DriverCheck(nvml_for, layout(tmp_path)).run()
     assert result.fields["IS_HOST_DRIVER"] == "true"
     assert result.fields["NVIDIA_DRIVER_ROOT"] == "/"
+    assert roots == [tmp_path / "host"]
 
 
 @pytest.mark.parametrize(
@@ -46,17 +67,17 @@ async def test_driver_on_the_host(root: Path) -> None:
         (FakeNvml(), "sees no GPU"),
     ],
 )
-async def test_driver_failures(nvml: FakeNvml, reason: str) -> None:
-    result = await DriverCheck(nvml, ROOT).run()
+async def test_driver_failures(nvml: FakeNvml, reason: str, tmp_path: Path) -> None:
+    result = await check(nvml, tmp_path).run()
     assert not result.ok
     assert reason in result.reason
     assert "\n" not in result.reason
 
 
-async def test_driver_gpu_lost() -> None:
+async def test_driver_gpu_lost(tmp_path: Path) -> None:
     nvml = FakeNvml(make_gpus(A100_SXM4_80GB, A100_SXM4_80GB))
     nvml.lose_gpu(1)
-    result = await DriverCheck(nvml, ROOT).run()
+    result = await check(nvml, tmp_path).run()
     assert not result.ok
     assert result.reason.startswith("GPU lost")
 
@@ -81,14 +102,14 @@ async def test_toolkit_container_install(tmp_path: Path) -> None:
     )
     result = await ToolkitCheck(tmp_path).run()
     assert result.ok, result.reason
-    assert result.fields["RUNTIME"] == "/usr/local/nvidia/toolkit/nvidia-container-runtime"
+    assert result.facts["RUNTIME"] == "/usr/local/nvidia/toolkit/nvidia-container-runtime"
 
 
 def test_toolkit_host_package(tmp_path: Path) -> None:
     _install(tmp_path, "/usr/bin", "/etc/nvidia-container-runtime/config.toml")
     result = find_toolkit(tmp_path)
     assert result.ok, result.reason
-    assert result.fields == {
+    assert result.facts == {
         "RUNTIME": "/usr/bin/nvidia-container-runtime",
         "RUNTIME_CONFIG": "/etc/nvidia-container-runtime/config.toml",
     }

@@ -11,12 +11,21 @@ import pytest
 import structlog.testing
 
 from gpuop.nodeagent.checks import CheckResult
-from gpuop.nodeagent.driver import DriverCheck
+from gpuop.nodeagent.driver import DriverCheck, DriverLayout
 from gpuop.nodeagent.status import StatusFiles
 from gpuop.nodeagent.validate import Backoff, Validator
 from gpuop.nvml.fake import A100_SXM4_80GB, FakeNvml, make_gpus
 
 FAST = Backoff(initial_s=0.001, maximum_s=0.002)
+
+
+def layout(tmp_path: Path) -> DriverLayout:
+    """A node whose driver container installed into an empty tree."""
+    return DriverLayout(
+        host_root_here=tmp_path / "host",
+        driver_root_here=tmp_path / "driver",
+        validations_here=tmp_path,
+    )
 
 
 class Scripted:
@@ -119,7 +128,10 @@ async def test_wait_recheck_notices_a_lost_gpu(tmp_path: Path) -> None:
     nvml = FakeNvml(make_gpus(A100_SXM4_80GB, A100_SXM4_80GB))
     cuda = Scripted("cuda", [True], recheck=False)
     validator = Validator(
-        [DriverCheck(nvml, Path("/")), cuda], files, backoff=FAST, recheck_interval_s=0.01
+        [DriverCheck(lambda _root: nvml, layout(tmp_path)), cuda],
+        files,
+        backoff=FAST,
+        recheck_interval_s=0.01,
     )
     stop = asyncio.Event()
     task = asyncio.create_task(validator.run_wait(stop))
