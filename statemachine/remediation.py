@@ -17,6 +17,9 @@ Safety limits, after the systems that remediate GPU fleets today:
   ``settleSeconds`` (its condition's lastTransitionTime), so a flapping GPU stays out.
 - Driver upgrades own their nodes: a node in an upgrade is neither quarantined nor
   released here.
+- One owner per cordon (`statemachine.cordon`): we lift only a cordon recorded as ours;
+  releasing a node whose upgrade failed (or is under way) hands our cordon to the
+  upgrade instead, so a node whose new driver failed validation stays out of service.
 - Dry run: the plan is the same; the caller only reports it.
 """
 
@@ -46,7 +49,8 @@ QUARANTINED_ANNOTATION = "gpuop.io/gpu-health-quarantined"
 """Why (the condition's reason and message) and, with it, that we quarantined the node."""
 QUARANTINED_AT_ANNOTATION = "gpuop.io/gpu-health-quarantined-at"
 CORDONED_ANNOTATION = "gpuop.io/gpu-health-cordoned"
-"""Set only when we cordoned: an administrator's cordon is never lifted by us."""
+"""Our cordon, as recorded before the shared owner record (`statemachine.cordon`): still
+read as ours, removed on release, no longer written."""
 ACTION_ANNOTATION = "gpuop.io/gpu-health-action"
 MANAGED_ANNOTATIONS = (
     QUARANTINED_ANNOTATION,
@@ -103,8 +107,11 @@ class HealthNodeView:
     quarantined: bool = False
     """Carries our quarantine annotation."""
     cordoned_by_us: bool = False
+    """The cordon's owner record names health remediation."""
     unschedulable: bool = False
     in_upgrade: bool = False
+    upgrade_holds_cordon: bool = False
+    """The node's driver upgrade is under way or failed: it needs the node cordoned."""
 
 
 @dataclass(frozen=True)
@@ -133,6 +140,13 @@ class Release:
     uncordon: bool
     """We cordoned it; an administrator's cordon stays."""
     why: str
+    hand_over: bool = False
+    """Our cordon goes to the driver upgrade, which still needs it: the node stays cordoned."""
+
+
+def _release(node: HealthNodeView, why: str) -> Release:
+    hand_over = node.cordoned_by_us and node.unschedulable and node.upgrade_holds_cordon
+    return Release(node.name, node.cordoned_by_us and not hand_over, why, hand_over=hand_over)
 
 
 @dataclass(frozen=True)
@@ -197,7 +211,7 @@ def plan_remediation(view: FleetHealthView, policy: RemediationPolicyView) -> Re
     if not policy.enabled:
         # Off (or the policy is gone): lift everything we hold, pause nothing.
         off = tuple(
-            Release(n.name, n.cordoned_by_us, "health remediation is off")
+            _release(n, "health remediation is off")
             for n in nodes
             if n.quarantined and not n.in_upgrade
         )
@@ -214,7 +228,7 @@ def plan_remediation(view: FleetHealthView, policy: RemediationPolicyView) -> Re
             held_in_quarantine += 1
             continue
         if not node.gpu:
-            releases.append(Release(node.name, node.cordoned_by_us, "no longer a GPU node"))
+            releases.append(_release(node, "no longer a GPU node"))
             continue
         if node.health is not Health.HEALTHY:
             held_in_quarantine += 1
@@ -222,7 +236,7 @@ def plan_remediation(view: FleetHealthView, policy: RemediationPolicyView) -> Re
         settled_at = (node.since or 0.0) + policy.settle_seconds
         if view.now >= settled_at:
             why = f"GPUHealthy True for {policy.settle_seconds}s or more"
-            releases.append(Release(node.name, node.cordoned_by_us, why))
+            releases.append(_release(node, why))
         else:
             held_in_quarantine += 1
             deadlines.append(settled_at - view.now)

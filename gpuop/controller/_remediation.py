@@ -39,10 +39,10 @@ from gpuop.informer import Obj
 from gpuop.log import get_logger
 from gpuop.metrics import OperatorMetrics
 from gpuop.rest import Rest, by_kind
+from statemachine import cordon
 from statemachine.remediation import (
     ACTION_ANNOTATION,
     CONDITION_REMEDIATION_PAUSED,
-    CORDONED_ANNOTATION,
     MANAGED_ANNOTATIONS,
     QUARANTINED_ANNOTATION,
     QUARANTINED_AT_ANNOTATION,
@@ -175,7 +175,7 @@ class Remediation:
         policy: RemediationPolicyView,
         spec: ClusterPolicySpec | None,
     ) -> None:
-        annotations = {
+        annotations: dict[str, str | None] = {
             QUARANTINED_ANNOTATION: step.why[:1024],
             QUARANTINED_AT_ANNOTATION: format_condition_time(datetime.now(UTC)),
             ACTION_ANNOTATION: policy.action.value,
@@ -184,7 +184,8 @@ class Remediation:
             "spec": {"taints": quarantined_taints(node["spec"].get("taints") or [])}
         }
         if step.cordon:
-            annotations[CORDONED_ANNOTATION] = "true"
+            # Whose cordon it is travels in the patch that cordons.
+            annotations.update(cordon.record(cordon.CordonOwner.HEALTH_REMEDIATION, step.why))
             patch["spec"]["unschedulable"] = True
         patch["metadata"] = {"annotations": annotations}
         await self._patch_node(node, patch)
@@ -207,22 +208,33 @@ class Remediation:
             await self._drain(step.node, spec)
 
     async def _release(self, node: Obj, step: Release) -> None:
-        patch: dict[str, Any] = {
-            "metadata": {"annotations": dict.fromkeys(MANAGED_ANNOTATIONS)},
-        }
+        annotations: dict[str, str | None] = dict.fromkeys(MANAGED_ANNOTATIONS)
+        patch: dict[str, Any] = {"metadata": {"annotations": annotations}}
         taints = node["spec"].get("taints") or []
         if any(t.get("key") == TAINT_KEY for t in taints):
             patch["spec"] = {"taints": released_taints(taints) or None}
-        if step.uncordon and node["spec"].get("unschedulable"):
-            patch.setdefault("spec", {})["unschedulable"] = None
+        meta = node["metadata"]
+        if step.hand_over:
+            # The upgrade still needs the node out of service: the cordon becomes its.
+            upgrade = cordon.CordonOwner.DRIVER_UPGRADE
+            node_labels = meta.get("labels") or {}
+            reason = cordon.reason_of(upgrade, node_labels, meta.get("annotations") or {})
+            annotations.update(cordon.record(upgrade, reason))
+        elif step.uncordon:
+            annotations.update(cordon.CLEARED)
+            if node["spec"].get("unschedulable"):
+                patch.setdefault("spec", {})["unschedulable"] = None
         await self._patch_node(node, patch)
         self.metrics.health_releases.inc()
         log.info("gpu node quarantine lifted", node=step.node, why=step.why)
-        uncordoned = " and uncordoned" if step.uncordon else ""
+        if step.hand_over:
+            cordoned = "; the node stays cordoned for its driver upgrade"
+        else:
+            cordoned = " and uncordoned" if step.uncordon else ""
         await self.events.record(
             _node_ref(node),
             "GPUHealthyQuarantineLifted",
-            f"taint {TAINT_KEY} removed{uncordoned}: {step.why}",
+            f"taint {TAINT_KEY} removed{cordoned}: {step.why}",
         )
 
     # ----------------------------------------------------------------- policy

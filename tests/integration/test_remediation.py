@@ -24,9 +24,9 @@ from gpuop.nodeagent.health import HealthReporter, KubernetesNodeStatus
 from gpuop.nodeagent.xid import XidCounts
 from gpuop.nvml.fake import H100_80GB_HBM3, FakeNvml, make_gpus
 from gpuop.rest import Rest, by_kind
+from statemachine.cordon import CLEARED, CORDONED_BY_ANNOTATION
 from statemachine.remediation import (
     CONDITION_REMEDIATION_PAUSED,
-    CORDONED_ANNOTATION,
     MANAGED_ANNOTATIONS,
     QUARANTINED_ANNOTATION,
     RESUME_ANNOTATION,
@@ -73,7 +73,7 @@ async def rest(api: client.ApiClient) -> AsyncIterator[Rest]:
             NODE,
             name,
             {
-                "metadata": {"annotations": dict.fromkeys(MANAGED_ANNOTATIONS)},
+                "metadata": {"annotations": {**dict.fromkeys(MANAGED_ANNOTATIONS), **CLEARED}},
                 "spec": {"taints": taints or None, "unschedulable": None},
             },
         )
@@ -109,6 +109,7 @@ def _untouched(node: dict[str, Any]) -> bool:
         not _tainted(node)
         and not node["spec"].get("unschedulable")
         and not set(MANAGED_ANNOTATIONS) & set(annotations)
+        and CORDONED_BY_ANNOTATION not in annotations
     )
 
 
@@ -218,10 +219,10 @@ async def test_unhealthy_node_is_drained_and_released_after_settling_across_a_re
         assert node["spec"]["unschedulable"] is True
         annotations = node["metadata"]["annotations"]
         assert annotations[QUARANTINED_ANNOTATION].startswith("XidCritical: GPU 0 (GPU-")
-        assert annotations[CORDONED_ANNOTATION] == "true"
+        assert annotations[CORDONED_BY_ANNOTATION] == "health-remediation"
         # The administrator's cordon is not ours.
         admins = await _node(rest, admin_cordoned)
-        assert CORDONED_ANNOTATION not in admins["metadata"]["annotations"]
+        assert CORDONED_BY_ANNOTATION not in admins["metadata"]["annotations"]
         for name in GPUS[2:]:
             assert _untouched(await _node(rest, name)), name
         assert await _events(rest, "GPUUnhealthyQuarantined", sick)
