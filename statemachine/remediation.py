@@ -21,6 +21,13 @@ Safety limits, after the systems that remediate GPU fleets today:
   releasing a node whose upgrade failed (or is under way) hands our cordon to the
   upgrade instead, so a node whose new driver failed validation stays out of service.
 - Dry run: the plan is the same; the caller only reports it.
+- Drain (action ``drain``): kubectl drain's rules with ``driver.upgradePolicy.drain``'s
+  flags (force, deleteEmptyDir, podSelector), the ones upgrades use; remediation adds
+  no flag of its own, so nothing is removed that the administrator's drain settings
+  keep. A pod those rules refuse (an emptyDir without deleteEmptyDir) refuses the whole
+  drain, as kubectl does, and the Event names it. The drain is owed until the node
+  records it done (`DRAINED_ANNOTATION`): a PodDisruptionBudget's refusal or an
+  operator restart between quarantine and drain only delays it.
 """
 
 from __future__ import annotations
@@ -52,11 +59,14 @@ CORDONED_ANNOTATION = "gpuop.io/gpu-health-cordoned"
 """Our cordon, as recorded before the shared owner record (`statemachine.cordon`): still
 read as ours, removed on release, no longer written."""
 ACTION_ANNOTATION = "gpuop.io/gpu-health-action"
+DRAINED_ANNOTATION = "gpuop.io/gpu-health-drained"
+"""When a drain found nothing left to remove; until then a `drain` quarantine owes one."""
 MANAGED_ANNOTATIONS = (
     QUARANTINED_ANNOTATION,
     QUARANTINED_AT_ANNOTATION,
     CORDONED_ANNOTATION,
     ACTION_ANNOTATION,
+    DRAINED_ANNOTATION,
 )
 #: On the ClusterPolicy: an administrator resumes a paused remediation with it.
 RESUME_ANNOTATION = "gpuop.io/health-remediation-resume"
@@ -112,6 +122,8 @@ class HealthNodeView:
     in_upgrade: bool = False
     upgrade_holds_cordon: bool = False
     """The node's driver upgrade is under way or failed: it needs the node cordoned."""
+    drain_pending: bool = False
+    """Quarantined with action drain, and no drain has found the node empty yet."""
 
 
 @dataclass(frozen=True)
@@ -167,8 +179,10 @@ class RemediationPlan:
     """Nodes in quarantine after this plan is carried out."""
     gpu_nodes: int = 0
     requeue_after: float | None = None
-    """Seconds until the earliest settle time ends; the only timed wake-up."""
+    """Seconds until the earliest settle time ends (the caller adds drain retries)."""
     dry_run: bool = False
+    drain: tuple[str, ...] = ()
+    """Nodes quarantined earlier that still owe a drain (new quarantines say so themselves)."""
 
     @property
     def changes_nodes(self) -> bool:
@@ -267,8 +281,19 @@ def plan_remediation(view: FleetHealthView, policy: RemediationPolicyView) -> Re
         )
         for n in chosen
     )
+    released = {r.node for r in releases}
+    owed = tuple(
+        n.name
+        for n in nodes
+        if policy.action is RemediationAction.DRAIN
+        and n.quarantined
+        and n.drain_pending
+        and not n.in_upgrade
+        and n.name not in released
+    )
     return RemediationPlan(
         quarantine=quarantine,
+        drain=owed,
         release=tuple(releases),
         held=tuple(n.name for n in held),
         paused=paused or tripped,
@@ -281,6 +306,42 @@ def plan_remediation(view: FleetHealthView, policy: RemediationPolicyView) -> Re
         requeue_after=min(deadlines) if deadlines else None,
         dry_run=policy.dry_run,
     )
+
+
+@dataclass(frozen=True)
+class DrainOutcome:
+    """What one drain pass over a quarantined node did, for its Event.
+
+    ``refused``: pods the drain rules do not allow removing (``namespace/name (why)``);
+    then nothing was evicted. ``blocked``: evictions the API refused (a disruption
+    budget), with its words, retried. ``left``: pods the pass found still to go.
+    """
+
+    refused: tuple[str, ...] = ()
+    blocked: tuple[str, ...] = ()
+    left: tuple[str, ...] = ()
+
+    @property
+    def drained(self) -> bool:
+        return not self.refused and not self.left
+
+    def message(self) -> str:
+        if self.drained:
+            return "drained: no pod left that the drain rules (driver.upgradePolicy.drain) remove"
+        if self.refused:
+            return (
+                "drain refused, nothing evicted: the drain rules (driver.upgradePolicy.drain) "
+                f"do not allow removing {_listing(self.refused)}; retried while quarantined"
+            )
+        text = f"draining: {len(self.left)} pods left"
+        if self.blocked:
+            text += f"; eviction refused, retrying: {_listing(self.blocked)}"
+        return text
+
+
+def _listing(items: tuple[str, ...], limit: int = 5) -> str:
+    shown = "; ".join(items[:limit])
+    return shown + (f"; and {len(items) - limit} more" if len(items) > limit else "")
 
 
 def quarantined_taints(taints: Iterable[dict[str, str]]) -> list[dict[str, str]]:

@@ -16,7 +16,9 @@ from gpuop.controller._nodes import gpu_health, labels
 from gpuop.informer import Obj
 from statemachine.cordon import CordonOwner, cordon_owner, upgrade_needs_cordon
 from statemachine.remediation import (
+    ACTION_ANNOTATION,
     CONDITION_REMEDIATION_PAUSED,
+    DRAINED_ANNOTATION,
     QUARANTINED_ANNOTATION,
     RESUME_ANNOTATION,
     Health,
@@ -65,6 +67,9 @@ def node_view(node: Obj) -> HealthNodeView:
         unschedulable=bool(node["spec"].get("unschedulable")),
         in_upgrade=parse_state(node_labels.get(STATE_LABEL)) in IN_PROGRESS_STATES,
         upgrade_holds_cordon=upgrade_needs_cordon(node_labels),
+        drain_pending=QUARANTINED_ANNOTATION in annotations
+        and annotations.get(ACTION_ANNOTATION) == RemediationAction.DRAIN.value
+        and DRAINED_ANNOTATION not in annotations,
     )
 
 
