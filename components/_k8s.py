@@ -80,7 +80,8 @@ def rolling_update_strategy(spec: ClusterPolicySpec) -> dict[str, Any]:
 #: With health remediation on, operands must still run on a quarantined node: the node
 #: agent among them is what reports the GPU healthy again, and a driver or device plugin
 #: pod recreated there (an upgrade, a config change) would otherwise wait for a release
-#: that can then never come.
+#: that can then never come. A dry run taints nothing, so it adds no toleration either:
+#: a template change would roll every operand pod and give the driver a new revision.
 QUARANTINE_TOLERATION = {"key": TAINT_KEY, "operator": "Exists", "effect": TAINT_EFFECT}
 
 
@@ -93,6 +94,7 @@ def dump_tolerations(spec: ClusterPolicySpec) -> list[dict[str, Any]]:
     if (
         remediation is not None
         and remediation.enabled
+        and not remediation.dry_run
         and not any(t.get("key") == TAINT_KEY for t in tolerations)
     ):
         tolerations.append(dict(QUARANTINE_TOLERATION))

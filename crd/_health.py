@@ -6,6 +6,11 @@ section is optional and absent from every upstream policy: a policy without it, 
 systems people run today enforce: a circuit breaker on the share of nodes quarantined
 (NVSentinel, EKS node repair, NodeHealthCheck ``minHealthy``), a settle time before a
 node is trusted again, and a dry run that only reports.
+
+There are no drain flags here on purpose: ``action: drain`` empties a node by kubectl
+drain's rules with ``driver.upgradePolicy.drain``'s flags (``force``,
+``deleteEmptyDir``, ``podSelector``), so a quarantine never removes a pod the
+administrator's drain settings keep.
 """
 
 from __future__ import annotations

@@ -17,7 +17,17 @@ Safety limits, after the systems that remediate GPU fleets today:
   ``settleSeconds`` (its condition's lastTransitionTime), so a flapping GPU stays out.
 - Driver upgrades own their nodes: a node in an upgrade is neither quarantined nor
   released here.
+- One owner per cordon (`statemachine.cordon`): we lift only a cordon recorded as ours;
+  releasing a node whose upgrade failed (or is under way) hands our cordon to the
+  upgrade instead, so a node whose new driver failed validation stays out of service.
 - Dry run: the plan is the same; the caller only reports it.
+- Drain (action ``drain``): kubectl drain's rules with ``driver.upgradePolicy.drain``'s
+  flags (force, deleteEmptyDir, podSelector), the ones upgrades use; remediation adds
+  no flag of its own, so nothing is removed that the administrator's drain settings
+  keep. A pod those rules refuse (an emptyDir without deleteEmptyDir) refuses the whole
+  drain, as kubectl does, and the Event names it. The drain is owed until the node
+  records it done (`DRAINED_ANNOTATION`): a PodDisruptionBudget's refusal or an
+  operator restart between quarantine and drain only delays it.
 """
 
 from __future__ import annotations
@@ -46,13 +56,17 @@ QUARANTINED_ANNOTATION = "gpuop.io/gpu-health-quarantined"
 """Why (the condition's reason and message) and, with it, that we quarantined the node."""
 QUARANTINED_AT_ANNOTATION = "gpuop.io/gpu-health-quarantined-at"
 CORDONED_ANNOTATION = "gpuop.io/gpu-health-cordoned"
-"""Set only when we cordoned: an administrator's cordon is never lifted by us."""
+"""Our cordon, as recorded before the shared owner record (`statemachine.cordon`): still
+read as ours, removed on release, no longer written."""
 ACTION_ANNOTATION = "gpuop.io/gpu-health-action"
+DRAINED_ANNOTATION = "gpuop.io/gpu-health-drained"
+"""When a drain found nothing left to remove; until then a `drain` quarantine owes one."""
 MANAGED_ANNOTATIONS = (
     QUARANTINED_ANNOTATION,
     QUARANTINED_AT_ANNOTATION,
     CORDONED_ANNOTATION,
     ACTION_ANNOTATION,
+    DRAINED_ANNOTATION,
 )
 #: On the ClusterPolicy: an administrator resumes a paused remediation by setting it to
 #: "true"; the operator removes it once used.
@@ -110,8 +124,13 @@ class HealthNodeView:
     quarantined: bool = False
     """Carries our quarantine annotation."""
     cordoned_by_us: bool = False
+    """The cordon's owner record names health remediation."""
     unschedulable: bool = False
     in_upgrade: bool = False
+    upgrade_holds_cordon: bool = False
+    """The node's driver upgrade is under way or failed: it needs the node cordoned."""
+    drain_pending: bool = False
+    """Quarantined with action drain, and no drain has found the node empty yet."""
 
 
 @dataclass(frozen=True)
@@ -140,6 +159,13 @@ class Release:
     uncordon: bool
     """We cordoned it; an administrator's cordon stays."""
     why: str
+    hand_over: bool = False
+    """Our cordon goes to the driver upgrade, which still needs it: the node stays cordoned."""
+
+
+def _release(node: HealthNodeView, why: str) -> Release:
+    hand_over = node.cordoned_by_us and node.unschedulable and node.upgrade_holds_cordon
+    return Release(node.name, node.cordoned_by_us and not hand_over, why, hand_over=hand_over)
 
 
 @dataclass(frozen=True)
@@ -160,8 +186,10 @@ class RemediationPlan:
     """Nodes in quarantine after this plan is carried out."""
     gpu_nodes: int = 0
     requeue_after: float | None = None
-    """Seconds until the earliest settle time ends; the only timed wake-up."""
+    """Seconds until the earliest settle time ends (the caller adds drain retries)."""
     dry_run: bool = False
+    drain: tuple[str, ...] = ()
+    """Nodes quarantined earlier that still owe a drain (new quarantines say so themselves)."""
 
     def pause_message(self, max_unhealthy: int | str) -> str:
         held = ", ".join(self.held[:10]) + (" ..." if len(self.held) > 10 else "")
@@ -200,7 +228,7 @@ def plan_remediation(view: FleetHealthView, policy: RemediationPolicyView) -> Re
     if not policy.enabled:
         # Off (or the policy is gone): lift everything we hold, pause nothing.
         off = tuple(
-            Release(n.name, n.cordoned_by_us, "health remediation is off")
+            _release(n, "health remediation is off")
             for n in nodes
             if n.quarantined and not n.in_upgrade
         )
@@ -217,7 +245,7 @@ def plan_remediation(view: FleetHealthView, policy: RemediationPolicyView) -> Re
             held_in_quarantine += 1
             continue
         if not node.gpu:
-            releases.append(Release(node.name, node.cordoned_by_us, "no longer a GPU node"))
+            releases.append(_release(node, "no longer a GPU node"))
             continue
         if node.health is not Health.HEALTHY:
             held_in_quarantine += 1
@@ -225,7 +253,7 @@ def plan_remediation(view: FleetHealthView, policy: RemediationPolicyView) -> Re
         settled_at = (node.since or 0.0) + policy.settle_seconds
         if view.now >= settled_at:
             why = f"GPUHealthy True for {policy.settle_seconds}s or more"
-            releases.append(Release(node.name, node.cordoned_by_us, why))
+            releases.append(_release(node, why))
         else:
             held_in_quarantine += 1
             deadlines.append(settled_at - view.now)
@@ -256,8 +284,19 @@ def plan_remediation(view: FleetHealthView, policy: RemediationPolicyView) -> Re
         )
         for n in chosen
     )
+    released = {r.node for r in releases}
+    owed = tuple(
+        n.name
+        for n in nodes
+        if policy.action is RemediationAction.DRAIN
+        and n.quarantined
+        and n.drain_pending
+        and not n.in_upgrade
+        and n.name not in released
+    )
     return RemediationPlan(
         quarantine=quarantine,
+        drain=owed,
         release=tuple(releases),
         held=tuple(n.name for n in held),
         paused=paused or tripped,
@@ -270,6 +309,42 @@ def plan_remediation(view: FleetHealthView, policy: RemediationPolicyView) -> Re
         requeue_after=min(deadlines) if deadlines else None,
         dry_run=policy.dry_run,
     )
+
+
+@dataclass(frozen=True)
+class DrainOutcome:
+    """What one drain pass over a quarantined node did, for its Event.
+
+    ``refused``: pods the drain rules do not allow removing (``namespace/name (why)``);
+    then nothing was evicted. ``blocked``: evictions the API refused (a disruption
+    budget), with its words, retried. ``left``: pods the pass found still to go.
+    """
+
+    refused: tuple[str, ...] = ()
+    blocked: tuple[str, ...] = ()
+    left: tuple[str, ...] = ()
+
+    @property
+    def drained(self) -> bool:
+        return not self.refused and not self.left
+
+    def message(self) -> str:
+        if self.drained:
+            return "drained: no pod left that the drain rules (driver.upgradePolicy.drain) remove"
+        if self.refused:
+            return (
+                "drain refused, nothing evicted: the drain rules (driver.upgradePolicy.drain) "
+                f"do not allow removing {_listing(self.refused)}; retried while quarantined"
+            )
+        text = f"draining: {len(self.left)} pods left"
+        if self.blocked:
+            text += f"; eviction refused, retrying: {_listing(self.blocked)}"
+        return text
+
+
+def _listing(items: tuple[str, ...], limit: int = 5) -> str:
+    shown = "; ".join(items[:limit])
+    return shown + (f"; and {len(items) - limit} more" if len(items) > limit else "")
 
 
 def quarantined_taints(taints: Iterable[dict[str, str]]) -> list[dict[str, str]]:

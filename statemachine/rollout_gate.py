@@ -3,8 +3,12 @@
 The gate sits in front of the upgrade budget: it says which `upgrade-required` nodes
 may not start now and why. Everything it remembers is one JSON record the controller
 keeps in an annotation on the ClusterPolicy (`GateRecord`), so a restarted operator
-resumes the same canary and stays halted. A rollout is one target driver revision: a
-new revision (a fixed version, say) starts a new rollout with a clean record.
+resumes the same canary and stays halted. A rollout is one driver install configuration
+(the driver container's `DRIVER_CONFIG_DIGEST`): a new driver (a fixed version, say)
+starts a new rollout with a clean record, while a template change that installs the
+same driver (a label, a toleration) gives the DaemonSet a new revision but keeps the
+record, so it never lets a halted rollout proceed. Without a digest (an old template)
+the revision keys the record, as before.
 """
 
 from __future__ import annotations
@@ -79,9 +83,13 @@ class GateRecord:
     failed: tuple[str, ...] = ()
     acknowledged: tuple[str, ...] = ()
     halted: bool = False
+    digest: str = ""
+    """The driver config digest the rollout installs: the record's key when known."""
 
     def dumps(self) -> str:
         data: dict[str, object] = {"revision": self.revision}
+        if self.digest:
+            data["digest"] = self.digest
         if self.canary:
             data["canary"] = list(self.canary)
         if self.validated_at is not None:
@@ -111,7 +119,9 @@ class GateRecord:
             return tuple(str(v) for v in value) if isinstance(value, list) else ()
 
         at = data.get("validatedAt")
+        digest = data.get("digest")
         return cls(
+            digest=digest if isinstance(digest, str) else "",
             revision=data["revision"],
             canary=names("canary"),
             validated_at=float(at) if isinstance(at, int | float) else None,
@@ -123,6 +133,13 @@ class GateRecord:
     @property
     def counted_failures(self) -> tuple[str, ...]:
         return tuple(n for n in self.failed if n not in self.acknowledged)
+
+    def same_rollout(self, target: str, digest: str) -> bool:
+        """Whether this record is about the rollout of ``digest`` (or, for a record or
+        template without a digest, of the revision ``target``)."""
+        if digest and self.digest:
+            return self.digest == digest
+        return self.revision == target
 
 
 @dataclass(frozen=True)
@@ -183,15 +200,22 @@ def plan_gate(
     *,
     now: float,
     resume: bool = False,
+    digest: str = "",
 ) -> GateDecision:
-    """Decide the gate for one fleet pass. Pure: same inputs, same answer."""
+    """Decide the gate for one fleet pass. Pure: same inputs, same answer.
+
+    ``target`` is the newest driver revision (what nodes are compared with), ``digest``
+    the config digest of its template (what keys the record; "" when unknown).
+    """
     if not policy.enabled:
         return GateDecision(GatePhase.OFF)
     if not target:
         return GateDecision(GatePhase.IDLE, message="no driver revision yet")
     fleet = sorted(nodes, key=lambda n: n.name)
-    record = previous if previous is not None and previous.revision == target else None
-    record = record or GateRecord(revision=target)
+    if previous is not None and previous.same_rollout(target, digest):
+        record = replace(previous, revision=target, digest=digest or previous.digest)
+    else:
+        record = GateRecord(revision=target, digest=digest)
 
     failed_now = {
         n.name

@@ -6,6 +6,12 @@ detaches it again. The result says which label/annotation changes to persist and
 which side effect to perform. Guards observe effects (node cordoned, pods gone, new
 driver pod ready) instead of assuming them, so the machine is level-triggered: a
 restarted operator, or a lost write, simply re-runs the step it finds on the node.
+
+The cordon is recorded with its owner (`statemachine.cordon`) in the patch that
+cordons, and the upgrade lifts only a cordon recorded as its own, handing it to a
+quarantine that still needs it. A node whose record says the upgrade cordoned it, yet
+whose state label is gone or garbage, resumes: uncordoned when its driver is proven,
+otherwise queued to be upgraded again, never left in `upgrade-done` cordoned.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from typing import Any
 
 from transitions import EventData
 
+from statemachine import cordon
 from statemachine import upgrade_guards as g
 from statemachine._fsm import (
     Callback,
@@ -27,7 +34,6 @@ from statemachine._fsm import (
 )
 from statemachine.upgrade_keys import (
     FAILED_REVISION_ANNOTATION,
-    IN_PROGRESS_STATES,
     INITIAL_UNSCHEDULABLE_ANNOTATION,
     MANAGED_ANNOTATIONS,
     REASON_ANNOTATION,
@@ -49,6 +55,13 @@ from statemachine.upgrade_views import (
 
 S = UpgradeState
 Guard = Callable[[g.GuardContext], bool]
+DRIVER_UPGRADE = cordon.CordonOwner.DRIVER_UPGRADE
+#: A clock stamp this far ahead is rewritten to now and reported; a smaller lead (clock
+#: skew between operator replicas) only counts from now until it is reached.
+FUTURE_TOLERANCE_SECONDS = 60
+#: Event reasons of `Decision.alerts`.
+ALERT_INVALID_STATE = "DriverUpgradeStateInvalid"
+ALERT_CLOCK_IN_FUTURE = "DriverUpgradeClockInFuture"
 
 
 class _NodeModel:
@@ -64,10 +77,21 @@ class _NodeModel:
     def __init__(self, ctx: g.GuardContext) -> None:
         self.base = ctx
         self.ctx = ctx
-        keys = (*MANAGED_ANNOTATIONS, REQUESTED_ANNOTATION)
+        keys = (*MANAGED_ANNOTATIONS, REQUESTED_ANNOTATION, *cordon.CLEARED)
         self.annotations: dict[str, str | None] = {k: ctx.view.annotations.get(k) for k in keys}
         self.failure: str = ""
         self.notice: str = ""
+        self.alerts: list[tuple[str, str]] = []
+        self.hops: list[tuple[str, str, str]] = []
+        view = ctx.view
+        if (
+            view.unschedulable
+            and cordon.CORDONED_BY_ANNOTATION not in view.annotations
+            and cordon.cordon_owner(view.labels, view.annotations) is DRIVER_UPGRADE
+        ):
+            # A cordon from before the owner record existed: write down whose it is.
+            for key, value in cordon.record(DRIVER_UPGRADE, _reason(view)).items():
+                self.set(key, value)
 
     def set(self, key: str, value: str | None) -> None:
         self.annotations[key] = value
@@ -98,6 +122,12 @@ def _stamp(ts: float) -> str:
     return str(int(ts))
 
 
+def _reason(view: NodeUpgradeView) -> str:
+    """The words recorded beside our cordon."""
+    target = f" to revision {view.newest_revision}" if view.newest_revision else ""
+    return f"driver upgrade{target}"
+
+
 # --- callbacks: bookkeeping only, on the scratch model -------------------------------
 
 
@@ -115,9 +145,8 @@ def _on_start(event: EventData) -> None:
     """Remember what a clean finish needs: the pre-upgrade cordon, the pod to replace."""
     model = _model(event)
     view = model.ctx.view
-    retrying = g.interrupted_upgrade(model.ctx)
-    if not retrying:
-        # A retry keeps the first attempt's record: by now the node is cordoned by us.
+    if not g.owns_cordon(model.ctx):
+        # A retry of a node whose cordon is ours keeps the first attempt's record.
         model.set(INITIAL_UNSCHEDULABLE_ANNOTATION, "true" if view.unschedulable else None)
     model.set(REPLACE_POD_ANNOTATION, view.driver_pod.uid if view.driver_pod else None)
     model.set(REQUESTED_ANNOTATION, None)
@@ -147,6 +176,17 @@ def _on_deletion_fallback(event: EventData) -> None:
     model.notice = pod_deletion_problem(model.ctx) + "; draining the node instead"
 
 
+def _on_hand_over(event: EventData) -> None:
+    """The quarantine takes our cordon: the record names it, the node stays cordoned."""
+    model = _model(event)
+    view = model.ctx.view
+    owner = cordon.CordonOwner.HEALTH_REMEDIATION
+    for key, value in cordon.record(
+        owner, cordon.reason_of(owner, view.labels, view.annotations)
+    ).items():
+        model.set(key, value)
+
+
 # --- the rulebook ---------------------------------------------------------------------
 
 
@@ -163,10 +203,13 @@ def _t(
 
 
 def _definition() -> MachineDef:
+    at_rest = (S.UNKNOWN, S.UPGRADE_DONE)
     transitions = (
-        _t("upgrade_needed", (S.UNKNOWN, S.UPGRADE_DONE), S.UPGRADE_REQUIRED, g.needs_upgrade),
-        _t("driver_up_to_date", (S.UNKNOWN,), S.UPGRADE_DONE, g.up_to_date),
-        _t("enrolled", (S.UNKNOWN,), S.UPGRADE_DONE, g.enrolled),
+        _t("upgrade_needed", at_rest, S.UPGRADE_REQUIRED, g.needs_upgrade_no_orphan),
+        _t("driver_up_to_date", (S.UNKNOWN,), S.UPGRADE_DONE, g.up_to_date_no_orphan),
+        _t("enrolled", (S.UNKNOWN,), S.UPGRADE_DONE, g.enrolled_no_orphan),
+        _t("resume_cordoned", at_rest, S.UNCORDON_REQUIRED, g.orphan_proven),
+        _t("resume_cordoned", at_rest, S.UPGRADE_REQUIRED, g.orphan_unproven),
         _t("start", (S.UPGRADE_REQUIRED,), S.CORDON_REQUIRED, g.slot_granted, _on_start),
         _t("cancel", (S.UPGRADE_REQUIRED,), S.UPGRADE_DONE, g.upgrade_cancelled),
         _t("cordoned", (S.CORDON_REQUIRED,), S.WAIT_FOR_JOBS_REQUIRED, g.node_cordoned),
@@ -210,6 +253,13 @@ def _definition() -> MachineDef:
         _t("validated", (S.VALIDATION_REQUIRED,), S.UNCORDON_REQUIRED, g.validated),
         _t("validation_failed", (S.VALIDATION_REQUIRED,), S.UPGRADE_FAILED, g.validation_failed),
         _t("uncordoned", (S.UNCORDON_REQUIRED,), S.UPGRADE_DONE, g.may_finish),
+        _t(
+            "handed_over",
+            (S.UNCORDON_REQUIRED,),
+            S.UPGRADE_DONE,
+            g.quarantine_takes_cordon,
+            named("hand_cordon_to_quarantine", _on_hand_over),
+        ),
         _t("retry", (S.UPGRADE_FAILED,), S.UPGRADE_REQUIRED, g.retry_wanted),
         _t("recovered", (S.UPGRADE_FAILED,), S.UNCORDON_REQUIRED, g.recovered),
     )
@@ -240,23 +290,40 @@ def _is_time(raw: str | None) -> bool:
     return parse_time(raw) is not None
 
 
+def _clock(model: _NodeModel, key: str) -> None:
+    """Start a missing or unreadable clock now; rewrite (and report) one set ahead."""
+    ann, view = model.annotations, model.base.view
+    stamp = parse_time(ann[key])
+    if stamp is None:
+        ann[key] = _stamp(view.now)
+    elif stamp > view.now + FUTURE_TOLERANCE_SECONDS:
+        model.alerts.append(
+            (
+                ALERT_CLOCK_IN_FUTURE,
+                f"node {view.name}: {key}={ann[key]} is {int(stamp - view.now)}s in the "
+                "future, which would disable the state's timeout; counting from now",
+            )
+        )
+        ann[key] = _stamp(view.now)
+
+
 def _normalize(model: _NodeModel, state: S) -> None:
     """Make the bookkeeping fit the final state, whatever the node came in with.
 
     Covers resumes from labels written by hand or by another operator: missing clocks
-    start now, clocks and records of other states are dropped.
+    start now, clocks in the future are brought back to now, clocks and records of
+    other states are dropped.
     """
     ann, view = model.annotations, model.base.view
-    now = _stamp(view.now)
     if state is S.UNKNOWN:
         ann[STATE_SINCE_ANNOTATION] = None
-    elif not _is_time(ann[STATE_SINCE_ANNOTATION]):
-        ann[STATE_SINCE_ANNOTATION] = now
+    else:
+        _clock(model, STATE_SINCE_ANNOTATION)
     for timed_state, key in TIMER_ANNOTATIONS.items():
         if timed_state is not state:
             ann[key] = None
-        elif not _is_time(ann[key]):
-            ann[key] = now
+        else:
+            _clock(model, key)
     if state is S.UPGRADE_FAILED:
         if ann[FAILED_REVISION_ANNOTATION] is None:
             ann[FAILED_REVISION_ANNOTATION] = view.newest_revision
@@ -266,6 +333,33 @@ def _normalize(model: _NodeModel, state: S) -> None:
     if state in (S.UNKNOWN, S.UPGRADE_DONE):
         ann[INITIAL_UNSCHEDULABLE_ANNOTATION] = None
         ann[REPLACE_POD_ANNOTATION] = None
+
+
+def _record_cordon(model: _NodeModel, action: Action) -> None:
+    """The owner record travels in the patch that changes the cordon: written with our
+    cordon, dropped with our uncordon, and dropped when stale (the node is schedulable)."""
+    ann, view = model.annotations, model.base.view
+    if action is Action.CORDON and not view.unschedulable:
+        ann.update(cordon.record(DRIVER_UPGRADE, _reason(view)))
+    elif ann[cordon.CORDONED_BY_ANNOTATION] == DRIVER_UPGRADE.value and (
+        action is Action.UNCORDON or not view.unschedulable
+    ):
+        ann.update(cordon.CLEARED)
+
+
+def _state_alert(view: NodeUpgradeView, model: _NodeModel, target: S) -> None:
+    """A state label that is no state, or a lost one on a node we cordoned, is told."""
+    raw = view.state_label
+    resumed = "resume_cordoned" in (t for t, _, _ in model.hops)
+    if raw is not None and view.state is S.UNKNOWN:
+        what = f"{STATE_LABEL}={raw!r} is not an upgrade state"
+    elif resumed:
+        what = f"{STATE_LABEL} is missing"
+    else:
+        return
+    if resumed:
+        what += " on a node cordoned for a driver upgrade"
+    model.alerts.append((ALERT_INVALID_STATE, f"node {view.name}: {what}; now {target.value}"))
 
 
 def _remaining(view: NodeUpgradeView, state: S, timeout_seconds: int) -> float | None:
@@ -300,6 +394,7 @@ def next_step(
     model = _NodeModel(g.GuardContext(view, policy, may_start))
     with _MACHINE.attached(model, current.value):
         hops = _MACHINE.run_to_rest(model)
+    model.hops = hops
     return _decision(view, model, current, hops)
 
 
@@ -329,6 +424,8 @@ def _decision(
     _normalize(model, target)
     row = STATE_TABLE[target]
     action, reason = row.act(model.ctx)
+    _record_cordon(model, action)
+    _state_alert(view, model, target)
     timeout = row.timeout.seconds(model.ctx.policy) if row.timeout is not None else 0
     return Decision(
         node=view.name,
@@ -342,29 +439,40 @@ def _decision(
         requeue_after=_remaining(model.ctx.view, target, timeout),
         failure=model.failure,
         notice=model.notice,
+        alerts=tuple(model.alerts),
     )
 
 
 def holds_cordon(view: NodeUpgradeView) -> bool:
-    """We cordoned this node for an upgrade (and it was not cordoned before)."""
-    state = view.state
-    ours = state in IN_PROGRESS_STATES or state is S.UPGRADE_FAILED
-    return ours and view.unschedulable and not view.initial_unschedulable
+    """The node is cordoned and the cordon is the upgrade's (`statemachine.cordon`)."""
+    owner = cordon.cordon_owner(view.labels, view.annotations)
+    return view.unschedulable and owner is DRIVER_UPGRADE
 
 
 def cleanup_step(view: NodeUpgradeView) -> Decision:
     """Auto-upgrade is off: hand the node back and drop our state.
 
-    If we hold its cordon, uncordon first and keep the label (so a crash in between
-    still knows the cordon is ours); once schedulable, remove label and bookkeeping.
+    If we hold its cordon, uncordon first (dropping the owner record in the same
+    patch) and keep the label, so a crash in between still knows the cordon was ours;
+    a quarantine that still needs the cordon is handed it instead. Once the cordon is
+    not ours, remove label and bookkeeping.
     """
     current = view.state
-    if holds_cordon(view):
-        return Decision(view.name, current, current, Action.UNCORDON, "auto-upgrade disabled")
+    let_go = cordon.release(DRIVER_UPGRADE, view.labels, view.annotations, view.unschedulable)
+    if let_go.uncordon:
+        return Decision(
+            view.name,
+            current,
+            current,
+            Action.UNCORDON,
+            "auto-upgrade disabled",
+            annotations=dict(let_go.annotations),
+        )
     labels: dict[str, str | None] = {STATE_LABEL: None} if STATE_LABEL in view.labels else {}
     annotations: dict[str, str | None] = {
         k: None for k in MANAGED_ANNOTATIONS if k in view.annotations
     }
+    annotations.update(let_go.annotations)
     return Decision(
         node=view.name,
         current=current,

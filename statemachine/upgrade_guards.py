@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from statemachine.cordon import CordonOwner, recorded_owner, remediation_needs_cordon
 from statemachine.upgrade_keys import FAILED_REVISION_ANNOTATION, TIMER_ANNOTATIONS, UpgradeState
 from statemachine.upgrade_views import DriverPodView, NodeUpgradeView, UpgradePolicyView
 
@@ -25,10 +26,11 @@ def _has_selector(selector: Mapping[str, str] | str) -> bool:
 
 
 def state_started_at(view: NodeUpgradeView, state: UpgradeState) -> float:
-    """When the node entered a timed state; a missing stamp starts the clock now."""
+    """When the node entered a timed state; a missing stamp starts the clock now, and
+    so does one in the future (a typo, a skewed clock): it would disable the timeout."""
     key = TIMER_ANNOTATIONS.get(state)
     started = view.annotation_time(key) if key else None
-    return view.now if started is None else started
+    return view.now if started is None else min(started, view.now)
 
 
 def timed_out(view: NodeUpgradeView, state: UpgradeState, timeout_seconds: int) -> bool:
@@ -93,17 +95,71 @@ def driver_ready_timed_out(ctx: GuardContext) -> bool:
     )
 
 
+# --- the cordon ---------------------------------------------------------------------
+
+
+def owns_cordon(ctx: GuardContext) -> bool:
+    """The node is cordoned and its record (`statemachine.cordon`) names the upgrade.
+
+    The record only: `upgrade.next_step` writes one for a cordon from before records
+    existed before any guard runs, so no guard reads the (then stale) state label.
+    """
+    view = ctx.view
+    return view.unschedulable and recorded_owner(view.annotations) is CordonOwner.DRIVER_UPGRADE
+
+
+def cordon_orphaned(ctx: GuardContext) -> bool:
+    """Cordoned by the upgrade, yet its state says no upgrade (the label was removed or
+    mistyped): left alone, it would stay cordoned for ever, using up maxUnavailable."""
+    return owns_cordon(ctx)
+
+
+def driver_proven(ctx: GuardContext) -> bool:
+    """The driver pod is current, is not the one we set out to replace, runs Ready and
+    (with validation on) validated: safe to put the node back in service."""
+    view = ctx.view
+    valid = view.validators_ready or not ctx.policy.validation_enabled
+    return new_driver_ready(ctx) and valid and not view.upgrade_requested
+
+
+def orphan_proven(ctx: GuardContext) -> bool:
+    return cordon_orphaned(ctx) and driver_proven(ctx)
+
+
+def orphan_unproven(ctx: GuardContext) -> bool:
+    """Nothing shows the driver works (the label may have said upgrade-failed): never
+    uncordoned on a guess; the upgrade is queued again and redone in full."""
+    return cordon_orphaned(ctx) and not driver_proven(ctx)
+
+
 # --- leaving done / unknown / upgrade-required ---------------------------------------
 
 
 def interrupted_upgrade(ctx: GuardContext) -> bool:
-    """An upgrade already started on this node (we recorded the pod to replace).
+    """An upgrade already started on this node (we recorded the pod to replace, or we
+    hold its cordon).
 
     Seen in `upgrade-required` when an administrator relabels a failed or stuck node
-    to retry it: that node must go through the whole upgrade again, even if its
-    driver pod is current, and never be waved through to `upgrade-done` still cordoned.
+    to retry it, or after a lost label: that node must go through the whole upgrade
+    again, even if its driver pod is current, and never be waved through to
+    `upgrade-done` still cordoned.
     """
-    return ctx.view.replace_pod_uid is not None
+    return ctx.view.replace_pod_uid is not None or owns_cordon(ctx)
+
+
+# A node at rest that holds our cordon resumes (`resume_cordoned`) instead of these.
+
+
+def needs_upgrade_no_orphan(ctx: GuardContext) -> bool:
+    return needs_upgrade(ctx) and not cordon_orphaned(ctx)
+
+
+def up_to_date_no_orphan(ctx: GuardContext) -> bool:
+    return up_to_date(ctx) and not cordon_orphaned(ctx)
+
+
+def enrolled_no_orphan(ctx: GuardContext) -> bool:
+    return enrolled(ctx) and not cordon_orphaned(ctx)
 
 
 def slot_granted(ctx: GuardContext) -> bool:
@@ -234,8 +290,15 @@ def validation_failed(ctx: GuardContext) -> bool:
 
 
 def may_finish(ctx: GuardContext) -> bool:
-    """Schedulable again, or it was cordoned before we came and must stay so."""
-    return not ctx.view.unschedulable or ctx.view.initial_unschedulable
+    """Schedulable again, or the cordon is not the upgrade's (an administrator's, or a
+    quarantine's): the upgrade lifts only its own."""
+    return not owns_cordon(ctx)
+
+
+def quarantine_takes_cordon(ctx: GuardContext) -> bool:
+    """Our cordon, but remediation quarantined the node meanwhile with an action that
+    cordons: the cordon is handed over, not lifted."""
+    return owns_cordon(ctx) and remediation_needs_cordon(ctx.view.annotations)
 
 
 def retry_wanted(ctx: GuardContext) -> bool:

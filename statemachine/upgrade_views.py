@@ -212,6 +212,10 @@ class Decision:
     notice: str = ""
     """A setback that is not a failure (pod deletion failed, a drain takes over): the
     controller emits it as a Warning Event."""
+    alerts: tuple[tuple[str, str], ...] = ()
+    """Damaged bookkeeping found and repaired (a state label that is no state, a lost
+    one on a node we cordoned, a clock in the future), as (Event reason, message): the
+    controller emits each as a Warning Event naming the node."""
 
     @property
     def changed_state(self) -> bool:

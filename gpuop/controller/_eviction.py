@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable
+from typing import Any
 
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -43,11 +44,16 @@ def drain_rules(policy: UpgradePolicyView) -> RemovalRules:
 
 
 def eviction_error(err: ApiException) -> str:
-    """The API's words for a refused eviction, causes included (they name the budget)."""
-    try:
-        body = json.loads(err.body or "")
-    except (TypeError, ValueError):
-        body = None
+    """The API's words for a refused eviction, causes included (they name the budget).
+    The Status is in the body, or (as `gpuop.rest` raises it) in the reason."""
+    body: Any = None
+    for raw in (err.body, err.reason):
+        try:
+            body = json.loads(raw or "")
+        except (TypeError, ValueError):
+            continue
+        if isinstance(body, dict):
+            break
     if not isinstance(body, dict):
         return f"{err.status} {err.reason}"
     causes = [
@@ -100,6 +106,11 @@ class Emptying:
         """The pods a step still waits for, each with why its eviction was refused."""
         refused = self._refused.get(node, {})
         return tuple(f"{k} ({refused[k][1]})" if k in refused else k for k in keys)
+
+    def blocked(self, node: str, keys: tuple[str, ...]) -> tuple[str, ...]:
+        """Of ``keys``, those whose eviction the API refused, each with its words."""
+        refused = self._refused.get(node, {})
+        return tuple(f"{k} ({refused[k][1]})" for k in keys if k in refused)
 
     def forget(self, node: str) -> None:
         """A new step begins: only its own refusals count."""

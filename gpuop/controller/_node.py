@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from components.driver import DAEMONSET_NAME as DRIVER_DS
 from components.keys import DEPLOY_DRIVER_LABEL, TRUE
 from components.labels import apply_label_changes, is_gpu_node, node_label_changes
 from crd import OWNER_LABEL, ClusterPolicySpec
@@ -189,7 +190,10 @@ class NodeReconciler:
                 continue
             held = None
             if owner is None:  # canary and halt: the ClusterPolicy's own rollout
-                gate = await self.gate.reconcile(raw, spec, nodes, newest, self._revision_of)
+                digest = self.upgrades.template_digest(DRIVER_DS)
+                gate = await self.gate.reconcile(
+                    raw, spec, nodes, newest, self._revision_of, digest
+                )
                 held = gate.held
             started, conflict = await self.upgrades.grant(nodes, policy, held)
             for name in started:

@@ -8,7 +8,9 @@ one delayed requeue when a settle time ends. A pass whose plan is empty writes n
 
 Everything the planner needs is in the cluster: quarantine is our annotations and taint
 on the Node, the pause is the ClusterPolicy condition, settle times are the node
-condition's lastTransitionTime. Node writes carry the cached resourceVersion, so a
+condition's lastTransitionTime, and a drain is owed until the node records it done
+(retried every few seconds while evictions are refused, less often while the drain
+rules refuse a pod). Node writes carry the cached resourceVersion, so a
 concurrent change (another controller's taint) fails with a conflict and the pass is
 retried on fresh data instead of overwriting it.
 """
@@ -24,6 +26,7 @@ from components.labels import is_gpu_node
 from crd import ClusterPolicySpec
 from crd import format_time as format_condition_time
 from gpuop.controller._active import ActivePolicy
+from gpuop.controller._eviction import EVICTION_RETRY_SECONDS
 from gpuop.controller._nodes import labels
 from gpuop.controller._remediation_views import (
     node_facts,
@@ -39,10 +42,11 @@ from gpuop.informer import Obj
 from gpuop.log import get_logger
 from gpuop.metrics import OperatorMetrics
 from gpuop.rest import Rest, by_kind
+from statemachine import cordon
 from statemachine.remediation import (
     ACTION_ANNOTATION,
     CONDITION_REMEDIATION_PAUSED,
-    CORDONED_ANNOTATION,
+    DRAINED_ANNOTATION,
     MANAGED_ANNOTATIONS,
     QUARANTINED_ANNOTATION,
     QUARANTINED_AT_ANNOTATION,
@@ -52,6 +56,7 @@ from statemachine.remediation import (
     TAINT_EFFECT,
     TAINT_KEY,
     TAINT_VALUE,
+    DrainOutcome,
     FleetHealthView,
     Quarantine,
     Release,
@@ -71,8 +76,11 @@ POLICY = by_kind("nvidia.com/v1", "ClusterPolicy")
 #: Condition times have whole seconds; waking this much after a settle deadline makes
 #: sure the pass then sees it as reached.
 _SETTLE_SLACK_SECONDS = 1.0
+#: A drain the rules refuse is looked at again this often (its pods may go meanwhile,
+#: or the policy may allow them); one refused by the API, every EVICTION_RETRY_SECONDS.
+DRAIN_RECHECK_SECONDS = 60.0
 
-Drain = Callable[[str, ClusterPolicySpec], Awaitable[None]]
+Drain = Callable[[str, ClusterPolicySpec], Awaitable[DrainOutcome]]
 
 
 class Remediation:
@@ -103,6 +111,9 @@ class Remediation:
         #: The pause as last written: if a concurrent status write drops the
         #: condition, the next pass restores it instead of taking the pause as lifted.
         self._paused_written = False
+        #: Per node, the drain setback last told (an Event per change, not per retry;
+        #: memory only: a restarted operator tells it once more).
+        self._drain_told: dict[str, tuple[str, tuple[str, ...]]] = {}
         #: Whether the last pass had remediation on. Off (the default), node events
         #: wake nothing unless a node still carries our quarantine: a fleet pass per
         #: node event would cost thousands of passes during a large upgrade.
@@ -150,9 +161,17 @@ class Remediation:
         self._reported.clear()
         by_name = {n["metadata"]["name"]: n for n in self._nodes.values()}
         for release in plan.release:
+            self._drain_told.pop(release.node, None)
             await self._release(by_name[release.node], release)
+        delays: list[float] = []
         for quarantine in plan.quarantine:
             await self._quarantine(by_name[quarantine.node], quarantine, policy, spec)
+        draining = [q.node for q in plan.quarantine if q.drain] + list(plan.drain)
+        if spec is not None:
+            for name in draining:
+                delay = await self._drain_node(name, spec)
+                if delay is not None:
+                    delays.append(delay)
         if raw is not None and policy.enabled:
             await self._policy_state(raw, plan, policy, now)
         elif raw is not None and paused_cond is not None:
@@ -160,7 +179,9 @@ class Remediation:
         self.metrics.health_quarantined.set(plan.quarantined if policy.enabled else 0)
         self.metrics.health_paused.set(1 if plan.paused and policy.enabled else 0)
         if plan.requeue_after is not None:
-            self._requeue_after(REMEDIATION_KEY, settle_delay(plan.requeue_after))
+            delays.append(settle_delay(plan.requeue_after))
+        if delays:
+            self._requeue_after(REMEDIATION_KEY, min(delays))
 
     # ------------------------------------------------------------------ nodes
     async def _patch_node(self, node: Obj, patch: dict[str, Any]) -> None:
@@ -176,7 +197,7 @@ class Remediation:
         policy: RemediationPolicyView,
         spec: ClusterPolicySpec | None,
     ) -> None:
-        annotations = {
+        annotations: dict[str, str | None] = {
             QUARANTINED_ANNOTATION: step.why[:1024],
             QUARANTINED_AT_ANNOTATION: format_condition_time(datetime.now(UTC)),
             ACTION_ANNOTATION: policy.action.value,
@@ -185,15 +206,18 @@ class Remediation:
             "spec": {"taints": quarantined_taints(node["spec"].get("taints") or [])}
         }
         if step.cordon:
-            annotations[CORDONED_ANNOTATION] = "true"
+            # Whose cordon it is travels in the patch that cordons.
+            annotations.update(cordon.record(cordon.CordonOwner.HEALTH_REMEDIATION, step.why))
             patch["spec"]["unschedulable"] = True
         patch["metadata"] = {"annotations": annotations}
         await self._patch_node(node, patch)
         self.metrics.health_quarantines.labels(policy.action.value).inc()
+        # Only what this patch did: the drain tells its own outcome (drained, blocked
+        # by a budget, refused by the drain rules) in its own Event.
         did = (
             "tainted"
-            + (", cordoned" if step.cordon else "")
-            + (" and drained" if step.drain else "")
+            + (" and cordoned" if step.cordon else "")
+            + ("; draining by driver.upgradePolicy.drain's rules" if step.drain else "")
         )
         log.warning(
             "gpu node quarantined", node=step.node, action=policy.action.value, why=step.why
@@ -204,26 +228,59 @@ class Remediation:
             f"{did} ({TAINT_KEY}={TAINT_VALUE}:{TAINT_EFFECT}): {step.why}",
             warning=True,
         )
-        if step.drain and spec is not None:
-            await self._drain(step.node, spec)
+
+    async def _drain_node(self, name: str, spec: ClusterPolicySpec) -> float | None:
+        """One drain pass over a quarantined node; when to look again (None: drained,
+        recorded on the node so no later pass or process drains it again)."""
+        outcome = await self._drain(name, spec)
+        node = self._nodes.get(name)
+        if node is None:
+            return None
+        if outcome.drained:
+            stamp = format_condition_time(datetime.now(UTC))
+            await self._patch_node(node, {"metadata": {"annotations": {DRAINED_ANNOTATION: stamp}}})
+            self._drain_told.pop(name, None)
+            log.info("gpu node drained", node=name)
+            await self.events.record(_node_ref(node), "GPUUnhealthyDrained", outcome.message())
+            return None
+        if outcome.refused:
+            told = ("GPUUnhealthyDrainRefused", outcome.refused)
+        else:
+            told = ("GPUUnhealthyDrainBlocked", tuple(sorted(outcome.blocked)))
+        if told[1] and self._drain_told.get(name) != told:
+            log.warning("gpu node drain setback", node=name, reason=outcome.message())
+            await self.events.record(_node_ref(node), told[0], outcome.message(), warning=True)
+        self._drain_told[name] = told
+        return DRAIN_RECHECK_SECONDS if outcome.refused else EVICTION_RETRY_SECONDS
 
     async def _release(self, node: Obj, step: Release) -> None:
-        patch: dict[str, Any] = {
-            "metadata": {"annotations": dict.fromkeys(MANAGED_ANNOTATIONS)},
-        }
+        annotations: dict[str, str | None] = dict.fromkeys(MANAGED_ANNOTATIONS)
+        patch: dict[str, Any] = {"metadata": {"annotations": annotations}}
         taints = node["spec"].get("taints") or []
         if any(t.get("key") == TAINT_KEY for t in taints):
             patch["spec"] = {"taints": released_taints(taints) or None}
-        if step.uncordon and node["spec"].get("unschedulable"):
-            patch.setdefault("spec", {})["unschedulable"] = None
+        meta = node["metadata"]
+        if step.hand_over:
+            # The upgrade still needs the node out of service: the cordon becomes its.
+            upgrade = cordon.CordonOwner.DRIVER_UPGRADE
+            node_labels = meta.get("labels") or {}
+            reason = cordon.reason_of(upgrade, node_labels, meta.get("annotations") or {})
+            annotations.update(cordon.record(upgrade, reason))
+        elif step.uncordon:
+            annotations.update(cordon.CLEARED)
+            if node["spec"].get("unschedulable"):
+                patch.setdefault("spec", {})["unschedulable"] = None
         await self._patch_node(node, patch)
         self.metrics.health_releases.inc()
         log.info("gpu node quarantine lifted", node=step.node, why=step.why)
-        uncordoned = " and uncordoned" if step.uncordon else ""
+        if step.hand_over:
+            cordoned = "; the node stays cordoned for its driver upgrade"
+        else:
+            cordoned = " and uncordoned" if step.uncordon else ""
         await self.events.record(
             _node_ref(node),
             "GPUHealthyQuarantineLifted",
-            f"taint {TAINT_KEY} removed{uncordoned}: {step.why}",
+            f"taint {TAINT_KEY} removed{cordoned}: {step.why}",
         )
 
     # ----------------------------------------------------------------- policy
@@ -323,15 +380,16 @@ def settle_delay(seconds: float) -> float:
 
 def upgrade_drain(upgrades: Upgrades) -> Drain:
     """Drain a quarantined node by the rules of ``driver.upgradePolicy.drain``, with the
-    upgrade code's own drain (one implementation of kubectl-drain semantics)."""
+    upgrade code's own drain (one implementation of kubectl-drain semantics). Remediation
+    has no drain flags of its own, on purpose: a quarantine never removes a pod the
+    administrator's drain settings keep (see ``statemachine.remediation``)."""
 
-    async def drain(node: str, spec: ClusterPolicySpec) -> None:
+    async def drain(node: str, spec: ClusterPolicySpec) -> DrainOutcome:
         plan = await upgrades.drain(node, upgrade_policy_view(spec))
-        if plan.refused:
-            log.warning(
-                "drain refused: pods the drain rules may not remove stay",
-                node=node,
-                pods=[f"{pod} ({why})" for pod, why in plan.refused],
-            )
+        return DrainOutcome(
+            refused=plan.refusals,
+            blocked=upgrades.emptying.blocked(node, plan.evict),
+            left=plan.remaining,
+        )
 
     return drain

@@ -14,9 +14,11 @@ from components.labels import is_gpu_node
 from crd import ClusterPolicySpec
 from gpuop.controller._nodes import gpu_health, labels
 from gpuop.informer import Obj
+from statemachine.cordon import CordonOwner, cordon_owner, upgrade_needs_cordon
 from statemachine.remediation import (
+    ACTION_ANNOTATION,
     CONDITION_REMEDIATION_PAUSED,
-    CORDONED_ANNOTATION,
+    DRAINED_ANNOTATION,
     QUARANTINED_ANNOTATION,
     RESUME_ANNOTATION,
     Health,
@@ -61,9 +63,13 @@ def node_view(node: Obj) -> HealthNodeView:
         message=str(cond.get("message") or ""),
         gpu=is_gpu_node(node_labels),
         quarantined=QUARANTINED_ANNOTATION in annotations,
-        cordoned_by_us=annotations.get(CORDONED_ANNOTATION) == "true",
+        cordoned_by_us=cordon_owner(node_labels, annotations) is CordonOwner.HEALTH_REMEDIATION,
         unschedulable=bool(node["spec"].get("unschedulable")),
         in_upgrade=parse_state(node_labels.get(STATE_LABEL)) in IN_PROGRESS_STATES,
+        upgrade_holds_cordon=upgrade_needs_cordon(node_labels),
+        drain_pending=QUARANTINED_ANNOTATION in annotations
+        and annotations.get(ACTION_ANNOTATION) == RemediationAction.DRAIN.value
+        and DRAINED_ANNOTATION not in annotations,
     )
 
 

@@ -135,7 +135,10 @@ class RolloutGate:
         nodes: list[Obj],
         target: str | None,
         revision_of: Callable[[str], str | None],
+        digest: str = "",
     ) -> GateDecision:
+        """One fleet pass of the gate; ``digest`` (the driver template's config digest)
+        keys its record, so only a new driver, not a new revision, starts over."""
         policy = gate_policy(spec)
         annotations = raw["metadata"].get("annotations") or {}
         previous = GateRecord.loads(annotations.get(RECORD_ANNOTATION))
@@ -149,6 +152,7 @@ class RolloutGate:
             previous,
             now=time.time(),
             resume=resume,
+            digest=digest,
         )
         self._metrics(decision)
         if decision.phase is GatePhase.OFF:

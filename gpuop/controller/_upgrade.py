@@ -288,6 +288,9 @@ class Upgrades:
             await self.events.record(
                 ref, "DriverUpgradePodDeletionFailed", decision.notice, warning=True
             )
+        for reason, message in decision.alerts:
+            log.warning("driver upgrade bookkeeping repaired", node=name, reason=message)
+            await self.events.record(ref, reason, message, warning=True)
         if decision.entered_failed:
             log.warning("driver upgrade failed", node=name, reason=decision.failure)
             await self.events.record(ref, "DriverUpgradeFailed", decision.failure, warning=True)
@@ -382,4 +385,5 @@ def _at_rest(decision: Decision) -> bool:
         and decision.requeue_after is None
         and not decision.failure
         and not decision.notice
+        and not decision.alerts
     )

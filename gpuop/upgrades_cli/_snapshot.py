@@ -183,6 +183,7 @@ def snapshot(
         target,
         record,
         now=now,
+        digest=digest_in(template.get("spec") or {}),
     ).held
     gate_text = "" if phase is GatePhase.OFF else phase.value
     for cond in (raw.get("status") or {}).get("conditions") or []:

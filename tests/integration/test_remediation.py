@@ -1,7 +1,8 @@
 """GPU health remediation on a real control plane with 12 simulated GPU nodes (its own
 cluster, so the session cluster's fleet stays what the other tests expect): quarantine
 and drain of an unhealthy node, recovery after the settle time, the circuit breaker,
-dry run, a restart in the middle, and kwok keeping the condition it does not own."""
+dry run, a restart in the middle, a drain blocked by a budget or refused by the drain
+rules, and kwok keeping the condition it does not own."""
 
 from __future__ import annotations
 
@@ -24,9 +25,10 @@ from gpuop.nodeagent.health import HealthReporter, KubernetesNodeStatus
 from gpuop.nodeagent.xid import XidCounts
 from gpuop.nvml.fake import H100_80GB_HBM3, FakeNvml, make_gpus
 from gpuop.rest import Rest, by_kind
+from statemachine.cordon import CLEARED, CORDONED_BY_ANNOTATION
 from statemachine.remediation import (
     CONDITION_REMEDIATION_PAUSED,
-    CORDONED_ANNOTATION,
+    DRAINED_ANNOTATION,
     MANAGED_ANNOTATIONS,
     QUARANTINED_ANNOTATION,
     RESUME_ANNOTATION,
@@ -73,7 +75,7 @@ async def rest(api: client.ApiClient) -> AsyncIterator[Rest]:
             NODE,
             name,
             {
-                "metadata": {"annotations": dict.fromkeys(MANAGED_ANNOTATIONS)},
+                "metadata": {"annotations": {**dict.fromkeys(MANAGED_ANNOTATIONS), **CLEARED}},
                 "spec": {"taints": taints or None, "unschedulable": None},
             },
         )
@@ -109,6 +111,7 @@ def _untouched(node: dict[str, Any]) -> bool:
         not _tainted(node)
         and not node["spec"].get("unschedulable")
         and not set(MANAGED_ANNOTATIONS) & set(annotations)
+        and CORDONED_BY_ANNOTATION not in annotations
     )
 
 
@@ -218,10 +221,10 @@ async def test_unhealthy_node_is_drained_and_released_after_settling_across_a_re
         assert node["spec"]["unschedulable"] is True
         annotations = node["metadata"]["annotations"]
         assert annotations[QUARANTINED_ANNOTATION].startswith("XidCritical: GPU 0 (GPU-")
-        assert annotations[CORDONED_ANNOTATION] == "true"
+        assert annotations[CORDONED_BY_ANNOTATION] == "health-remediation"
         # The administrator's cordon is not ours.
         admins = await _node(rest, admin_cordoned)
-        assert CORDONED_ANNOTATION not in admins["metadata"]["annotations"]
+        assert CORDONED_BY_ANNOTATION not in admins["metadata"]["annotations"]
         for name in GPUS[2:]:
             assert _untouched(await _node(rest, name)), name
         assert await _events(rest, "GPUUnhealthyQuarantined", sick)
@@ -359,3 +362,124 @@ async def test_dry_run_changes_nothing(api: client.ApiClient, rest: Rest) -> Non
             assert _untouched(await _node(rest, name)), name
         assert _paused(await rest.get(POLICY, "cluster-policy")) is None
         assert run.operator.metrics.health_would_quarantine._value.get() == 3
+
+
+def _bare_pod(name: str, node: str, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": name}},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "cuda"}], **spec},
+    }
+
+
+def _drained_at(node: dict[str, Any]) -> str | None:
+    return (node["metadata"].get("annotations") or {}).get(DRAINED_ANNOTATION)
+
+
+async def _said(rest: Rest, reason: str, node: str, *words: str) -> bool:
+    return any(
+        all(w in e.get("message", "") for w in words) for e in await _events(rest, reason, node)
+    )
+
+
+async def test_a_drain_a_budget_blocks_is_retried_across_a_restart_until_it_drains(
+    api: client.ApiClient, rest: Rest
+) -> None:
+    """The drain is owed until the node records it done: refused by a
+    PodDisruptionBudget it is retried, by a new operator process too, and completes once
+    the budget allows. The Events say what happened, never "drained" before it is."""
+    sick = GPUS[0]
+    workloads = f"guarded-{uuid.uuid4().hex[:6]}"
+    await rest.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": workloads}})
+    core = client.CoreV1Api(api)
+    policy_api = client.PolicyV1Api(api)
+    await core.create_namespaced_pod(workloads, _bare_pod("guarded", sick))
+    await policy_api.create_namespaced_pod_disruption_budget(
+        workloads,
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": "guard"},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}},
+        },
+    )
+
+    async def pdb_active() -> bool:
+        pdb = await policy_api.read_namespaced_pod_disruption_budget_status("guard", workloads)
+        return bool(pdb.status and pdb.status.current_healthy == 1)
+
+    await eventually(pdb_active)
+    await rest.apply(_policy(action="drain", maxUnhealthy="25%", settleSeconds=3))
+    async with Running(api) as run:
+        await run.settle()
+        await _unhealthy(api, sick)
+        await eventually(lambda: _said(rest, "GPUUnhealthyDrainBlocked", sick, "guarded"))
+        node = await _node(rest, sick)
+        assert _tainted(node)
+        assert node["spec"]["unschedulable"] is True
+        assert _drained_at(node) is None
+        assert await rest.get(POD, "guarded", workloads) is not None
+        told = await _events(rest, "GPUUnhealthyQuarantined", sick)
+        assert told
+        assert not any("drained" in e["message"] for e in told)
+
+    # A new process: nothing in memory, the node's record says the drain is owed (it
+    # retries every few seconds, so the queue is never quiet: no settle() here).
+    async with Running(api) as run:
+        await asyncio.sleep(6)  # at least one retry refused again
+        assert _drained_at(await _node(rest, sick)) is None
+        assert await rest.get(POD, "guarded", workloads) is not None
+        await policy_api.delete_namespaced_pod_disruption_budget("guard", workloads)
+
+        async def drained() -> bool:
+            gone = await rest.get(POD, "guarded", workloads) is None
+            return gone and _drained_at(await _node(rest, sick)) is not None
+
+        await eventually(drained, timeout=60)
+        assert await _said(rest, "GPUUnhealthyDrained", sick, "drained")
+        writes = run.rest.writes
+        await run.settle()
+        assert run.rest.writes == writes  # drained: nothing more to do
+    await rest.delete(by_kind("v1", "Namespace"), workloads)
+
+
+async def test_a_drain_the_rules_refuse_evicts_nothing_and_says_so(
+    api: client.ApiClient, rest: Rest
+) -> None:
+    """kubectl drain semantics with driver.upgradePolicy.drain's flags: a pod with an
+    emptyDir (a GPU pod's /dev/shm) and no deleteEmptyDir refuses the whole drain. The
+    Event names it; allowing it in the policy lets the owed drain finish."""
+    sick = GPUS[1]
+    workloads = f"scratch-{uuid.uuid4().hex[:6]}"
+    await rest.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": workloads}})
+    core = client.CoreV1Api(api)
+    shm = {"volumes": [{"name": "shm", "emptyDir": {"medium": "Memory"}}]}
+    await core.create_namespaced_pod(workloads, _bare_pod("scratch", sick, **shm))
+    await core.create_namespaced_pod(workloads, _bare_pod("plain", sick))
+    await rest.apply(_policy(action="drain", maxUnhealthy="25%", settleSeconds=3))
+    drained_before = len(await _events(rest, "GPUUnhealthyDrained", sick))  # earlier tests'
+    async with Running(api) as run:
+        await run.settle()
+        await _unhealthy(api, sick)
+        await eventually(
+            lambda: _said(rest, "GPUUnhealthyDrainRefused", sick, "scratch", "deleteEmptyDir")
+        )
+        await run.settle()
+        assert {p["metadata"]["name"] for p in await rest.list(POD, workloads)} == {
+            "scratch",
+            "plain",
+        }
+        assert _drained_at(await _node(rest, sick)) is None
+        assert len(await _events(rest, "GPUUnhealthyDrained", sick)) == drained_before
+
+        policy = _policy(action="drain", maxUnhealthy="25%", settleSeconds=3)
+        policy["spec"]["driver"]["upgradePolicy"]["drain"]["deleteEmptyDir"] = True
+        await rest.apply(policy)
+
+        async def drained() -> bool:
+            empty = not await rest.list(POD, workloads)
+            return empty and _drained_at(await _node(rest, sick)) is not None
+
+        await eventually(drained, timeout=60)
+    await rest.delete(by_kind("v1", "Namespace"), workloads)

@@ -846,6 +846,14 @@ def test_operands_tolerate_the_quarantine_taint_only_with_remediation_on() -> No
     assert all(t == [*off[name], QUARANTINE] for name, t in on.items())
 
 
+def test_a_dry_run_adds_no_toleration_so_no_operand_pod_rolls() -> None:
+    """dryRun only reports: a toleration in the templates would roll every operand pod
+    (and give the driver a new revision, which restarts it on every GPU node)."""
+    off = _daemonset_tolerations(spec())
+    dry = _daemonset_tolerations(spec(healthRemediation={"enabled": True, "dryRun": True}))
+    assert dry == off
+
+
 def test_an_admins_toleration_for_the_quarantine_taint_is_kept_as_written() -> None:
     own = {"key": "nvidia.com/gpu.health", "operator": "Equal", "value": "unhealthy"}
     policy = spec(healthRemediation={"enabled": True}, daemonsets={"tolerations": [own]})

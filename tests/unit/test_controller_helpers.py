@@ -112,6 +112,9 @@ def test_eviction_error_names_the_budget() -> None:
     )
     bare = ApiException(status=500, reason="Internal Server Error")
     assert eviction_error(bare) == "500 Internal Server Error"
+    # gpuop.rest raises with the response body as the reason: read there too.
+    raised = ApiException(status=429, reason=err.body)
+    assert eviction_error(raised) == eviction_error(err)
 
 
 def test_policy_view_follows_the_spec() -> None:

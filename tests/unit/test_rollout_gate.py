@@ -115,6 +115,35 @@ def test_a_failure_at_another_revision_does_not_count_and_a_new_revision_starts_
     assert not fixed.held
 
 
+DIGEST, OTHER_DIGEST = "1a2b3c4d", "5e6f7a8b"
+
+
+def test_a_halt_survives_a_template_change_that_keeps_the_driver_digest() -> None:
+    """A label or toleration change gives the DaemonSet a new revision but installs the
+    same driver: the rollout it halted must stay halted."""
+    failed = replace(GateNode("gpu-0", S.UPGRADE_FAILED, OLD), failed_revision=NEW)
+    nodes = [failed, GateNode("gpu-1", S.UPGRADE_REQUIRED, OLD)]
+    halted = plan_gate(HALT, nodes, NEW, None, now=NOW, digest=DIGEST)
+    assert halted.phase is GatePhase.HALTED
+    assert halted.record is not None
+    relabelled = plan_gate(HALT, nodes, "rev-relabelled", halted.record, now=NOW, digest=DIGEST)
+    assert relabelled.phase is GatePhase.HALTED
+    assert set(relabelled.held) == {"gpu-1"}
+    # A new driver (another digest) is a new rollout with a clean record.
+    fixed = plan_gate(HALT, nodes[1:], "rev-fixed", halted.record, now=NOW, digest=OTHER_DIGEST)
+    assert fixed.phase is not GatePhase.HALTED
+    assert not fixed.held
+
+
+def test_a_record_written_before_digests_keeps_its_halt_at_the_same_revision() -> None:
+    legacy = GateRecord(revision=NEW, failed=("gpu-0",), halted=True)
+    again = GateRecord.loads(legacy.dumps())
+    d = plan_gate(HALT, fleet(S.UPGRADE_REQUIRED), NEW, again, now=NOW, digest=DIGEST)
+    assert d.phase is GatePhase.HALTED
+    assert d.record is not None
+    assert d.record.digest == DIGEST  # adopted: from now on keyed by the digest
+
+
 def test_failed_canary_holds_the_rest_and_says_so() -> None:
     record = GateRecord(revision=NEW, canary=("gpu-0",))
     nodes = [

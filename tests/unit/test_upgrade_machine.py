@@ -13,6 +13,7 @@ from transitions import Event, EventData, Machine
 
 import crd
 from statemachine import upgrade
+from statemachine.cordon import CORDON_REASON_ANNOTATION, CORDONED_BY_ANNOTATION
 from statemachine.upgrade import cleanup_step, holds_cordon, next_step
 from statemachine.upgrade_guards import GuardContext
 from statemachine.upgrade_keys import (
@@ -60,6 +61,8 @@ WAIT = replace(
 OLD_POD = DriverPodView(uid="pod-old", revision_hash=OLD, running=True, ready=True)
 NEW_POD = DriverPodView(uid="pod-new", revision_hash=NEW, running=True, ready=True)
 NEW_POD_STARTING = replace(NEW_POD, running=False, ready=False)
+#: The owner record of a cordon the upgrade set (written with the cordon).
+OURS = {CORDONED_BY_ANNOTATION: "driver-upgrade", CORDON_REASON_ANNOTATION: "driver upgrade"}
 
 
 def view(
@@ -136,6 +139,11 @@ def test_every_declared_transition() -> None:
         ("validated", "validation-required", "uncordon-required"),
         ("validation_failed", "validation-required", "upgrade-failed"),
         ("uncordoned", "uncordon-required", "upgrade-done"),
+        ("handed_over", "uncordon-required", "upgrade-done"),
+        ("resume_cordoned", "unknown", "uncordon-required"),
+        ("resume_cordoned", "unknown", "upgrade-required"),
+        ("resume_cordoned", "upgrade-done", "uncordon-required"),
+        ("resume_cordoned", "upgrade-done", "upgrade-required"),
         ("retry", "upgrade-failed", "upgrade-required"),
         ("recovered", "upgrade-failed", "uncordon-required"),
     }
@@ -261,6 +269,9 @@ def test_slot_starts_the_upgrade_and_records_what_finishing_needs() -> None:
         STATE_SINCE_ANNOTATION: T,
         REPLACE_POD_ANNOTATION: "pod-old",
         REQUESTED_ANNOTATION: None,
+        # whose cordon it is, in the patch that cordons
+        CORDONED_BY_ANNOTATION: "driver-upgrade",
+        CORDON_REASON_ANNOTATION: "driver upgrade to revision rev-new",
     }
     assert d.merge_patch()["metadata"]["labels"] == {STATE_LABEL: "cordon-required"}
 
@@ -305,6 +316,7 @@ def test_manual_retry_of_a_failed_node_keeps_first_attempt_record() -> None:
         driver_pod=NEW_POD,  # current: without the record this would be "cancelled"
         unschedulable=True,
         annotations={
+            **OURS,
             REPLACE_POD_ANNOTATION: "pod-old",
             FAILED_REVISION_ANNOTATION: NEW,
             REASON_ANNOTATION: "validation did not pass within 600s",
@@ -403,7 +415,7 @@ def _deleting(seconds_ago: float, pods: int = 2, **kw: Any) -> NodeUpgradeView:
         S.POD_DELETION_REQUIRED,
         unschedulable=True,
         gpu_pods=pods,
-        annotations={POD_DELETION_START_ANNOTATION: since(seconds_ago)},
+        annotations={**OURS, POD_DELETION_START_ANNOTATION: since(seconds_ago)},
         **kw,
     )
 
@@ -597,7 +609,11 @@ def test_drain_clock_restarts_when_stamp_is_garbage(stamp: str) -> None:
 
 
 def _restarting(pod: DriverPodView | None, **kw: Any) -> NodeUpgradeView:
-    annotations = {REPLACE_POD_ANNOTATION: "pod-old", POD_RESTART_START_ANNOTATION: since(30)}
+    annotations = {
+        **OURS,
+        REPLACE_POD_ANNOTATION: "pod-old",
+        POD_RESTART_START_ANNOTATION: since(30),
+    }
     annotations.update(kw.pop("annotations", {}))
     return view(
         S.POD_RESTART_REQUIRED,
@@ -800,6 +816,7 @@ def test_node_cordoned_before_the_upgrade_stays_cordoned() -> None:
 
 def _failed(**kw: Any) -> NodeUpgradeView:
     annotations = {
+        **OURS,
         FAILED_REVISION_ANNOTATION: NEW,
         REASON_ANNOTATION: "drain timed out after 300s with 3 pods left",
         REPLACE_POD_ANNOTATION: "pod-old",
