@@ -600,9 +600,10 @@ async def test_a_driver_pod_that_never_turns_ready_fails_its_node(
     rest: Rest, api_client: client.ApiClient
 ) -> None:
     """A new driver pod that never turns Ready used to hold its node cordoned in
-    pod-restart-required for ever. Now the node fails with a reason, the fleet goes on,
-    and the node heals by itself once a Ready driver pod runs there."""
-    await rest.apply(_policy("595.91.07", max_parallel=1, max_unavailable="100%"))
+    pod-restart-required for ever. Now the node fails with a reason, the fleet goes on
+    with the slots left (a failed node keeps its maxParallelUpgrades slot, as upstream
+    counts it), and the node heals by itself once a Ready driver pod runs there."""
+    await rest.apply(_policy("595.91.07", max_parallel=2, max_unavailable="100%"))
     gpu = sorted(n["metadata"]["name"] for n in await _gpu_nodes(rest))
     stuck = gpu[0]  # first in line
     # A taint the driver does not tolerate: its old pod stays, a new one is never made.
@@ -617,7 +618,7 @@ async def test_a_driver_pod_that_never_turns_ready_fails_its_node(
         await rest.merge_patch(NODE, stuck, {"spec": {"taints": [*taints, blocked]}})
         since = _now()
         await rest.apply(
-            _policy("600.10.01", max_parallel=1, max_unavailable="100%", drain={"enable": False})
+            _policy("600.10.01", max_parallel=2, max_unavailable="100%", drain={"enable": False})
         )
 
         async def failed() -> bool:
