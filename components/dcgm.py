@@ -81,7 +81,15 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
     return [
         service_account(SERVICE_ACCOUNT, NAME, spec, ctx),
         *role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, [SCC_RULE]),
-        daemonset(DAEMONSET_NAME, NAME, spec, ctx, pod, node_selector={DEPLOY_DCGM_LABEL: TRUE}),
+        daemonset(
+            DAEMONSET_NAME,
+            NAME,
+            spec,
+            ctx,
+            pod,
+            node_selector={DEPLOY_DCGM_LABEL: TRUE},
+            host_network=spec.dcgm.host_network,
+        ),
         {
             "apiVersion": "v1",
             "kind": "Service",

@@ -25,6 +25,7 @@ from components._k8s import (
     entrypoint_volume,
     env,
     host_path,
+    kubelet_path,
     mount,
     pull_secrets,
     validations_volume,
@@ -43,6 +44,8 @@ CONTAINER_NAME = "nvidia-device-plugin"
 PROCESS = "nvidia-device-plugin"
 ENTRYPOINT = "nvidia-device-plugin-entrypoint"
 KUBELET_PLUGINS_DIR = "/var/lib/kubelet/device-plugins"
+"""Where the plugin puts its socket, in its container (the host side follows
+`hostPaths.kubeletRootDir`)."""
 CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
 
 
@@ -118,7 +121,7 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
     )
     volumes = [
         entrypoint_volume(ENTRYPOINT),
-        host_path("device-plugin", KUBELET_PLUGINS_DIR),
+        host_path("device-plugin", kubelet_path(spec, "device-plugins")),
         validations_volume(),
         host_path("driver-install-dir", spec.host_paths.driver_install_dir, "DirectoryOrCreate"),
         host_path("host-root", spec.host_paths.root_fs),
@@ -146,6 +149,7 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
             main=main,
             operand_volumes=volumes,
             node_selector={DEPLOY_DEVICE_PLUGIN_LABEL: TRUE},
+            host_network=plugin.host_network,
         ),
     ]
 

@@ -92,6 +92,7 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
                 run_nvidia_volume(),
             ],
             node_selector={DEPLOY_GFD_LABEL: TRUE},
+            host_network=gfd.host_network,
         ),
     ]
 

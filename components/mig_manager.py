@@ -188,7 +188,13 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         ),
         entrypoint_config_map(ENTRYPOINT, NAME, _SCRIPT, spec, ctx),
         daemonset(
-            DAEMONSET_NAME, NAME, spec, ctx, pod, node_selector={DEPLOY_MIG_MANAGER_LABEL: TRUE}
+            DAEMONSET_NAME,
+            NAME,
+            spec,
+            ctx,
+            pod,
+            node_selector={DEPLOY_MIG_MANAGER_LABEL: TRUE},
+            host_network=spec.mig_manager.host_network,
         ),
     ]
 

@@ -102,6 +102,8 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
                 host_path("mps-shm", f"{mps_root(spec)}/shm"),
             ],
             node_selector={DEPLOY_DEVICE_PLUGIN_LABEL: TRUE, MPS_CAPABLE_LABEL: TRUE},
+            # upstream's MPS control daemon follows the device plugin's setting
+            host_network=plugin.host_network,
         ),
     ]
 

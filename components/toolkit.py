@@ -206,7 +206,15 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         service_account(SERVICE_ACCOUNT, NAME, spec, ctx),
         *role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, _RULES),
         entrypoint_config_map(ENTRYPOINT, NAME, _SCRIPT, spec, ctx),
-        daemonset(DAEMONSET_NAME, NAME, spec, ctx, pod, node_selector={DEPLOY_TOOLKIT_LABEL: TRUE}),
+        daemonset(
+            DAEMONSET_NAME,
+            NAME,
+            spec,
+            ctx,
+            pod,
+            node_selector={DEPLOY_TOOLKIT_LABEL: TRUE},
+            host_network=spec.toolkit.host_network,
+        ),
     ]
 
 

@@ -179,7 +179,13 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         *role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, _ROLE_RULES),
         *cluster_role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, _CLUSTER_RULES),
         daemonset(
-            DAEMONSET_NAME, NAME, spec, ctx, pod, node_selector={DEPLOY_VALIDATOR_LABEL: TRUE}
+            DAEMONSET_NAME,
+            NAME,
+            spec,
+            ctx,
+            pod,
+            node_selector={DEPLOY_VALIDATOR_LABEL: TRUE},
+            host_network=spec.validator.host_network,
         ),
     ]
 
