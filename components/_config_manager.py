@@ -104,6 +104,7 @@ def operand_daemonset(
     main: dict[str, Any],
     operand_volumes: list[dict[str, Any]],
     node_selector: dict[str, str],
+    pod_annotations: dict[str, str] | None = None,
     host_network: bool | None = None,
 ) -> Manifest:
     """The DaemonSet of an operand that can run under the config manager: with a config,
@@ -127,6 +128,7 @@ def operand_daemonset(
         ctx,
         pod,
         node_selector=node_selector,
+        pod_annotations=pod_annotations,
         host_network=host_network,
     )
 

@@ -160,6 +160,24 @@ def dump_model(model: BaseModel) -> dict[str, Any]:
     return model.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
+NRI_ANNOTATION_DOMAIN = "nvidia.cdi.k8s.io"
+MANAGEMENT_CDI_DEVICE = "management.nvidia.com/gpu=all"
+
+
+def gpu_access(
+    spec: ClusterPolicySpec, container_name: str
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """How an operand container reaches every GPU: pod-spec fields and pod annotations.
+
+    Normally through the `nvidia` RuntimeClass; with `cdi.nriPluginEnabled` the
+    toolkit's NRI plugin injects the management CDI device named by an annotation
+    instead, and no RuntimeClass is asked for (the runtime's config is not edited)."""
+    if spec.cdi.nri_plugin_enabled:
+        key = f"{NRI_ANNOTATION_DOMAIN}/container.{container_name}"
+        return {}, {key: MANAGEMENT_CDI_DEVICE}
+    return {"runtimeClassName": spec.operator.runtime_class}, {}
+
+
 def env(name: str, value: str) -> dict[str, Any]:
     return {"name": name, "value": value}
 

@@ -11,6 +11,7 @@ from components._k8s import (
     TOOLKIT_READY,
     container,
     daemonset,
+    gpu_access,
     metadata,
     pull_secrets,
     role_and_binding,
@@ -66,9 +67,10 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
             "readinessProbe": _probe(),
         },
     )
+    runtime, nri = gpu_access(spec, CONTAINER_NAME)
     pod: dict[str, Any] = {
         "serviceAccountName": SERVICE_ACCOUNT,
-        "runtimeClassName": spec.operator.runtime_class,
+        **runtime,
         "initContainers": [
             wait_for_file(ctx, "toolkit-validation", TOOLKIT_READY, whole_run_nvidia=True)
         ],
@@ -88,6 +90,7 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
             ctx,
             pod,
             node_selector={DEPLOY_DCGM_LABEL: TRUE},
+            pod_annotations=nri,
             host_network=spec.dcgm.host_network,
         ),
         {

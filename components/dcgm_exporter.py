@@ -17,6 +17,7 @@ from components._k8s import (
     daemonset,
     env,
     field_env,
+    gpu_access,
     host_path,
     kubelet_path,
     metadata,
@@ -151,9 +152,10 @@ def _daemonset(spec: ClusterPolicySpec, ctx: RenderContext) -> Manifest:
         },
         privileged=True,
     )
+    runtime, nri = gpu_access(spec, CONTAINER_NAME)
     pod: dict[str, Any] = {
         "serviceAccountName": SERVICE_ACCOUNT,
-        "runtimeClassName": spec.operator.runtime_class,
+        **runtime,
         "automountServiceAccountToken": uses_api(spec),
         "initContainers": [
             wait_for_file(ctx, "toolkit-validation", TOOLKIT_READY, whole_run_nvidia=True)
@@ -173,7 +175,7 @@ def _daemonset(spec: ClusterPolicySpec, ctx: RenderContext) -> Manifest:
         ctx,
         pod,
         node_selector={DEPLOY_DCGM_EXPORTER_LABEL: TRUE},
-        pod_annotations=exporter.annotations,
+        pod_annotations={**(exporter.annotations or {}), **nri},
         host_network=exporter.host_network,
     )
 

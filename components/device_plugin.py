@@ -24,6 +24,7 @@ from components._k8s import (
     entrypoint_script,
     entrypoint_volume,
     env,
+    gpu_access,
     host_path,
     kubelet_path,
     mount,
@@ -129,6 +130,7 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         host_path("mps-root", mps_root(spec), "DirectoryOrCreate"),
         host_path("mps-shm", f"{mps_root(spec)}/shm"),
     ]
+    runtime, nri = gpu_access(spec, CONTAINER_NAME)
     return [
         *_config_manager.operand_rbac(SERVICE_ACCOUNT, NAME, spec, ctx, role_rules=[SCC_RULE]),
         entrypoint_config_map(ENTRYPOINT, NAME, _SCRIPT, spec, ctx),
@@ -140,7 +142,7 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
             service_account_name=SERVICE_ACCOUNT,
             process=PROCESS,
             pod={
-                "runtimeClassName": spec.operator.runtime_class,
+                **runtime,
                 "imagePullSecrets": pull_secrets(
                     plugin.image_pull_secrets, ctx.operator_image_pull_secrets
                 ),
@@ -149,6 +151,7 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
             main=main,
             operand_volumes=volumes,
             node_selector={DEPLOY_DEVICE_PLUGIN_LABEL: TRUE},
+            pod_annotations=nri,
             host_network=plugin.host_network,
         ),
     ]

@@ -44,7 +44,6 @@ _FIELDS: tuple[tuple[str, _Check, str], ...] = (
     ("kataManager.enabled", lambda s: s.kata_manager.enabled, "deprecated; upstream ignores it"),
     ("psp.enabled", lambda s: s.psp is not None and s.psp.enabled, "PodSecurityPolicy is gone"),
     ("cdi.default", lambda s: s.cdi.default, "no effect (upstream v26.7 ignores it too)"),
-    ("cdi.nriPluginEnabled", lambda s: s.cdi.nri_plugin_enabled, "no NRI plugin is deployed"),
     (
         "operator.use_ocp_driver_toolkit",
         lambda s: s.operator.use_ocp_driver_toolkit,

@@ -595,5 +595,17 @@ def test_upstream_only_values_reach_the_policy() -> None:
     assert spec.operator.metrics.service_monitor is not None
     assert spec.operator.metrics.service_monitor.enabled
     fields = {f.path for f in crd.unsupported_fields(spec)}
-    assert "spec.cdi.nriPluginEnabled" in fields
-    assert "spec.driver.secretEnv" not in fields  # acted on (components.driver_config)
+    # sandboxWorkloads is not implemented; the sandbox operand's hostNetwork with it
+    assert "spec.kataSandboxDevicePlugin.hostNetwork" in fields
+    # acted on: components.driver_config, _k8s (pod settings), dcgm_exporter, toolkit
+    for acted_on in (
+        "spec.driver.secretEnv",
+        "spec.cdi.nriPluginEnabled",
+        "spec.hostPaths.kubeletRootDir",
+        "spec.driver.hostNetwork",
+        "spec.validator.hostNetwork",
+        "spec.dcgmExporter.hostPID",
+        "spec.dcgmExporter.enablePodLabels",
+        "spec.dcgmExporter.annotations",
+    ):
+        assert acted_on not in fields

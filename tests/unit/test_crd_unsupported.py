@@ -23,7 +23,6 @@ ASKS: dict[str, dict[str, Any]] = {
     "spec.kataManager.enabled": {"kataManager": {"enabled": True}},
     "spec.psp.enabled": {"psp": {"enabled": True}},
     "spec.cdi.default": {"cdi": {"default": True}},
-    "spec.cdi.nriPluginEnabled": {"cdi": {"nriPluginEnabled": True}},
     "spec.operator.use_ocp_driver_toolkit": {"operator": {"use_ocp_driver_toolkit": True}},
     "spec.operator.metrics.serviceMonitor.enabled": {
         "operator": {"metrics": {"serviceMonitor": {"enabled": True}}}
@@ -83,6 +82,8 @@ ACTED_ON: dict[str, dict[str, Any]] = {
             "hpcJobMapping": {"enabled": True},
         }
     },
+    # The toolkit runs as the runtime's NRI plugin (components.toolkit, _k8s.gpu_access).
+    "nriPluginEnabled": {"cdi": {"nriPluginEnabled": True}},
     # Upstream's controller never reads these either: flagging them was a false alarm.
     "operatorLabels": {"operator": {"labels": {"team": "gpu"}, "annotations": {"a": "b"}}},
 }
@@ -146,9 +147,9 @@ def test_values_that_change_nothing_upstream_are_not_reported(spec: dict[str, An
 
 
 def test_reasons_say_what_is_not_done() -> None:
-    spec = crd.ClusterPolicySpec.model_validate({"cdi": {"nriPluginEnabled": True}})
+    spec = crd.ClusterPolicySpec.model_validate({"cdi": {"default": True}})
     found = crd.unsupported_fields(spec)
-    assert str(found[0]) == "spec.cdi.nriPluginEnabled (no NRI plugin is deployed)"
+    assert str(found[0]) == "spec.cdi.default (no effect (upstream v26.7 ignores it too))"
 
 
 def _ready(previous: crd.ClusterPolicyStatus | None = None) -> crd.ClusterPolicyStatus:

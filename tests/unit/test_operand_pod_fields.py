@@ -312,3 +312,95 @@ def test_the_exporters_settings_touch_no_other_operand() -> None:
     after = _all_daemonsets(_everything_with(dcgmExporter=fields))
     changed = {n for n in before if before[n] != after[n]}
     assert changed == {"nvidia-dcgm-exporter"}
+
+
+# ------------------------------------------------------------------ NRI plugin
+NRI = {"cdi": {"enabled": True, "nriPluginEnabled": True}}
+MANAGEMENT = "management.nvidia.com/gpu=all"
+
+
+def _toolkit(policy: crd.ClusterPolicySpec) -> c.Manifest:
+    return only_daemonset("container-toolkit", policy)
+
+
+def test_nri_plugin_toolkit_env_and_socket_instead_of_runtime_config() -> None:
+    """Upstream: controllers/object_controls.go transformToolkitCtrForCDI sets
+    ENABLE_NRI_PLUGIN=true; transformForRuntime then skips the runtime's config and
+    socket mounts (and CONTAINERD_RUNTIME_CLASS) and transformNRISocketMounts sets
+    NRI_SOCKET=/runtime/nri-sock-dir/nri.sock with volume `nri-socket` from
+    /var/run/nri (DirectoryOrCreate) mounted at /runtime/nri-sock-dir/."""
+    ds = _toolkit(spec(**NRI))
+    variables = env_of(main_container(ds))
+    assert variables["ENABLE_NRI_PLUGIN"] == "true"
+    assert variables["NRI_SOCKET"] == "/runtime/nri-sock-dir/nri.sock"
+    assert variables["RUNTIME"] == "containerd"
+    assert "CONTAINERD_RUNTIME_CLASS" not in variables
+    assert not {n for n in variables if n.startswith(("RUNTIME_", "CONTAINERD_"))}
+    assert _mount(ds, "nri-socket") == {"name": "nri-socket", "mountPath": "/runtime/nri-sock-dir/"}
+    assert _volume(ds, "nri-socket") == {
+        "name": "nri-socket",
+        "hostPath": {"path": "/var/run/nri", "type": "DirectoryOrCreate"},
+    }
+    names = {v["name"] for v in pod(ds)["volumes"]}
+    assert not {n for n in names if n.startswith("containerd-")}
+    plain = env_of(main_container(_toolkit(spec())))
+    assert "ENABLE_NRI_PLUGIN" not in plain
+    assert "NRI_SOCKET" not in plain
+
+
+def test_nri_socket_set_in_toolkit_env_moves_the_mount() -> None:
+    """Upstream: transformNRISocketMounts reads NRI_SOCKET from the container's env
+    (toolkit.env) for the host directory and rewrites it to the path inside."""
+    policy = spec(**NRI, toolkit={"env": [{"name": "NRI_SOCKET", "value": "/run/k3s/nri.sock"}]})
+    ds = _toolkit(policy)
+    assert env_of(main_container(ds))["NRI_SOCKET"] == "/runtime/nri-sock-dir/nri.sock"
+    assert _volume(ds, "nri-socket")["hostPath"]["path"] == "/run/k3s"
+
+
+NRI_OPERANDS = {
+    "nvidia-device-plugin-daemonset": "nvidia-device-plugin",
+    "nvidia-device-plugin-mps-control-daemon": "mps-control-daemon-ctr",
+    "gpu-feature-discovery": "gpu-feature-discovery",
+    "nvidia-dcgm": "nvidia-dcgm-ctr",
+    "nvidia-dcgm-exporter": "nvidia-dcgm-exporter",
+    "nvidia-mig-manager": "nvidia-mig-manager",
+    "nvidia-operator-validator": "nvidia-operator-validator",
+}
+
+
+def test_nri_operands_get_the_management_device_instead_of_a_runtime_class() -> None:
+    """Upstream: object_controls.go setRuntimeClassName leaves runtimeClassName unset
+    with the NRI plugin, and setNRIPluginAnnotation annotates the pod template with
+    `nvidia.cdi.k8s.io/container.<container>: management.nvidia.com/gpu=all`
+    (TransformDevicePlugin, TransformMPSControlDaemon, TransformGPUDiscoveryPlugin,
+    TransformDCGM, TransformDCGMExporter, TransformMIGManager, and TransformValidator for
+    its toolkit check, which our validator's one container runs)."""
+    found = _all_daemonsets(_everything_with(**NRI))
+    for name, container_name in NRI_OPERANDS.items():
+        ds = found[name]
+        assert "runtimeClassName" not in pod(ds), name
+        annotations = ds["spec"]["template"]["metadata"]["annotations"]
+        assert annotations[f"nvidia.cdi.k8s.io/container.{container_name}"] == MANAGEMENT
+    plain = _all_daemonsets(everything())
+    for name in NRI_OPERANDS:
+        assert pod(plain[name])["runtimeClassName"] == "nvidia", name
+        annotations = plain[name]["spec"]["template"]["metadata"].get("annotations", {})
+        assert not [k for k in annotations if k.startswith("nvidia.cdi.k8s.io/")], name
+
+
+def test_nri_validator_workloads_ask_for_no_runtime_class() -> None:
+    """Upstream: TransformValidatorComponent passes VALIDATOR_RUNTIME_CLASS only from the
+    validator pod's own runtime class, which the NRI plugin leaves unset."""
+    command = main_container(only_daemonset("operator-validation", spec(**NRI)))["command"]
+    assert command[command.index("--runtime-class") + 1] == ""
+    plain = main_container(only_daemonset("operator-validation", spec()))["command"]
+    assert plain[plain.index("--runtime-class") + 1] == "nvidia"
+
+
+def test_nri_plugin_drops_the_runtime_classes() -> None:
+    """Upstream: controllers/state_manager.go isStateEnabled turns `pre-requisites` (the
+    RuntimeClasses) off with the NRI plugin, so they are deleted."""
+    prerequisites = c.component_by_name("pre-requisites")
+    assert prerequisites.objects(spec(**NRI), ctx()) == []
+    assert prerequisites.objects(spec(), ctx())
+    assert "pre-requisites" not in c.registry.enabled_components(spec(**NRI))
