@@ -104,6 +104,8 @@ def operand_daemonset(
     main: dict[str, Any],
     operand_volumes: list[dict[str, Any]],
     node_selector: dict[str, str],
+    pod_annotations: dict[str, str] | None = None,
+    host_network: bool | None = None,
 ) -> Manifest:
     """The DaemonSet of an operand that can run under the config manager: with a config,
     the init container, the sidecar and their volumes join the pod, and the pod shares
@@ -119,7 +121,16 @@ def operand_daemonset(
         all_volumes += volumes(spec)
         pod["shareProcessNamespace"] = True
     pod.update({"initContainers": init, "containers": containers, "volumes": all_volumes})
-    return daemonset(daemonset_name, component, spec, ctx, pod, node_selector=node_selector)
+    return daemonset(
+        daemonset_name,
+        component,
+        spec,
+        ctx,
+        pod,
+        node_selector=node_selector,
+        pod_annotations=pod_annotations,
+        host_network=host_network,
+    )
 
 
 def permissions(role_rules: list[Rule]) -> Permissions:

@@ -10,6 +10,8 @@ import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from pydantic import BaseModel
+
 from components.context import Manifest, RenderContext
 from components.keys import TAINT_EFFECT, TAINT_KEY
 from crd import ClusterPolicySpec, ComponentSpec, EnvVar, ImageSpec
@@ -120,8 +122,11 @@ def daemonset(
     node_selector: Mapping[str, str],
     update_strategy: dict[str, Any] | None = None,
     pod_annotations: Mapping[str, str] | None = None,
+    host_network: bool | None = None,
 ) -> Manifest:
-    """A DaemonSet selecting `app=<name>`, with the policy's pod-wide settings applied."""
+    """A DaemonSet selecting `app=<name>`, with the policy's pod-wide settings applied:
+    `spec.daemonsets.podSecurityContext` on every operand pod, and `host_network` (the
+    operand section's `hostNetwork`) as upstream's `applyHostNetworkConfig` does it."""
     labels = pod_labels(name, component, spec)
     annotations = {**spec.daemonsets.annotations, **(pod_annotations or {})}
     template_meta: dict[str, Any] = {"labels": labels}
@@ -135,6 +140,11 @@ def daemonset(
     }
     if not full_pod.get("imagePullSecrets"):
         full_pod.pop("imagePullSecrets", None)
+    security = spec.daemonsets.pod_security_context
+    if security is not None and (dumped := dump_model(security)):
+        full_pod["securityContext"] = dumped
+    if host_network:
+        use_host_network(full_pod)
     return {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
@@ -145,6 +155,36 @@ def daemonset(
             "template": {"metadata": template_meta, "spec": full_pod},
         },
     }
+
+
+def use_host_network(pod: dict[str, Any]) -> None:
+    """Put `pod` in the node's network namespace; cluster DNS must then be asked for
+    explicitly (ClusterFirstWithHostNet), or the pod would resolve with the node's."""
+    pod["hostNetwork"] = True
+    pod["dnsPolicy"] = "ClusterFirstWithHostNet"
+
+
+def dump_model(model: BaseModel) -> dict[str, Any]:
+    """A CRD model as the API writes it (camelCase, unset fields left out)."""
+    return model.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+NRI_ANNOTATION_DOMAIN = "nvidia.cdi.k8s.io"
+MANAGEMENT_CDI_DEVICE = "management.nvidia.com/gpu=all"
+
+
+def gpu_access(
+    spec: ClusterPolicySpec, container_name: str
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """How an operand container reaches every GPU: pod-spec fields and pod annotations.
+
+    Normally through the `nvidia` RuntimeClass; with `cdi.nriPluginEnabled` the
+    toolkit's NRI plugin injects the management CDI device named by an annotation
+    instead, and no RuntimeClass is asked for (the runtime's config is not edited)."""
+    if spec.cdi.nri_plugin_enabled:
+        key = f"{NRI_ANNOTATION_DOMAIN}/container.{container_name}"
+        return {}, {key: MANAGEMENT_CDI_DEVICE}
+    return {"runtimeClassName": spec.operator.runtime_class}, {}
 
 
 def env(name: str, value: str) -> dict[str, Any]:
@@ -384,8 +424,11 @@ def cluster_role_and_binding(
     spec: ClusterPolicySpec,
     ctx: RenderContext,
     rules: list[dict[str, Any]],
+    *,
+    account: str | None = None,
 ) -> list[Manifest]:
-    """Cluster-wide permissions (e.g. reading Nodes) for the ServiceAccount `name`."""
+    """Cluster-wide permissions (e.g. reading Nodes) for the ServiceAccount `account`
+    (by default, the one called `name`)."""
     meta = metadata(name, component, spec, ctx, namespaced=False)
     return [
         {
@@ -403,7 +446,9 @@ def cluster_role_and_binding(
                 "kind": "ClusterRole",
                 "name": name,
             },
-            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ctx.namespace}],
+            "subjects": [
+                {"kind": "ServiceAccount", "name": account or name, "namespace": ctx.namespace}
+            ],
         },
     ]
 
@@ -437,6 +482,17 @@ READ_NODES = {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list"
 """Config managers and validators read their own Node (labels, allocatable)."""
 
 DRIVER_ROOT_VOLUME_NAME = "driver-root"
+
+
+DEFAULT_KUBELET_ROOT = "/var/lib/kubelet"
+
+
+def kubelet_path(spec: ClusterPolicySpec, child: str) -> str:
+    """A directory of the kubelet on the host (`pod-resources`, `device-plugins`), under
+    `spec.hostPaths.kubeletRootDir`; operands keep mounting it at the default path in
+    their containers, where the NVIDIA binaries look for it."""
+    root = spec.host_paths.kubelet_root_dir or DEFAULT_KUBELET_ROOT
+    return f"{root.rstrip('/')}/{child}"
 
 
 def driver_root(spec: ClusterPolicySpec) -> str:

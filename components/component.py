@@ -87,5 +87,5 @@ class Component:
 
 
 def always(_spec: ClusterPolicySpec) -> bool:
-    """For the states every policy has (pre-requisites, operator metrics)."""
+    """For the states every policy has (operator metrics)."""
     return True

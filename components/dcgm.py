@@ -11,6 +11,7 @@ from components._k8s import (
     TOOLKIT_READY,
     container,
     daemonset,
+    gpu_access,
     metadata,
     pull_secrets,
     role_and_binding,
@@ -62,9 +63,10 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
             "readinessProbe": _probe(),
         },
     )
+    runtime, nri = gpu_access(spec, CONTAINER_NAME)
     pod: dict[str, Any] = {
         "serviceAccountName": SERVICE_ACCOUNT,
-        "runtimeClassName": spec.operator.runtime_class,
+        **runtime,
         "initContainers": [
             wait_for_file(ctx, "toolkit-validation", TOOLKIT_READY, whole_run_nvidia=True)
         ],
@@ -77,7 +79,16 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
     return [
         service_account(SERVICE_ACCOUNT, NAME, spec, ctx),
         *role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, [SCC_RULE]),
-        daemonset(DAEMONSET_NAME, NAME, spec, ctx, pod, node_selector={DEPLOY_DCGM_LABEL: TRUE}),
+        daemonset(
+            DAEMONSET_NAME,
+            NAME,
+            spec,
+            ctx,
+            pod,
+            node_selector={DEPLOY_DCGM_LABEL: TRUE},
+            pod_annotations=nri,
+            host_network=spec.dcgm.host_network,
+        ),
         {
             "apiVersion": "v1",
             "kind": "Service",

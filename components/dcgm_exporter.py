@@ -11,12 +11,15 @@ from components._k8s import (
     APP_LABEL,
     SCC_RULE,
     TOOLKIT_READY,
+    cluster_role_and_binding,
     config_map_volume,
     container,
     daemonset,
     env,
     field_env,
+    gpu_access,
     host_path,
+    kubelet_path,
     metadata,
     mount,
     pull_secrets,
@@ -28,7 +31,7 @@ from components._k8s import (
 from components.component import Component, Permissions
 from components.context import Manifest, RenderContext
 from components.keys import DEPLOY_DCGM_EXPORTER_LABEL, TRUE
-from components.kinds import DAEMONSET, NAMESPACED_RBAC, SERVICE, SERVICE_MONITOR
+from components.kinds import CLUSTER_RBAC, DAEMONSET, NAMESPACED_RBAC, SERVICE, SERVICE_MONITOR
 from crd import ClusterPolicySpec, component_image
 
 NAME = "dcgm-exporter"
@@ -40,6 +43,17 @@ METRICS_PORT = 9400
 SERVICE_PORT_NAME = "gpu-metrics"
 CUSTOM_METRICS_DIR = "/etc/dcgm-exporter/custom"
 POD_RESOURCES_DIR = "/var/lib/kubelet/pod-resources"
+"""Where the exporter looks for the kubelet's pod-resources socket (in its container)."""
+READ_PODS = "nvidia-dcgm-exporter-read-pods"
+"""Upstream's ClusterRole (and binding) letting the exporter read pods cluster-wide."""
+_READ_PODS_RULES = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+DEFAULT_JOB_MAPPING_DIR = "/var/lib/dcgm-exporter/job-mapping"
+"""Upstream's `DefaultDCGMJobMappingDir`: HPC job files when the policy names no directory."""
+POD_LABELS_ENV = "DCGM_EXPORTER_KUBERNETES_ENABLE_POD_LABELS"
+POD_UID_ENV = "DCGM_EXPORTER_KUBERNETES_ENABLE_POD_UID"
+ALLOWLIST_ENV = "DCGM_EXPORTER_KUBERNETES_POD_LABEL_ALLOWLIST_REGEX"
+CONFIG_MAP_DATA_ENV = "DCGM_EXPORTER_CONFIGMAP_DATA"
+"""`namespace:name` of a ConfigMap the exporter reads its metrics from, through the API."""
 DEFAULT_COLLECTORS = "/etc/dcgm-exporter/dcp-metrics-included.csv"
 """The image's own metric list (DCP profiling metrics included)."""
 _ROLE_RULES = [
@@ -51,6 +65,37 @@ _ROLE_RULES = [
 
 def enabled(spec: ClusterPolicySpec) -> bool:
     return spec.dcgm_exporter.enabled
+
+
+def _user_env(spec: ClusterPolicySpec) -> dict[str, str]:
+    return {v.name: v.value or "" for v in spec.dcgm_exporter.env or ()}
+
+
+def reads_pods(spec: ClusterPolicySpec) -> bool:
+    """Whether the exporter labels metrics with the pods using the GPUs (the policy's
+    switches, or the same env vars set by hand): it then needs to read pods
+    cluster-wide, as upstream's `rbacGates` grant it."""
+    exporter = spec.dcgm_exporter
+    user = _user_env(spec)
+    return bool(
+        exporter.enable_pod_labels
+        or exporter.enable_pod_uid
+        or any(user.get(name, "").lower() == "true" for name in (POD_LABELS_ENV, POD_UID_ENV))
+    )
+
+
+def uses_api(spec: ClusterPolicySpec) -> bool:
+    """Whether the exporter talks to the API server (pods, or a metrics ConfigMap named
+    in its env), so its pods need their service account token."""
+    return reads_pods(spec) or _user_env(spec).get(CONFIG_MAP_DATA_ENV, "") not in ("", "none")
+
+
+def job_mapping_dir(spec: ClusterPolicySpec) -> str | None:
+    """The HPC job mapping directory when the mapping is on, else None."""
+    mapping = spec.dcgm_exporter.hpc_job_mapping
+    if mapping is None or not mapping.enabled:
+        return None
+    return mapping.directory or DEFAULT_JOB_MAPPING_DIR
 
 
 def _env(spec: ClusterPolicySpec) -> list[dict[str, Any]]:
@@ -70,13 +115,29 @@ def _env(spec: ClusterPolicySpec) -> list[dict[str, Any]]:
         variables.append(
             env("DCGM_REMOTE_HOSTENGINE_INFO", f"{dcgm.SERVICE_NAME}:{dcgm.ENGINE_PORT}")
         )
+    jobs = job_mapping_dir(spec)
+    if jobs is not None:
+        variables.append(env("DCGM_HPC_JOB_MAPPING_DIR", jobs))
+    if exporter.enable_pod_labels:
+        variables.append(env(POD_LABELS_ENV, "true"))
+    if exporter.enable_pod_uid:
+        variables.append(env(POD_UID_ENV, "true"))
+    if exporter.pod_label_allowlist_regex:
+        variables.append(env(ALLOWLIST_ENV, ",".join(exporter.pod_label_allowlist_regex)))
     return variables
 
 
 def _daemonset(spec: ClusterPolicySpec, ctx: RenderContext) -> Manifest:
     exporter = spec.dcgm_exporter
     mounts = [mount("pod-gpu-resources", POD_RESOURCES_DIR, read_only=True)]
-    volumes = [host_path("pod-gpu-resources", POD_RESOURCES_DIR), run_nvidia_volume(None)]
+    volumes = [
+        host_path("pod-gpu-resources", kubelet_path(spec, "pod-resources")),
+        run_nvidia_volume(None),
+    ]
+    jobs = job_mapping_dir(spec)
+    if jobs is not None:
+        mounts.append(mount("hpc-job-mapping", jobs, read_only=True))
+        volumes.append(host_path("hpc-job-mapping", jobs, "DirectoryOrCreate"))
     if exporter.config and exporter.config.name:
         mounts.append(mount("metrics-config", CUSTOM_METRICS_DIR, read_only=True))
         volumes.append(config_map_volume("metrics-config", exporter.config.name))
@@ -91,10 +152,11 @@ def _daemonset(spec: ClusterPolicySpec, ctx: RenderContext) -> Manifest:
         },
         privileged=True,
     )
+    runtime, nri = gpu_access(spec, CONTAINER_NAME)
     pod: dict[str, Any] = {
         "serviceAccountName": SERVICE_ACCOUNT,
-        "runtimeClassName": spec.operator.runtime_class,
-        "automountServiceAccountToken": False,
+        **runtime,
+        "automountServiceAccountToken": uses_api(spec),
         "initContainers": [
             wait_for_file(ctx, "toolkit-validation", TOOLKIT_READY, whole_run_nvidia=True)
         ],
@@ -104,8 +166,17 @@ def _daemonset(spec: ClusterPolicySpec, ctx: RenderContext) -> Manifest:
         ),
         "volumes": volumes,
     }
+    if exporter.host_pid:
+        pod["hostPID"] = True
     return daemonset(
-        DAEMONSET_NAME, NAME, spec, ctx, pod, node_selector={DEPLOY_DCGM_EXPORTER_LABEL: TRUE}
+        DAEMONSET_NAME,
+        NAME,
+        spec,
+        ctx,
+        pod,
+        node_selector={DEPLOY_DCGM_EXPORTER_LABEL: TRUE},
+        pod_annotations={**(exporter.annotations or {}), **nri},
+        host_network=exporter.host_network,
     )
 
 
@@ -165,6 +236,13 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
     objects = [
         service_account(SERVICE_ACCOUNT, NAME, spec, ctx),
         *role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, _ROLE_RULES),
+        *(
+            cluster_role_and_binding(
+                READ_PODS, NAME, spec, ctx, _READ_PODS_RULES, account=SERVICE_ACCOUNT
+            )
+            if reads_pods(spec)
+            else ()
+        ),
         _daemonset(spec, ctx),
         _service(spec, ctx),
     ]
@@ -179,6 +257,6 @@ COMPONENT = Component(
     deploy_label=DEPLOY_DCGM_EXPORTER_LABEL,
     is_enabled=enabled,
     render=render,
-    kinds=(*NAMESPACED_RBAC, DAEMONSET, SERVICE, SERVICE_MONITOR),
-    permissions=Permissions(role=tuple(_ROLE_RULES)),
+    kinds=(*NAMESPACED_RBAC, *CLUSTER_RBAC, DAEMONSET, SERVICE, SERVICE_MONITOR),
+    permissions=Permissions(role=tuple(_ROLE_RULES), cluster=tuple(_READ_PODS_RULES)),
 )

@@ -24,7 +24,9 @@ from components._k8s import (
     entrypoint_script,
     entrypoint_volume,
     env,
+    gpu_access,
     host_path,
+    kubelet_path,
     mount,
     pull_secrets,
     validations_volume,
@@ -43,6 +45,8 @@ CONTAINER_NAME = "nvidia-device-plugin"
 PROCESS = "nvidia-device-plugin"
 ENTRYPOINT = "nvidia-device-plugin-entrypoint"
 KUBELET_PLUGINS_DIR = "/var/lib/kubelet/device-plugins"
+"""Where the plugin puts its socket, in its container (the host side follows
+`hostPaths.kubeletRootDir`)."""
 CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
 
 
@@ -118,7 +122,7 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
     )
     volumes = [
         entrypoint_volume(ENTRYPOINT),
-        host_path("device-plugin", KUBELET_PLUGINS_DIR),
+        host_path("device-plugin", kubelet_path(spec, "device-plugins")),
         validations_volume(),
         host_path("driver-install-dir", spec.host_paths.driver_install_dir, "DirectoryOrCreate"),
         host_path("host-root", spec.host_paths.root_fs),
@@ -126,6 +130,7 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         host_path("mps-root", mps_root(spec), "DirectoryOrCreate"),
         host_path("mps-shm", f"{mps_root(spec)}/shm"),
     ]
+    runtime, nri = gpu_access(spec, CONTAINER_NAME)
     return [
         *_config_manager.operand_rbac(SERVICE_ACCOUNT, NAME, spec, ctx, role_rules=[SCC_RULE]),
         entrypoint_config_map(ENTRYPOINT, NAME, _SCRIPT, spec, ctx),
@@ -137,7 +142,7 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
             service_account_name=SERVICE_ACCOUNT,
             process=PROCESS,
             pod={
-                "runtimeClassName": spec.operator.runtime_class,
+                **runtime,
                 "imagePullSecrets": pull_secrets(
                     plugin.image_pull_secrets, ctx.operator_image_pull_secrets
                 ),
@@ -146,6 +151,8 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
             main=main,
             operand_volumes=volumes,
             node_selector={DEPLOY_DEVICE_PLUGIN_LABEL: TRUE},
+            pod_annotations=nri,
+            host_network=plugin.host_network,
         ),
     ]
 

@@ -446,6 +446,7 @@ def _daemonset(spec: ClusterPolicySpec, ctx: RenderContext, kernel: str | None) 
         node_selector=selector,
         update_strategy=update_strategy(spec),
         pod_annotations={"kubectl.kubernetes.io/default-container": CONTAINER_NAME},
+        host_network=spec.driver.host_network,
     )
     marks = {
         COMPONENT_POD_LABEL: "nvidia-driver",

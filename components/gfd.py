@@ -10,6 +10,7 @@ from components._k8s import (
     container,
     env,
     field_env,
+    gpu_access,
     host_path,
     mount,
     pull_secrets,
@@ -69,6 +70,7 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         mounts=mounts,
         privileged=True,
     )
+    runtime, nri = gpu_access(spec, CONTAINER_NAME)
     return [
         *_config_manager.operand_rbac(SERVICE_ACCOUNT, NAME, spec, ctx, role_rules=_ROLE_RULES),
         _config_manager.operand_daemonset(
@@ -79,7 +81,7 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
             service_account_name=SERVICE_ACCOUNT,
             process=PROCESS,
             pod={
-                "runtimeClassName": spec.operator.runtime_class,
+                **runtime,
                 "imagePullSecrets": pull_secrets(
                     gfd.image_pull_secrets, ctx.operator_image_pull_secrets
                 ),
@@ -92,6 +94,8 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
                 run_nvidia_volume(),
             ],
             node_selector={DEPLOY_GFD_LABEL: TRUE},
+            pod_annotations=nri,
+            host_network=gfd.host_network,
         ),
     ]
 

@@ -27,6 +27,7 @@ from components._k8s import (
     entrypoint_volume,
     env,
     field_env,
+    gpu_access,
     host_path,
     metadata,
     mount,
@@ -140,9 +141,10 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         ],
         privileged=True,
     )
+    runtime, nri = gpu_access(spec, CONTAINER_NAME)
     pod: dict[str, Any] = {
         "serviceAccountName": SERVICE_ACCOUNT,
-        "runtimeClassName": spec.operator.runtime_class,
+        **runtime,
         "hostPID": True,
         "hostIPC": True,
         "initContainers": [
@@ -188,7 +190,14 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         ),
         entrypoint_config_map(ENTRYPOINT, NAME, _SCRIPT, spec, ctx),
         daemonset(
-            DAEMONSET_NAME, NAME, spec, ctx, pod, node_selector={DEPLOY_MIG_MANAGER_LABEL: TRUE}
+            DAEMONSET_NAME,
+            NAME,
+            spec,
+            ctx,
+            pod,
+            node_selector={DEPLOY_MIG_MANAGER_LABEL: TRUE},
+            pod_annotations=nri,
+            host_network=spec.mig_manager.host_network,
         ),
     ]
 

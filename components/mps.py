@@ -17,6 +17,7 @@ from components._k8s import (
     container,
     env,
     field_env,
+    gpu_access,
     host_path,
     mount,
     pull_secrets,
@@ -77,6 +78,7 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         "securityContext": {"privileged": True},
         "volumeMounts": [mount("mps-root", "/mps", propagation="Bidirectional")],
     }
+    runtime, nri = gpu_access(spec, CONTAINER_NAME)
     return [
         *_config_manager.operand_rbac(SERVICE_ACCOUNT, NAME, spec, ctx, role_rules=[SCC_RULE]),
         _config_manager.operand_daemonset(
@@ -87,7 +89,7 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
             service_account_name=DEVICE_PLUGIN_ACCOUNT,
             process=PROCESS_PATH,
             pod={
-                "runtimeClassName": spec.operator.runtime_class,
+                **runtime,
                 "hostPID": True,
                 "imagePullSecrets": pull_secrets(
                     plugin.image_pull_secrets, ctx.operator_image_pull_secrets
@@ -104,6 +106,9 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
                 host_path("mps-shm", f"{mps_root(spec)}/shm"),
             ],
             node_selector={DEPLOY_DEVICE_PLUGIN_LABEL: TRUE, MPS_CAPABLE_LABEL: TRUE},
+            # upstream's MPS control daemon follows the device plugin's setting
+            pod_annotations=nri,
+            host_network=plugin.host_network,
         ),
     ]
 

@@ -109,6 +109,7 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
             ctx,
             pod,
             node_selector={DEPLOY_NODE_STATUS_EXPORTER_LABEL: TRUE},
+            host_network=spec.node_status_exporter.host_network,
         ),
         {
             "apiVersion": "v1",

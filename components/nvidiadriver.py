@@ -177,6 +177,9 @@ def policy_for(spec: NVIDIADriverSpec, base: ClusterPolicySpec) -> ClusterPolicy
             "annotations": dict(spec.annotations or {}),
             "tolerations": [gpu, *extra],
             "priority_class_name": spec.priority_class_name or "system-node-critical",
+            # upstream's NVIDIADriver template takes the pod security context from the
+            # resource only (render_pool sets it), never from the ClusterPolicy
+            "pod_security_context": None,
         }
     )
     return base.model_copy(
@@ -224,8 +227,6 @@ def render_pool(
         pod["affinity"] = {**pod["affinity"], "nodeAffinity": spec.node_affinity}
     if spec.pod_security_context:
         pod["securityContext"] = spec.pod_security_context
-    if spec.host_network:
-        pod["hostNetwork"] = True
     name = app_name(spec.driver_type, pool.os_tag, uid, pool.kernel)
     deploy = DEPLOY_VGPU_MANAGER_LABEL if spec.driver_type == "vgpu-host-manager" else None
     selector = {deploy or DEPLOY_DRIVER_LABEL: TRUE, **pool.node_selector}
@@ -238,6 +239,7 @@ def render_pool(
         node_selector=selector,
         update_strategy={"type": "OnDelete"},
         pod_annotations={"kubectl.kubernetes.io/default-container": driver.CONTAINER_NAME},
+        host_network=spec.host_network,
     )
     component = (
         "nvidia-vgpu-host-manager" if spec.driver_type == "vgpu-host-manager" else "nvidia-driver"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from components._k8s import metadata
-from components.component import Component, always
+from components.component import Component
 from components.context import Manifest, RenderContext
 from components.kinds import RUNTIME_CLASS
 from crd import ClusterPolicySpec
@@ -37,6 +37,12 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
     return classes
 
 
+def enabled(spec: ClusterPolicySpec) -> bool:
+    """Off with the NRI plugin, as upstream's `isStateEnabled`: operands then get the
+    GPUs from the plugin, no runtime handler is registered, and the classes go."""
+    return not spec.cdi.nri_plugin_enabled
+
+
 COMPONENT = Component(
-    name=NAME, deploy_label=None, is_enabled=always, render=render, kinds=(RUNTIME_CLASS,)
+    name=NAME, deploy_label=None, is_enabled=enabled, render=render, kinds=(RUNTIME_CLASS,)
 )

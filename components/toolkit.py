@@ -54,6 +54,9 @@ TOOLKIT_ROOT = "/run/nvidia/toolkit"
 CONFIG_TARGET = "/runtime/config-dir/"
 DROP_IN_TARGET = "/runtime/config-dir.d/"
 SOCKET_TARGET = "/runtime/sock-dir/"
+NRI_SOCKET = "/var/run/nri/nri.sock"
+"""The container runtime's NRI socket on the host (upstream's default)."""
+NRI_SOCKET_TARGET = "/runtime/nri-sock-dir/"
 
 _DEFAULT_FILES: dict[str, tuple[str, str | None, str | None]] = {
     CONTAINERD: (
@@ -115,7 +118,21 @@ def runtime_settings(
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
     """Env, mounts and volumes that let the toolkit edit `runtime`'s config and signal
     it. Paths set in `toolkit.env` (CONTAINERD_CONFIG, RUNTIME_DROP_IN_CONFIG...) win
-    over the defaults, and the mounts follow them."""
+    over the defaults, and the mounts follow them.
+
+    With `cdi.nriPluginEnabled` the toolkit runs as the runtime's NRI plugin and leaves
+    its config alone (read-only hosts such as Talos refuse those mounts): it gets the
+    NRI socket's directory (NRI_SOCKET in `toolkit.env` moves it) instead."""
+    if spec.cdi.nri_plugin_enabled:
+        nri = _user_env(spec, "NRI_SOCKET") or NRI_SOCKET
+        return (
+            [
+                env("RUNTIME", runtime),
+                env("NRI_SOCKET", NRI_SOCKET_TARGET + posixpath.basename(nri)),
+            ],
+            [mount("nri-socket", NRI_SOCKET_TARGET)],
+            [host_path("nri-socket", posixpath.dirname(nri), "DirectoryOrCreate")],
+        )
     top, drop_in, socket = _DEFAULT_FILES[runtime]
     top = _user_env(spec, _CONFIG_ENV[runtime]) or _user_env(spec, "RUNTIME_CONFIG") or top
     if drop_in is not None:
@@ -164,6 +181,8 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
     ]
     if cdi:
         env_vars.append(env("NVIDIA_CONTAINER_RUNTIME_MODE", "cdi"))
+        if spec.cdi.nri_plugin_enabled:
+            env_vars.append(env("ENABLE_NRI_PLUGIN", "true"))
     env_vars += [env("CRIO_CONFIG_MODE", "config"), *runtime_env]
     main = container(
         CONTAINER_NAME,
@@ -216,7 +235,15 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         service_account(SERVICE_ACCOUNT, NAME, spec, ctx),
         *role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, _RULES),
         entrypoint_config_map(ENTRYPOINT, NAME, _SCRIPT, spec, ctx),
-        daemonset(DAEMONSET_NAME, NAME, spec, ctx, pod, node_selector={DEPLOY_TOOLKIT_LABEL: TRUE}),
+        daemonset(
+            DAEMONSET_NAME,
+            NAME,
+            spec,
+            ctx,
+            pod,
+            node_selector={DEPLOY_TOOLKIT_LABEL: TRUE},
+            host_network=spec.toolkit.host_network,
+        ),
     ]
 
 

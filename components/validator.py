@@ -21,6 +21,7 @@ from components._k8s import (
     daemonset,
     dump_env,
     field_env,
+    gpu_access,
     host_path,
     merge_env,
     mount,
@@ -112,7 +113,8 @@ def command(spec: ClusterPolicySpec) -> list[str]:
         "--cuda-image",
         cuda_image(spec),
         "--runtime-class",
-        spec.operator.runtime_class,
+        # workload pods ask for the validator pod's own class, none with the NRI plugin
+        gpu_access(spec, CONTAINER_NAME)[0].get("runtimeClassName", ""),
     ]
     for secret in validator.image_pull_secrets or ():
         cmd += ["--image-pull-secret", secret]
@@ -172,9 +174,11 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         },
     )
     main["imagePullPolicy"] = ctx.operator_image_pull_policy
+    # our one container runs upstream's toolkit-validation, the one it annotates
+    runtime, nri = gpu_access(spec, CONTAINER_NAME)
     pod: dict[str, Any] = {
         "serviceAccountName": SERVICE_ACCOUNT,
-        "runtimeClassName": spec.operator.runtime_class,
+        **runtime,
         "containers": [main],
         "imagePullSecrets": pull_secrets(
             ctx.operator_image_pull_secrets, validator.image_pull_secrets
@@ -191,7 +195,14 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         *role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, _ROLE_RULES),
         *cluster_role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, _CLUSTER_RULES),
         daemonset(
-            DAEMONSET_NAME, NAME, spec, ctx, pod, node_selector={DEPLOY_VALIDATOR_LABEL: TRUE}
+            DAEMONSET_NAME,
+            NAME,
+            spec,
+            ctx,
+            pod,
+            node_selector={DEPLOY_VALIDATOR_LABEL: TRUE},
+            pod_annotations=nri,
+            host_network=spec.validator.host_network,
         ),
     ]
 

@@ -18,8 +18,6 @@ from crd._common import PULL_POLICIES, RUNTIMES
 from crd._components import ComponentSpec, ImageSpec
 from crd._policy import ClusterPolicySpec
 
-_DEFAULT_KUBELET_ROOT = "/var/lib/kubelet"
-
 
 @dataclass(frozen=True)
 class UnsupportedField:
@@ -46,19 +44,11 @@ _FIELDS: tuple[tuple[str, _Check, str], ...] = (
     ("kataManager.enabled", lambda s: s.kata_manager.enabled, "deprecated; upstream ignores it"),
     ("psp.enabled", lambda s: s.psp is not None and s.psp.enabled, "PodSecurityPolicy is gone"),
     ("cdi.default", lambda s: s.cdi.default, "no effect (upstream v26.7 ignores it too)"),
-    ("cdi.nriPluginEnabled", lambda s: s.cdi.nri_plugin_enabled, "no NRI plugin is deployed"),
-    (
-        "hostPaths.kubeletRootDir",
-        lambda s: s.host_paths.kubelet_root_dir != _DEFAULT_KUBELET_ROOT,
-        f"operands mount the kubelet's sockets from {_DEFAULT_KUBELET_ROOT}",
-    ),
     (
         "operator.use_ocp_driver_toolkit",
         lambda s: s.operator.use_ocp_driver_toolkit,
         "OpenShift Driver Toolkit builds are not implemented",
     ),
-    ("operator.labels", lambda s: bool(s.operator.labels), "not applied"),
-    ("operator.annotations", lambda s: bool(s.operator.annotations), "not applied"),
     (
         "operator.metrics.serviceMonitor.enabled",
         lambda s: bool(
@@ -69,51 +59,57 @@ _FIELDS: tuple[tuple[str, _Check, str], ...] = (
         "no ServiceMonitor is created for the operator's metrics",
     ),
     (
-        "daemonsets.podSecurityContext",
-        lambda s: bool(
-            s.daemonsets.pod_security_context
-            and s.daemonsets.pod_security_context.model_dump(exclude_none=True)
-        ),
-        "operand pods keep their own security context",
-    ),
-    (
         "driver.usePrecompiled",
         lambda s: s.driver.use_precompiled,
         "precompiled driver DaemonSets are rendered per kernel, but driver upgrades are"
         " managed only for nvidia-driver-daemonset",
     ),
-    ("dcgmExporter.hostPID", lambda s: bool(s.dcgm_exporter.host_pid), "not applied"),
-    ("dcgmExporter.annotations", lambda s: bool(s.dcgm_exporter.annotations), "not applied"),
-    (
-        "dcgmExporter.enablePodLabels",
-        lambda s: bool(s.dcgm_exporter.enable_pod_labels),
-        "metrics carry no pod labels",
-    ),
-    (
-        "dcgmExporter.enablePodUID",
-        lambda s: bool(s.dcgm_exporter.enable_pod_uid),
-        "metrics carry no pod UID",
-    ),
-    (
-        "dcgmExporter.podLabelAllowlistRegex",
-        lambda s: bool(s.dcgm_exporter.pod_label_allowlist_regex),
-        "metrics carry no pod labels",
-    ),
-    (
-        "dcgmExporter.hpcJobMapping.enabled",
-        lambda s: bool(s.dcgm_exporter.hpc_job_mapping and s.dcgm_exporter.hpc_job_mapping.enabled),
-        "HPC job mapping is not configured",
-    ),
 )
+
+
+_HOST_NETWORK_OPERANDS = frozenset(
+    {
+        "driver",
+        "toolkit",
+        "device_plugin",
+        "dcgm",
+        "dcgm_exporter",
+        "gfd",
+        "mig_manager",
+        "node_status_exporter",
+        "validator",
+    }
+)
+"""Sections whose `hostNetwork` puts their operand's pods in the node's network (the MPS
+control daemon follows `devicePlugin`'s), as upstream's transforms do."""
+_SANDBOX_OPERANDS = frozenset(
+    {
+        "vgpu_manager",
+        "vgpu_device_manager",
+        "vfio_manager",
+        "sandbox_device_plugin",
+        "kata_sandbox_device_plugin",
+        "cc_manager",
+    }
+)
+"""Sections whose operand upstream deploys (and puts in the host network) but this
+operator does not."""
 
 
 def _host_network(spec: ClusterPolicySpec) -> Iterator[UnsupportedField]:
     for name, info in type(spec).model_fields.items():
         section = getattr(spec, name)
-        if isinstance(section, ComponentSpec) and section.host_network:
-            yield UnsupportedField(
-                f"spec.{info.alias or name}.hostNetwork", "pods stay in the pod network"
+        if (
+            isinstance(section, ComponentSpec)
+            and section.host_network
+            and name not in _HOST_NETWORK_OPERANDS
+        ):
+            reason = (
+                "its operand is not deployed (sandbox workloads are not implemented)"
+                if name in _SANDBOX_OPERANDS
+                else "no effect (upstream v26.7 ignores it too)"
             )
+            yield UnsupportedField(f"spec.{info.alias or name}.hostNetwork", reason)
 
 
 def _image_specs(model: BaseModel, path: str) -> Iterator[tuple[str, ImageSpec]]:

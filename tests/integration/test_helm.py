@@ -6,6 +6,7 @@ binary (built by `gpuop cluster build`), not the control plane."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -75,6 +76,7 @@ EVERYTHING_ON = [
     "devicePlugin.config.name=plugin-config",
     "devicePlugin.config.default=default",
     "dcgmExporter.serviceMonitor.enabled=true",
+    "dcgmExporter.enablePodLabels=true",
     "operator.serviceMonitor.enabled=true",
 ]
 
@@ -569,6 +571,9 @@ def test_upstream_only_values_reach_the_policy() -> None:
         "dcgmExporter.enablePodLabels=true",
         "dcgmExporter.enablePodUID=true",
         "dcgmExporter.annotations.team=gpu",
+        "dcgmExporter.podLabelAllowlistRegex={^app$,^team$}",
+        "dcgmExporter.hpcJobMapping.enabled=true",
+        "dcgmExporter.hpcJobMapping.directory=/run/slurm/jobs",
         "dcgmExporter.serviceMonitor.scrapeTimeout=20s",
         "vgpuManager.kernelModuleConfig.name=vgpu-modules",
         "kataSandboxDevicePlugin.hostNetwork=true",
@@ -586,6 +591,10 @@ def test_upstream_only_values_reach_the_policy() -> None:
     assert exporter.enable_pod_labels
     assert exporter.enable_pod_uid
     assert exporter.annotations == {"team": "gpu"}
+    assert exporter.pod_label_allowlist_regex == ["^app$", "^team$"]
+    assert exporter.hpc_job_mapping is not None
+    assert exporter.hpc_job_mapping.enabled
+    assert exporter.hpc_job_mapping.directory == "/run/slurm/jobs"
     assert exporter.service_monitor is not None
     assert exporter.service_monitor.scrape_timeout == "20s"
     assert spec.vgpu_manager.kernel_module_config is not None
@@ -595,5 +604,43 @@ def test_upstream_only_values_reach_the_policy() -> None:
     assert spec.operator.metrics.service_monitor is not None
     assert spec.operator.metrics.service_monitor.enabled
     fields = {f.path for f in crd.unsupported_fields(spec)}
-    assert "spec.cdi.nriPluginEnabled" in fields
-    assert "spec.driver.secretEnv" not in fields  # acted on (components.driver_config)
+    # sandboxWorkloads is not implemented; the sandbox operand's hostNetwork with it
+    assert "spec.kataSandboxDevicePlugin.hostNetwork" in fields
+    # acted on: components.driver_config, _k8s (pod settings), dcgm_exporter, toolkit
+    for acted_on in (
+        "spec.driver.secretEnv",
+        "spec.cdi.nriPluginEnabled",
+        "spec.hostPaths.kubeletRootDir",
+        "spec.driver.hostNetwork",
+        "spec.validator.hostNetwork",
+        "spec.dcgmExporter.hostPID",
+        "spec.dcgmExporter.enablePodLabels",
+        "spec.dcgmExporter.annotations",
+    ):
+        assert acted_on not in fields
+
+
+METRICS_CSV = """# DCGM field, Prometheus type, help
+DCGM_FI_DEV_GPU_UTIL, gauge, GPU utilization (in %).
+DCGM_FI_DEV_FB_USED, gauge, Framebuffer memory used (in MiB)."""
+
+
+def test_dcgm_exporter_metrics_config_map_is_created_as_upstream(tmp_path: Path) -> None:
+    """Upstream: deployments/gpu-operator/templates/dcgm_exporter_config.yaml writes a
+    ConfigMap named `dcgmExporter.config.name` in the release namespace, holding `data`
+    under `dcgm-metrics.csv`, when `create` is set and `data` is not empty; the policy
+    names it so the exporter mounts it."""
+    config = {"name": "custom-metrics", "create": True, "data": METRICS_CSV}
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"dcgmExporter": {"config": config}}))
+    docs = documents(template(values=[values]))
+    (made,) = [d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"] == "custom-metrics"]
+    assert made["metadata"]["namespace"] == NAMESPACE
+    assert made["data"] == {"dcgm-metrics.csv": METRICS_CSV + "\n"}
+    exporter = _policy(docs).spec.dcgm_exporter
+    assert exporter.config is not None
+    assert exporter.config.name == "custom-metrics"
+    # Without create, or without data, the ConfigMap is the administrator's own.
+    for extra in ([], ["dcgmExporter.config.create=true"]):
+        others = documents(template(*_set(["dcgmExporter.config.name=custom-metrics", *extra])))
+        assert "custom-metrics" not in {d["metadata"]["name"] for d in by_kind(others, "ConfigMap")}

@@ -159,6 +159,15 @@ async def test_install_run_as_the_chart_service_account_upgrade_and_uninstall(
                 assert driver is not None
                 assert await admin.list(CLUSTER_ROLE, label_selector=MANAGED)  # granted by us
 
+                # Pod labels on the exporter's metrics: upstream's read-pods ClusterRole,
+                # granted under the chart's account (a 403 fails the reconcile count).
+                _upgrade_release(local_cluster, namespace, "dcgmExporter.enablePodLabels=true")
+                read_pods = "nvidia-dcgm-exporter-read-pods"
+                assert await eventually(lambda: admin.get(CLUSTER_ROLE_BINDING, read_pods))
+                granted = await admin.get(CLUSTER_ROLE, read_pods)
+                assert granted is not None
+                assert granted["rules"][0]["resources"] == ["pods"]
+
                 # An upgrade that changes the operator and an unrelated operand only.
                 _upgrade_release(
                     local_cluster,
@@ -173,6 +182,7 @@ async def test_install_run_as_the_chart_service_account_upgrade_and_uninstall(
                     in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
                 )
                 await eventually(lambda: _gone(admin, DS, "nvidia-dcgm-exporter", namespace))
+                await eventually(lambda: _gone(admin, CLUSTER_ROLE, read_pods))
                 assert await eventually(lambda: _ready(admin), timeout=60)
                 after = await admin.get(DS, "nvidia-driver-daemonset", namespace)
                 assert after is not None
@@ -356,8 +366,9 @@ async def _granted_is_what_the_recorded_run_used(
         for v in rule["verbs"]
     }
     # ServiceMonitors: only with the Prometheus operator's CRD, absent in this cluster.
-    # The RuntimeClass (pre-requisites, never switched off) is deleted only when the
-    # policy goes, and then the garbage collector (owner references) usually wins.
+    # The RuntimeClass (pre-requisites, off only with cdi.nriPluginEnabled, not set here)
+    # is deleted only when the policy goes, and then the garbage collector (owner
+    # references) usually wins.
     not_exercised_here = {
         ("monitoring.coreos.com", "servicemonitors", v)
         for v in ("get", "list", "watch", "create", "patch", "delete")

@@ -47,7 +47,10 @@ def everything() -> crd.ClusterPolicySpec:
         dcgm={"enabled": True},
         nodeStatusExporter={"enabled": True},
         devicePlugin={"config": {"name": "dp-configs", "default": "any"}},
-        dcgmExporter={"serviceMonitor": {"enabled": True, "interval": "15s"}},
+        dcgmExporter={
+            "serviceMonitor": {"enabled": True, "interval": "15s"},
+            "enablePodLabels": True,
+        },
     )
 
 

@@ -23,28 +23,13 @@ ASKS: dict[str, dict[str, Any]] = {
     "spec.kataManager.enabled": {"kataManager": {"enabled": True}},
     "spec.psp.enabled": {"psp": {"enabled": True}},
     "spec.cdi.default": {"cdi": {"default": True}},
-    "spec.cdi.nriPluginEnabled": {"cdi": {"nriPluginEnabled": True}},
-    "spec.hostPaths.kubeletRootDir": {"hostPaths": {"kubeletRootDir": "/data/kubelet"}},
     "spec.operator.use_ocp_driver_toolkit": {"operator": {"use_ocp_driver_toolkit": True}},
-    "spec.operator.labels": {"operator": {"labels": {"team": "gpu"}}},
-    "spec.operator.annotations": {"operator": {"annotations": {"a": "b"}}},
     "spec.operator.metrics.serviceMonitor.enabled": {
         "operator": {"metrics": {"serviceMonitor": {"enabled": True}}}
     },
-    "spec.daemonsets.podSecurityContext": {"daemonsets": {"podSecurityContext": {"fsGroup": 1}}},
     "spec.driver.usePrecompiled": {"driver": {"usePrecompiled": True}},
-    "spec.dcgmExporter.hostPID": {"dcgmExporter": {"hostPID": True}},
-    "spec.dcgmExporter.annotations": {"dcgmExporter": {"annotations": {"a": "b"}}},
-    "spec.dcgmExporter.enablePodLabels": {"dcgmExporter": {"enablePodLabels": True}},
-    "spec.dcgmExporter.enablePodUID": {"dcgmExporter": {"enablePodUID": True}},
-    "spec.dcgmExporter.podLabelAllowlistRegex": {
-        "dcgmExporter": {"podLabelAllowlistRegex": ["^app$"]}
-    },
-    "spec.dcgmExporter.hpcJobMapping.enabled": {
-        "dcgmExporter": {"hpcJobMapping": {"enabled": True}}
-    },
-    "spec.devicePlugin.hostNetwork": {"devicePlugin": {"hostNetwork": True}},
     "spec.kataSandboxDevicePlugin.hostNetwork": {"kataSandboxDevicePlugin": {"hostNetwork": True}},
+    "spec.gds.hostNetwork": {"gds": {"hostNetwork": True}},
     "spec.driver.manager.imagePullPolicy": {
         "driver": {"manager": {"imagePullPolicy": "Sometimes"}}
     },
@@ -67,6 +52,39 @@ ACTED_ON: dict[str, dict[str, Any]] = {
     "secretEnv": {"driver": {"secretEnv": "driver-env"}},
     # The operator's namespace gets the Pod Security labels (gpuop.controller._psa).
     "psa": {"psa": {"enabled": True}},
+    # Pod-wide settings of every operand DaemonSet (components._k8s.daemonset).
+    "podSecurityContext": {"daemonsets": {"podSecurityContext": {"fsGroup": 1}}},
+    "hostNetwork": {
+        section: {"hostNetwork": True}
+        for section in (
+            "driver",
+            "toolkit",
+            "devicePlugin",
+            "dcgm",
+            "dcgmExporter",
+            "gfd",
+            "migManager",
+            "nodeStatusExporter",
+            "validator",
+        )
+    },
+    # The kubelet's directories follow it (components._k8s.kubelet_path).
+    "kubeletRootDir": {"hostPaths": {"kubeletRootDir": "/data/kubelet"}},
+    # The exporter's pod attribution, job mapping and pod settings (dcgm_exporter).
+    "dcgmExporter": {
+        "dcgmExporter": {
+            "hostPID": True,
+            "annotations": {"a": "b"},
+            "enablePodLabels": True,
+            "enablePodUID": True,
+            "podLabelAllowlistRegex": ["^app$"],
+            "hpcJobMapping": {"enabled": True},
+        }
+    },
+    # The toolkit runs as the runtime's NRI plugin (components.toolkit, _k8s.gpu_access).
+    "nriPluginEnabled": {"cdi": {"nriPluginEnabled": True}},
+    # Upstream's controller never reads these either: flagging them was a false alarm.
+    "operatorLabels": {"operator": {"labels": {"team": "gpu"}, "annotations": {"a": "b"}}},
 }
 
 
@@ -128,9 +146,9 @@ def test_values_that_change_nothing_upstream_are_not_reported(spec: dict[str, An
 
 
 def test_reasons_say_what_is_not_done() -> None:
-    spec = crd.ClusterPolicySpec.model_validate({"cdi": {"nriPluginEnabled": True}})
+    spec = crd.ClusterPolicySpec.model_validate({"cdi": {"default": True}})
     found = crd.unsupported_fields(spec)
-    assert str(found[0]) == "spec.cdi.nriPluginEnabled (no NRI plugin is deployed)"
+    assert str(found[0]) == "spec.cdi.default (no effect (upstream v26.7 ignores it too))"
 
 
 def _ready(previous: crd.ClusterPolicyStatus | None = None) -> crd.ClusterPolicyStatus:
