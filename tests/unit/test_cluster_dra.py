@@ -135,3 +135,11 @@ def test_a_stored_slice_as_the_server_writes_it_is_unchanged() -> None:
     assert not _same(fewer, wanted)
     recreated_node = resource_slice("gpu-node-0000", "uid-2", GPU_MODELS[0])
     assert not _same(recreated_node, wanted)
+
+
+def test_cluster_up_publishes_unless_told_not_to() -> None:
+    from gpuop.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["cluster", "up"]).dra is True
+    assert parser.parse_args(["cluster", "up", "--no-dra"]).dra is False
