@@ -123,11 +123,13 @@ def resource_slice(node: str, node_uid: str, model: GpuModel, generation: int = 
 
 
 def device_class() -> Obj:
-    """Upstream's ``gpu.nvidia.com`` class (less the GPUCluster owner it has there)."""
+    """Upstream's ``gpu.nvidia.com`` class, less the GPUCluster owner and state label it
+    has there, and with no label of ours: a GPUCluster that applies its own class over
+    this one ends up with exactly upstream's object."""
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "DeviceClass",
-        "metadata": {"name": DEVICE_CLASS_NAME, "labels": {SIMULATED_LABEL: "true"}},
+        "metadata": {"name": DEVICE_CLASS_NAME},
         "spec": {"selectors": [{"cel": {"expression": DEVICE_CLASS_SELECTOR}}]},
     }
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from gpuop.cluster import GPU_MODELS, node_manifest
 from gpuop.cluster._dra import (
@@ -20,6 +22,7 @@ from gpuop.cluster._dra import (
 from gpuop.nvml.fake import A100_SXM4_80GB, H100_80GB_HBM3, TESLA_T4, make_gpus
 
 MiB = 1024 * 1024
+RECORDED = Path(__file__).parents[1] / "conformance/upstream/next/gpucluster-default/rendered.yaml"
 
 
 def _node(index: int, gpu: bool, uid: str = "uid-1") -> dict[str, Any]:
@@ -112,7 +115,7 @@ def test_only_simulated_gpu_nodes_get_slices() -> None:
 
 def test_device_class_is_upstreams() -> None:
     cls = device_class()
-    assert cls["metadata"]["name"] == "gpu.nvidia.com"
+    assert cls["metadata"] == {"name": "gpu.nvidia.com"}
     assert cls["spec"]["selectors"] == [
         {
             "cel": {
@@ -122,6 +125,14 @@ def test_device_class_is_upstreams() -> None:
         }
     ]
     assert DEVICE_CLASS_SELECTOR in str(cls)
+    # what NVIDIA's operator created for its sample GPUCluster
+    recorded = next(
+        d
+        for d in yaml.safe_load_all(RECORDED.read_text())
+        if d and d.get("kind") == "DeviceClass" and d["metadata"]["name"] == "gpu.nvidia.com"
+    )
+    assert cls["apiVersion"] == recorded["apiVersion"]
+    assert cls["spec"] == recorded["spec"]
 
 
 def test_a_stored_slice_as_the_server_writes_it_is_unchanged() -> None:
