@@ -23,7 +23,9 @@ def _cluster(args: argparse.Namespace) -> LocalCluster:
 
 def _cmd_cluster_up(args: argparse.Namespace) -> int:
     cluster = _cluster(args)
-    info = cluster.up(nodes=args.nodes, gpu_nodes=args.gpu_nodes, apiserver_port=args.port)
+    info = cluster.up(
+        nodes=args.nodes, gpu_nodes=args.gpu_nodes, apiserver_port=args.port, dra=args.dra
+    )
     print(f"cluster up: {info.server} ({args.nodes} nodes, {args.gpu_nodes} with GPUs)")
     print(f"kubeconfig: {info.kubeconfig}")
     print(f"  export KUBECONFIG={info.kubeconfig}")
@@ -208,6 +210,12 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--gpu-nodes", type=int, default=2, help="how many have GPUs (default 2)")
     up.add_argument("--port", type=int, default=None, help="API server port (default: a free one)")
     up.add_argument("--dir", default=None, help=dir_help)
+    up.add_argument(
+        "--no-dra",
+        dest="dra",
+        action="store_false",
+        help="do not publish the simulated GPUs as DRA devices (ResourceSlices of gpu.nvidia.com)",
+    )
     up.set_defaults(func=_cmd_cluster_up)
     down = csub.add_parser("down", help="stop the processes it started and remove its directory")
     down.add_argument("--dir", default=None, help=dir_help)

@@ -259,8 +259,12 @@ class LocalCluster:
         gpu_nodes: int = 2,
         apiserver_port: int | None = None,
         tie_to_parent: bool = False,
+        dra: bool = True,
     ) -> ClusterInfo:
         """Build (if needed) and start everything, create nodes, wait until Ready.
+
+        With ``dra`` each simulated GPU node's GPUs are published as DRA devices
+        (``ResourceSlice``s of ``gpu.nvidia.com``, see ``_dra``), so claims allocate.
 
         A stale state from a crashed run in the same directory is cleaned first.
         ``tie_to_parent`` makes the kernel stop the processes when this process
@@ -282,7 +286,7 @@ class LocalCluster:
             self._claim()
             try:
                 info = self._start(bins, port, tie_to_parent)
-                asyncio.run(self._populate(nodes, gpu_nodes))
+                asyncio.run(self._populate(nodes, gpu_nodes, dra))
             except PortTaken as err:
                 self.down()
                 if attempt == attempts:
@@ -563,13 +567,29 @@ class LocalCluster:
                 f"see {log}",
             )
 
-    async def _populate(self, nodes: int, gpu_nodes: int) -> None:
+    async def _populate(self, nodes: int, gpu_nodes: int, dra: bool) -> None:
         from gpuop.kube import api_client
 
         async with api_client(self.kubeconfig) as api:
             await create_nodes(api, nodes, gpu_nodes)
             await wait_nodes_ready(api, nodes)
             await wait_default_service_account(api)
+            if dra:
+                await publish_dra(api)
+
+
+async def publish_dra(api: Any) -> None:
+    """Publish the simulated nodes' GPUs as DRA devices (idempotent)."""
+    from gpuop.rest import Rest
+
+    from ._dra import publish
+
+    progress = Progress("DRA devices")
+    done = await publish(Rest(api))
+    progress.finish(
+        f"ResourceSlices of gpu.nvidia.com: {len(done.created)} created, "
+        f"{len(done.replaced)} replaced, {len(done.deleted)} deleted"
+    )
 
 
 async def create_nodes(api: Any, nodes: int, gpu_nodes: int, concurrency: int = 32) -> None:

@@ -50,6 +50,8 @@ def test_the_tree_keeps_every_contract(tree: Path) -> None:
         ("gpuop/rest.py", "import gpuop.cli", "inside the shell"),
         # the operator imports _active (through the cluster pass): back again is a circle
         ("gpuop/controller/_active.py", "import gpuop.controller._operator", "no import cycle"),
+        # the DRA simulator belongs to the local cluster, never to the operator
+        ("gpuop/controller/_apply.py", "import gpuop.cluster._dra", "never imports the local"),
     ],
 )
 def test_a_wrong_import_breaks_its_contract(
