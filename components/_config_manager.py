@@ -104,6 +104,7 @@ def operand_daemonset(
     main: dict[str, Any],
     operand_volumes: list[dict[str, Any]],
     node_selector: dict[str, str],
+    selector_labels: dict[str, str] | None = None,
 ) -> Manifest:
     """The DaemonSet of an operand that can run under the config manager: with a config,
     the init container, the sidecar and their volumes join the pod, and the pod shares
@@ -119,7 +120,15 @@ def operand_daemonset(
         all_volumes += volumes(spec)
         pod["shareProcessNamespace"] = True
     pod.update({"initContainers": init, "containers": containers, "volumes": all_volumes})
-    return daemonset(daemonset_name, component, spec, ctx, pod, node_selector=node_selector)
+    return daemonset(
+        daemonset_name,
+        component,
+        spec,
+        ctx,
+        pod,
+        node_selector=node_selector,
+        selector_labels=selector_labels,
+    )
 
 
 def permissions(role_rules: list[Rule]) -> Permissions:

@@ -13,6 +13,8 @@ from typing import Any
 from components._k8s import (
     DRIVER_ROOT,
     HOST_ROOT_MOUNT,
+    PART_OF,
+    PART_OF_LABEL,
     READ_NODES,
     SCC_RULE,
     VALIDATIONS_DIR,
@@ -179,7 +181,13 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         *role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, _ROLE_RULES),
         *cluster_role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, _CLUSTER_RULES),
         daemonset(
-            DAEMONSET_NAME, NAME, spec, ctx, pod, node_selector={DEPLOY_VALIDATOR_LABEL: TRUE}
+            DAEMONSET_NAME,
+            NAME,
+            spec,
+            ctx,
+            pod,
+            node_selector={DEPLOY_VALIDATOR_LABEL: TRUE},
+            selector_labels={PART_OF_LABEL: PART_OF},  # upstream's selector (immutable)
         ),
     ]
 

@@ -58,6 +58,12 @@ from statemachine.upgrade_keys import SKIP_LABEL, STATE_LABEL
 log = get_logger(__name__)
 
 MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
+UPSTREAM_MANAGED_BY = "gpu-operator"
+"""What NVIDIA's operator's operand pods carry (its chart's `daemonsets.labels`)."""
+OPERAND_SELECTOR = f"{MANAGED_BY_LABEL} in ({MANAGED_BY},{UPSTREAM_MANAGED_BY})"
+"""Operand pods and revisions: ours, and those NVIDIA's operator left running, so that
+after a hand-over its driver pods are seen (and restarted, not reinstalled, by the
+upgrade machine) rather than left out of date for ever."""
 NODE = by_kind("v1", "Node")
 POLICY = by_kind("nvidia.com/v1", "ClusterPolicy")
 POD = by_kind("v1", "Pod")
@@ -101,7 +107,7 @@ class Operator:
         def managed_cache(name: str, kind: Kind, handler: Handler, **opts: Any) -> Informer:
             lister = rest.lister(kind, ns)
             return Informer(
-                ResourceSpec(name, lister, label_selector=MANAGED_SELECTOR, **opts), handler
+                ResourceSpec(name, lister, label_selector=OPERAND_SELECTOR, **opts), handler
             )
 
         # Every operand pod: the per-node rollout reads each component's pod.
@@ -144,7 +150,12 @@ class Operator:
             self.queue.add_after,
             upgrade_drain(self.upgrades),
         )
-        self.applier = Applier(rest, self.owned, lambda d: self.queue.add_after(CLUSTER_KEY, d))
+        self.applier = Applier(
+            rest,
+            self.owned,
+            lambda d: self.queue.add_after(CLUSTER_KEY, d),
+            events=self.upgrades.events,
+        )
         self.synced = False
         self._started = time.monotonic()
         self.nvd = NVIDIADrivers(self)
