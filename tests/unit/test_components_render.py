@@ -96,7 +96,9 @@ def check_manifest(obj: c.Manifest, component: str) -> None:
 def check_daemonset(ds: c.Manifest) -> None:
     selector = ds["spec"]["selector"]["matchLabels"]
     template_labels = ds["spec"]["template"]["metadata"]["labels"]
-    assert selector == {"app": ds["metadata"]["name"]}
+    # `app`, plus upstream's part-of label where upstream selects by it (test_selectors).
+    assert selector["app"] == ds["metadata"]["name"]
+    assert set(selector) <= {"app", c.PART_OF_LABEL}
     assert selector.items() <= template_labels.items()
     assert template_labels[c.MANAGED_BY_LABEL] == "gpuop"
     spec_ = pod(ds)
