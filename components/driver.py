@@ -208,7 +208,7 @@ def _driver_container(
     )
 
 
-def _manager(spec: ClusterPolicySpec, ctx: RenderContext, kernel: str | None) -> dict[str, Any]:
+def _manager(spec: ClusterPolicySpec) -> dict[str, Any]:
     """Init container: before (re)installing, evict GPU pods and unload a running driver."""
     manager = spec.driver.manager
     user_env = {v.name: v for v in (manager.env if manager and manager.env else ())}
@@ -349,7 +349,7 @@ def pod_spec(
                 ]
             }
         },
-        "initContainers": [_manager(spec, ctx, kernel)],
+        "initContainers": [_manager(spec)],
         "containers": [_driver_container(spec, ctx, kernel), *_sidecars(spec, ctx)],
         "imagePullSecrets": pull_secrets(spec.driver.image_pull_secrets),
         "volumes": [
