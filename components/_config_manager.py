@@ -106,6 +106,7 @@ def operand_daemonset(
     node_selector: dict[str, str],
     pod_annotations: dict[str, str] | None = None,
     host_network: bool | None = None,
+    selector_labels: dict[str, str] | None = None,
 ) -> Manifest:
     """The DaemonSet of an operand that can run under the config manager: with a config,
     the init container, the sidecar and their volumes join the pod, and the pod shares
@@ -130,6 +131,7 @@ def operand_daemonset(
         node_selector=node_selector,
         pod_annotations=pod_annotations,
         host_network=host_network,
+        selector_labels=selector_labels,
     )
 
 

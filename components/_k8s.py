@@ -123,11 +123,18 @@ def daemonset(
     update_strategy: dict[str, Any] | None = None,
     pod_annotations: Mapping[str, str] | None = None,
     host_network: bool | None = None,
+    selector_labels: Mapping[str, str] | None = None,
 ) -> Manifest:
-    """A DaemonSet selecting `app=<name>`, with the policy's pod-wide settings applied:
-    `spec.daemonsets.podSecurityContext` on every operand pod, and `host_network` (the
-    operand section's `hostNetwork`) as upstream's `applyHostNetworkConfig` does it."""
-    labels = pod_labels(name, component, spec)
+    """A DaemonSet selecting `app=<name>` (and `selector_labels`, which its pods carry
+    too), with the policy's pod-wide settings applied: `spec.daemonsets.podSecurityContext`
+    on every operand pod, and `host_network` (the operand section's `hostNetwork`) as
+    upstream's `applyHostNetworkConfig` does it.
+
+    The selector is immutable: it is upstream's for each DaemonSet, so that gpuop adopts
+    the DaemonSets NVIDIA's operator created in place (see `Applier` for the ones
+    that still need replacing).
+    """
+    labels = {**pod_labels(name, component, spec), **(selector_labels or {})}
     annotations = {**spec.daemonsets.annotations, **(pod_annotations or {})}
     template_meta: dict[str, Any] = {"labels": labels}
     if annotations:
@@ -150,7 +157,7 @@ def daemonset(
         "kind": "DaemonSet",
         "metadata": metadata(name, component, spec, ctx),
         "spec": {
-            "selector": {"matchLabels": {APP_LABEL: name}},
+            "selector": {"matchLabels": {APP_LABEL: name, **(selector_labels or {})}},
             "updateStrategy": update_strategy or rolling_update_strategy(spec),
             "template": {"metadata": template_meta, "spec": full_pod},
         },

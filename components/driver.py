@@ -13,12 +13,11 @@ kernel, selected by NFD's kernel label, as upstream names them.
 
 from __future__ import annotations
 
-import json
 import re
-import zlib
 from collections.abc import Mapping
 from typing import Any
 
+from components import driver_digest
 from components._k8s import (
     HOST_ROOT_MOUNT,
     SCC_RULE,
@@ -143,25 +142,12 @@ def image(spec: ClusterPolicySpec, ctx: RenderContext, kernel: str | None = None
     return _with_os(base, os_tag)
 
 
-def config_digest(spec: ClusterPolicySpec, ctx: RenderContext, kernel: str | None) -> str:
-    """A stable 32-bit digest of everything that shapes the installed driver; the driver
-    container and the driver manager compare it with what the node last installed to
-    skip a needless reinstall after a pod restart."""
-    facts = {
-        "driver": spec.driver.model_dump(mode="json", by_alias=True, exclude={"upgrade_policy"}),
-        "gds": spec.gds.model_dump(mode="json", by_alias=True),
-        "gdrcopy": spec.gdrcopy.model_dump(mode="json", by_alias=True),
-        "image": image(spec, ctx, kernel),
-    }
-    return str(zlib.crc32(json.dumps(facts, sort_keys=True).encode()))
-
-
-#: The variable carrying `config_digest` in the driver container (upstream's name).
-CONFIG_DIGEST_ENV = "DRIVER_CONFIG_DIGEST"
+#: The variable carrying the install digest (`driver_digest.digest`), upstream's name.
+CONFIG_DIGEST_ENV = driver_digest.DIGEST_ENV
 
 
 def digest_in(pod_spec: Mapping[str, Any]) -> str:
-    """The `config_digest` a pod (or pod template) spec was made with; "" when none.
+    """The install digest a pod (or pod template) spec was made with; "" when none.
 
     Two driver pods with the same digest install the same driver: a template change
     beyond it (labels, tolerations...) only needs the pod restarted, not the node emptied.
@@ -210,7 +196,7 @@ def _driver_container(
             field_env("NODE_NAME", "spec.nodeName"),
             field_env("NODE_IP", "status.hostIP"),
             env("KERNEL_MODULE_TYPE", _module_type(driver)),
-            env(CONFIG_DIGEST_ENV, config_digest(spec, ctx, kernel)),
+            env(CONFIG_DIGEST_ENV, ""),  # filled in by pod_spec
             *_feature_env(spec),
         ],
         mounts=[
@@ -239,7 +225,7 @@ def _driver_container(
     )
 
 
-def _manager(spec: ClusterPolicySpec, ctx: RenderContext, kernel: str | None) -> dict[str, Any]:
+def _manager(spec: ClusterPolicySpec) -> dict[str, Any]:
     """Init container: before (re)installing, evict GPU pods and unload a running driver."""
     manager = spec.driver.manager
     user_env = {v.name: v for v in (manager.env if manager and manager.env else ())}
@@ -259,7 +245,7 @@ def _manager(spec: ClusterPolicySpec, ctx: RenderContext, kernel: str | None) ->
                 for v in user_env.values()
             ),
             field_env("OPERATOR_NAMESPACE", "metadata.namespace"),
-            env(CONFIG_DIGEST_ENV, config_digest(spec, ctx, kernel)),
+            env(CONFIG_DIGEST_ENV, ""),  # filled in by pod_spec
             *([env("GPU_DIRECT_RDMA_ENABLED", "true")] if _rdma(spec) else []),
         ],
         "securityContext": {"privileged": True},
@@ -359,16 +345,19 @@ def _sidecars(spec: ClusterPolicySpec, ctx: RenderContext) -> list[dict[str, Any
 def pod_spec(
     spec: ClusterPolicySpec, ctx: RenderContext, kernel: str | None = None
 ) -> dict[str, Any]:
-    """The driver pod spec (before the pod-wide settings); exposed for tests."""
+    """The driver pod spec (before the pod-wide settings): the site configuration added,
+    then its install digest computed over all of it (as upstream hashes the finished
+    template)."""
     pod = _base_pod_spec(spec, ctx, kernel)
     apply_site_config(pod, spec, ctx)
+    driver_digest.with_digest(pod)
     return pod
 
 
 def _base_pod_spec(
     spec: ClusterPolicySpec, ctx: RenderContext, kernel: str | None
 ) -> dict[str, Any]:
-    return {
+    pod: dict[str, Any] = {
         "serviceAccountName": SERVICE_ACCOUNT,
         "hostPID": True,
         "affinity": {
@@ -390,7 +379,7 @@ def _base_pod_spec(
                 ]
             }
         },
-        "initContainers": [_manager(spec, ctx, kernel)],
+        "initContainers": [_manager(spec)],
         "containers": [_driver_container(spec, ctx, kernel), *_sidecars(spec, ctx)],
         "imagePullSecrets": pull_secrets(spec.driver.image_pull_secrets),
         "volumes": [
@@ -416,6 +405,7 @@ def _base_pod_spec(
             },
         ],
     }
+    return pod
 
 
 def update_strategy(spec: ClusterPolicySpec) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from components import _config_manager
 from components._k8s import (
+    PART_OF_LABEL,
     SCC_RULE,
     TOOLKIT_READY,
     container,
@@ -96,6 +97,8 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
             node_selector={DEPLOY_GFD_LABEL: TRUE},
             pod_annotations=nri,
             host_network=gfd.host_network,
+            # Upstream's selector (immutable): GFD's pods are part of `nvidia-gpu`.
+            selector_labels={PART_OF_LABEL: "nvidia-gpu"},
         ),
     ]
 

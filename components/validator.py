@@ -13,6 +13,8 @@ from typing import Any
 from components._k8s import (
     DRIVER_ROOT,
     HOST_ROOT_MOUNT,
+    PART_OF,
+    PART_OF_LABEL,
     READ_NODES,
     SCC_RULE,
     VALIDATIONS_DIR,
@@ -203,6 +205,7 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
             node_selector={DEPLOY_VALIDATOR_LABEL: TRUE},
             pod_annotations=nri,
             host_network=spec.validator.host_network,
+            selector_labels={PART_OF_LABEL: PART_OF},  # upstream's selector (immutable)
         ),
     ]
 

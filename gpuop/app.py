@@ -14,7 +14,7 @@ from gpuop.controller import Operator, OperatorConfig
 from gpuop.health import UNAVAILABLE_AFTER, Liveness
 from gpuop.install import ensure_namespace, install_crd, install_sample_policy
 from gpuop.kube import api_client
-from gpuop.leader import LeaderElector
+from gpuop.leader import Leases
 from gpuop.log import get_logger
 from gpuop.metrics import OperatorMetrics
 from gpuop.rest import Rest
@@ -60,7 +60,7 @@ async def run_operator(
             return liveness.check()
 
         elector = (
-            LeaderElector(rest, config.namespace, config.lease_name, _identity())
+            Leases.named(rest, config.namespace, config.lease_names, _identity())
             if config.leader_elect
             else None
         )

@@ -18,6 +18,11 @@ before the new one can start.
 
 Renewals are the only periodic writes an idle operator makes, and only when leader
 election is on (multi-replica installs).
+
+`Leases` holds several Leases as one: gpuop takes part in NVIDIA's operator's election
+(its Lease `53822513.nvidia.com`), so while NVIDIA's operator runs in the namespace
+gpuop waits, and also holds its own older Lease `gpuop-leader`, so that during a rolling
+update from a release that knew only that one the old and new replicas never both act.
 """
 
 from __future__ import annotations
@@ -37,6 +42,11 @@ from gpuop.rest import Rest, by_kind
 
 log = get_logger(__name__)
 LEASE = by_kind("coordination.k8s.io/v1", "Lease")
+UPSTREAM_LEASE = "53822513.nvidia.com"
+"""NVIDIA's GPU Operator's leader-election Lease (controller-runtime's LeaderElectionID)."""
+LEGACY_LEASE = "gpuop-leader"
+"""The Lease gpuop releases before upstream's was added held alone."""
+DEFAULT_LEASES = (UPSTREAM_LEASE, LEGACY_LEASE)
 
 
 class LostLeadership(RuntimeError):
@@ -185,3 +195,54 @@ class LeaderElector:
                 if lease and (lease.get("spec") or {}).get("holderIdentity") == self.identity:
                     spec = {**lease["spec"], "holderIdentity": "", "leaseDurationSeconds": 1}
                     await self.rest.replace(LEASE, {**lease, "spec": spec}, self.namespace)
+
+
+class Leases:
+    """Several Leases held as one leadership: acquired one after the other, always in
+    the same order (two new replicas never wait for each other), renewed side by side;
+    losing any one ends the leadership."""
+
+    def __init__(self, electors: list[LeaderElector]) -> None:
+        if not electors:
+            raise ValueError("need at least one lease")
+        self.electors = electors
+
+    @classmethod
+    def named(cls, rest: Rest, namespace: str, names: tuple[str, ...], identity: str) -> Leases:
+        return cls([LeaderElector(rest, namespace, n, identity) for n in names])
+
+    @property
+    def leading(self) -> bool:
+        return all(e.leading for e in self.electors)
+
+    async def acquire(self) -> None:
+        """Block until every Lease is ours (the first ones are renewed meanwhile)."""
+        holding: list[asyncio.Task[None]] = []
+        try:
+            for elector in self.electors:
+                waiting = asyncio.create_task(elector.acquire())
+                done, _ = await asyncio.wait(
+                    [waiting, *holding], return_when=asyncio.FIRST_COMPLETED
+                )
+                if waiting not in done:
+                    waiting.cancel()
+                    for task in done:
+                        task.result()  # a held Lease was lost: LostLeadership
+                await waiting
+                holding.append(asyncio.create_task(elector.hold()))
+        finally:
+            for task in holding:
+                task.cancel()
+            for task in holding:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    async def hold(self) -> None:
+        """Renew every Lease until cancelled; LostLeadership as soon as one is lost."""
+        async with asyncio.TaskGroup() as group:
+            for elector in self.electors:
+                group.create_task(elector.hold())
+
+    async def release(self) -> None:
+        for elector in reversed(self.electors):
+            await elector.release()

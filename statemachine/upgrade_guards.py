@@ -192,6 +192,19 @@ def restart_only(ctx: GuardContext) -> bool:
     return same and driver_outdated(ctx) and not view.upgrade_requested
 
 
+def restart_slot(ctx: GuardContext) -> bool:
+    """A slot for a node whose driver stays: its pod is restarted without a cordon.
+
+    Upstream 26.7 cordons first, so that a node stays unschedulable if the restart
+    fails; here the restarted pod's driver container and manager see the digest they
+    installed and keep the loaded driver, so running and new GPU pods keep working
+    either way, and a cordon would only stop scheduling (and, during a migration from
+    NVIDIA's operator, cordon every GPU node for a label change). A retry of an
+    interrupted upgrade takes the full way.
+    """
+    return slot_granted(ctx) and restart_only(ctx) and not interrupted_upgrade(ctx)
+
+
 def node_cordoned(ctx: GuardContext) -> bool:
     return ctx.view.unschedulable and not restart_only(ctx)
 

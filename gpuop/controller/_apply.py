@@ -20,6 +20,7 @@ from components._k8s import COMPONENT_LABEL
 from components.hashing import applied_hash, needs_apply
 from gpuop.controller._nvidiadriver_status import nvd_owner
 from gpuop.controller._owned import OWNED_BY_NAME
+from gpuop.controller._replace import event_subject, replace_orphaning, selector_refused
 from gpuop.controller._status import (
     REFUSAL_RETRY_BASE,
     Refusal,
@@ -27,6 +28,7 @@ from gpuop.controller._status import (
     refusal_delay,
     server_message,
 )
+from gpuop.events import EventRecorder
 from gpuop.informer import Informer, Obj, key_of
 from gpuop.log import get_logger
 from gpuop.rest import Rest, kind_of
@@ -84,8 +86,11 @@ class Applier:
         rest: Rest,
         owned: dict[str, Informer],
         retry_after: Callable[[float], None],
+        events: EventRecorder | None = None,
     ) -> None:
         self.rest = rest
+        #: Where a replaced object (immutable selector, `_replace`) is reported.
+        self.events = events
         self.owned = owned
         self._retry_after = retry_after
         #: Hashes we applied but whose watch event may not have arrived yet, so a
@@ -120,7 +125,14 @@ class Applier:
             if applied_hash(current) == applied_hash(obj):
                 self._applied[object_key(obj)] = applied_hash(obj) or ""
                 return
-        await self.rest.apply(obj)
+        try:
+            await self.rest.apply(obj)
+        except ApiException as err:
+            if not selector_refused(obj, err):
+                raise
+            created, words = await replace_orphaning(self.rest, obj)
+            if self.events is not None:
+                await self.events.record(event_subject(created), "SelectorReplaced", words)
         self._applied[object_key(obj)] = applied_hash(obj) or ""
         log.info("applied", kind=obj["kind"], name=obj["metadata"]["name"])
 

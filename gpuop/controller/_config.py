@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpuop.leader import DEFAULT_LEASES
+
 DEFAULT_NAMESPACE = "gpu-operator"
 DEFAULT_OPERATOR_IMAGE = "ghcr.io/gpuop/gpuop:0.1.0"
 
@@ -17,7 +19,8 @@ class OperatorConfig:
     metrics_port: int = 8080
     probe_port: int = 8081
     leader_elect: bool = False
-    lease_name: str = "gpuop-leader"
+    lease_names: tuple[str, ...] = DEFAULT_LEASES
+    """Held together (see `gpuop.leader.Leases`): NVIDIA's operator's Lease first."""
     node_stuck_seconds: float = 600.0
     """A GPU node waiting this long for a missing or unready operand pod is named as
     stuck (status message, NodesNotReady Event, gpu_operator_nodes_not_ready)."""

@@ -13,7 +13,7 @@ import asyncio
 import time
 from typing import Any
 
-from components._k8s import MANAGED_BY, MANAGED_BY_LABEL, PART_OF, PART_OF_LABEL
+from components._k8s import MANAGED_BY, MANAGED_BY_LABEL
 from components.driver import DAEMONSET_NAME as DRIVER_DS
 from components.keys import MIG_CAPABLE_LABEL
 from components.labels import is_gpu_node
@@ -59,10 +59,15 @@ from statemachine.upgrade_keys import SKIP_LABEL, STATE_LABEL
 log = get_logger(__name__)
 
 MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
-#: Operand pods (and their DaemonSets' revisions) are found by `part-of`, the one label
-#: of ours the policy's `daemonsets.labels` may not replace on a pod (as upstream); its
-#: `managed-by` wins there, e.g. upstream's chart policy sets `gpu-operator`.
-OPERAND_POD_SELECTOR = f"{PART_OF_LABEL}={PART_OF}"
+UPSTREAM_MANAGED_BY = "gpu-operator"
+"""What NVIDIA's operator's operand pods carry (its chart's `daemonsets.labels`)."""
+OPERAND_SELECTOR = MANAGED_BY_LABEL
+"""Operand pods and revisions: every one with a `managed-by` label, whatever its value.
+The policy's `daemonsets.labels` win on pods (as upstream), so ours may say `gpuop`,
+`gpu-operator` (upstream's chart policy) or anything else; and the pods NVIDIA's
+operator left running carry `gpu-operator` and mostly no `part-of`, and must be seen
+after a hand-over (restarted, not reinstalled, by the upgrade machine). Any other pod
+in the operator's namespace that has the label (the operator's own) costs one entry."""
 NODE = by_kind("v1", "Node")
 POLICY = by_kind("nvidia.com/v1", "ClusterPolicy")
 POD = by_kind("v1", "Pod")
@@ -108,7 +113,7 @@ class Operator:
         def managed_cache(name: str, kind: Kind, handler: Handler, **opts: Any) -> Informer:
             lister = rest.lister(kind, ns)
             return Informer(
-                ResourceSpec(name, lister, label_selector=OPERAND_POD_SELECTOR, **opts), handler
+                ResourceSpec(name, lister, label_selector=OPERAND_SELECTOR, **opts), handler
             )
 
         # Every operand pod: the per-node rollout reads each component's pod.
@@ -151,7 +156,12 @@ class Operator:
             self.queue.add_after,
             upgrade_drain(self.upgrades),
         )
-        self.applier = Applier(rest, self.owned, lambda d: self.queue.add_after(CLUSTER_KEY, d))
+        self.applier = Applier(
+            rest,
+            self.owned,
+            lambda d: self.queue.add_after(CLUSTER_KEY, d),
+            events=self.upgrades.events,
+        )
         self.synced = False
         self._started = time.monotonic()
         self.nvd = NVIDIADrivers(self, self.upgrades.events)

@@ -20,7 +20,7 @@ from components.keys import (
 )
 from components.registry import DEPLOY_LABELS
 from gpuop.cluster import NFD_GPU_LABEL
-from gpuop.controller._operator import OPERAND_POD_SELECTOR
+from gpuop.controller._operator import OPERAND_SELECTOR
 from gpuop.rest import Rest, by_kind
 from statemachine.upgrade_keys import MANAGED_ANNOTATIONS, STATE_LABEL
 from tests.conftest import TEST_GPU_NODES
@@ -50,7 +50,7 @@ async def _fresh_nodes(rest: Rest) -> None:
     annotations on the nodes (an operator stopped before its policy was deleted)."""
 
     async def no_operand_pods() -> bool:
-        return not await rest.list(POD, NAMESPACE, label_selector=OPERAND_POD_SELECTOR)
+        return not await rest.list(POD, NAMESPACE, label_selector=OPERAND_SELECTOR)
 
     assert await eventually(no_operand_pods, timeout=60)
     ours = {GPU_PRESENT_LABEL, MIG_CONFIG_LABEL, STATE_LABEL, *DEPLOY_LABELS}
@@ -230,7 +230,7 @@ async def test_policy_pod_labels_win_and_the_operator_still_finds_its_pods(
     async with Running(api_client):
 
         async def relabelled_and_ready() -> bool:
-            pods = await rest.list(POD, NAMESPACE, label_selector=OPERAND_POD_SELECTOR)
+            pods = await rest.list(POD, NAMESPACE, label_selector=OPERAND_SELECTOR)
             relabelled = bool(pods) and all(
                 labels.items() <= p["metadata"]["labels"].items() for p in pods
             )

@@ -15,6 +15,7 @@ import yaml
 import crd
 from components import COMPONENTS, RenderContext, rbac
 from gpuop.controller._owned import OWNED_CLUSTER, OWNED_NAMESPACED
+from gpuop.leader import DEFAULT_LEASES
 from gpuop.nodeagent import health
 from gpuop.rest import Kind
 from tests.integration.helm_chart import (
@@ -367,7 +368,8 @@ def test_operator_holds_what_it_does_and_what_it_grants_nothing_more() -> None:
     need(False, "", "configmaps", ["list", "watch"])
     # Leader election (gpuop/leader.py).
     need(False, "coordination.k8s.io", "leases", ["create"])
-    need(False, "coordination.k8s.io", "leases", ["get", "update"], "gpuop-leader")
+    for lease in DEFAULT_LEASES:
+        need(False, "coordination.k8s.io", "leases", ["get", "update"], lease)
     # What the operands' roles grant.
     policy = _policy(docs)
     ctx = RenderContext(namespace=NAMESPACE, operator_image="x", mig_capable=True)

@@ -24,7 +24,7 @@ from components import COMPONENTS, DEPLOY_LABELS, RenderContext
 from components.keys import GPU_PRESENT_LABEL
 from gpuop.cluster import NFD_GPU_LABEL, SIMULATED_LABEL, ClusterInfo
 from gpuop.controller import Operator, OperatorConfig
-from gpuop.leader import LeaderElector
+from gpuop.leader import DEFAULT_LEASES, LeaderElector
 from gpuop.metrics import OperatorMetrics
 from gpuop.rest import Rest, by_kind
 from statemachine.upgrade_keys import STATE_LABEL, UpgradeState
@@ -147,11 +147,12 @@ async def test_install_run_as_the_chart_service_account_upgrade_and_uninstall(
             operator = Operator(
                 Rest(sa_api), OperatorConfig(namespace=namespace, workers=4), OperatorMetrics()
             )
-            # Leader election as the chart's account: create the Lease, renew it, let go.
-            elector = LeaderElector(Rest(sa_api), namespace, "gpuop-leader", "helm-test")
-            assert await elector.try_acquire_or_renew()
-            assert await elector.try_acquire_or_renew()
-            await elector.release()
+            # Leader election as the chart's account: create each Lease, renew it, let go.
+            for lease in DEFAULT_LEASES:
+                elector = LeaderElector(Rest(sa_api), namespace, lease, "helm-test")
+                assert await elector.try_acquire_or_renew()
+                assert await elector.try_acquire_or_renew()
+                await elector.release()
             task = asyncio.create_task(operator.run())
             try:
                 assert await eventually(lambda: _ready(admin), timeout=90)

@@ -102,7 +102,9 @@ def check_manifest(obj: c.Manifest, component: str) -> None:
 def check_daemonset(ds: c.Manifest) -> None:
     selector = ds["spec"]["selector"]["matchLabels"]
     template_labels = ds["spec"]["template"]["metadata"]["labels"]
-    assert selector == {"app": ds["metadata"]["name"]}
+    # `app`, plus upstream's part-of label where upstream selects by it (test_selectors).
+    assert selector["app"] == ds["metadata"]["name"]
+    assert set(selector) <= {"app", c.PART_OF_LABEL}
     assert selector.items() <= template_labels.items()
     assert template_labels[c.MANAGED_BY_LABEL] == "gpuop"
     spec_ = pod(ds)
@@ -340,8 +342,8 @@ def test_policy_pod_labels_win_except_app_and_part_of() -> None:
         assert labels[c.MANAGED_BY_LABEL] == "gpu-operator"
         assert labels["team"] == "gpu"
         assert ds["metadata"]["labels"][c.MANAGED_BY_LABEL] == "gpuop"
-    key, _, value = operator.OPERAND_POD_SELECTOR.partition("=")
-    assert (key, value) == (c.PART_OF_LABEL, "gpu-operator")  # what the pods keep
+    # The operand caches select on the label's presence, whatever value the policy gives.
+    assert operator.OPERAND_SELECTOR == c.MANAGED_BY_LABEL
 
 
 def test_extra_labels_go_on_metadata_only() -> None:

@@ -123,6 +123,7 @@ def test_every_declared_transition() -> None:
         ("driver_up_to_date", "unknown", "upgrade-done"),
         ("enrolled", "unknown", "upgrade-done"),
         ("start", "upgrade-required", "cordon-required"),
+        ("start", "upgrade-required", "pod-restart-required"),
         ("cancel", "upgrade-required", "upgrade-done"),
         ("cordoned", "cordon-required", "wait-for-jobs-required"),
         ("cordoned", "cordon-required", "pod-restart-required"),
@@ -1082,6 +1083,7 @@ class World:
     drain_pods: int = 3
     wait_pods: int = 0
     validators_ready: bool = False
+    digest: str = ""
     now: float = NOW
     effects: list[Action] = field(default_factory=list)
     patches: int = 0
@@ -1100,6 +1102,7 @@ class World:
             gpu_pods=self.gpu_pods,
             drain_pods=self.drain_pods,
             validators_ready=self.validators_ready,
+            newest_config_digest=self.digest,
         )
 
     def persist(self, d: Decision) -> None:
@@ -1482,6 +1485,20 @@ def test_only_the_pod_changed_restarts_it_without_emptying_the_node() -> None:
     assert d.target is S.POD_RESTART_REQUIRED
     assert d.action is Action.RESTART_DRIVER_POD
     assert d.triggers == ("cordoned",)
+
+
+def test_a_restart_only_upgrade_never_cordons_nor_empties_the_node() -> None:
+    """Same DRIVER_CONFIG_DIGEST from the start: the slot goes straight to the pod
+    restart; the node is never cordoned, no GPU pod deleted, nothing drained."""
+    world = World(policy=DRAIN, pod=SAME, digest="d1")
+    steps = world.run()
+    assert steps[1].hops[0] == ("start", S.UPGRADE_REQUIRED, S.POD_RESTART_REQUIRED)
+    assert steps[1].action is Action.RESTART_DRIVER_POD
+    assert S.CORDON_REQUIRED not in [s.target for s in steps]
+    assert not {Action.CORDON, Action.DELETE_GPU_PODS, Action.DRAIN} & set(world.effects)
+    assert world.restarts == 1
+    assert world.unschedulable is False
+    assert world.labels == {STATE_LABEL: "upgrade-done"}
 
 
 def test_a_changed_digest_or_a_request_takes_the_full_way() -> None:
