@@ -61,15 +61,6 @@ _FIELDS: tuple[tuple[str, _Check, str], ...] = (
     ("operator.labels", lambda s: bool(s.operator.labels), "not applied"),
     ("operator.annotations", lambda s: bool(s.operator.annotations), "not applied"),
     (
-        "operator.metrics.serviceMonitor.enabled",
-        lambda s: bool(
-            s.operator.metrics
-            and s.operator.metrics.service_monitor
-            and s.operator.metrics.service_monitor.enabled
-        ),
-        "no ServiceMonitor is created for the operator's metrics",
-    ),
-    (
         "daemonsets.podSecurityContext",
         lambda s: bool(
             s.daemonsets.pod_security_context

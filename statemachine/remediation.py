@@ -39,6 +39,14 @@ CONDITION_GPU_HEALTHY = "GPUHealthy"
 CONDITION_REMEDIATION_PAUSED = "RemediationPaused"
 REASON_CIRCUIT_BREAKER = "CircuitBreakerOpen"
 REASON_RESUMED = "Resumed"
+#: ClusterPolicy condition: True while remediation is on but nothing reports GPUHealthy.
+CONDITION_REMEDIATION_BLIND = "RemediationBlind"
+REASON_NODE_AGENT_DISABLED = "NodeStatusExporterDisabled"
+BLIND_MESSAGE = (
+    "healthRemediation.enabled is true but nodeStatusExporter.enabled is false: no node"
+    " agent reports the GPUHealthy node condition, so no node is ever quarantined;"
+    " enable nodeStatusExporter (it runs the node agent on every GPU node)"
+)
 
 
 # Our bookkeeping on the node: present exactly while we hold it in quarantine.

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from components import COMPONENTS, NodeFacts, RenderContext, desired_objects, node_facts
 from components.driver import NAME as DRIVER_COMPONENT
 from components.hashing import with_hash
-from components.kinds import SERVICE_MONITOR
+from components.kinds import PROMETHEUS_RULE, SERVICE_MONITOR
 from components.readiness import component_ready
 from crd import ClusterPolicySpec
 from gpuop.controller._active import ActivePolicy
@@ -40,7 +40,7 @@ from gpuop.controller._status import (
 from gpuop.informer import Informer, Obj
 from gpuop.log import get_logger
 from gpuop.metrics import STATUS_ERROR, STATUS_NO_POLICY, STATUS_READY, OperatorMetrics
-from gpuop.rest import Rest
+from gpuop.rest import Kind, Rest
 from statemachine.rollout import ComponentStatus, plan_rollout
 
 if TYPE_CHECKING:
@@ -51,6 +51,7 @@ log = get_logger(__name__)
 Desired = dict[str, list[Obj]]
 """Each component's desired objects, by component name (every component, maybe [])."""
 _SERVICE_MONITOR = rest_kind(SERVICE_MONITOR)
+_PROMETHEUS_RULE = rest_kind(PROMETHEUS_RULE)
 COALESCE_MIN_S = 0.1
 COALESCE_MAX_S = 5.0
 COALESCE_FACTOR = 200.0
@@ -64,7 +65,8 @@ is never held back (``gpuop.controller._pace``)."""
 
 @dataclass(kw_only=True)
 class ClusterReconciler:
-    """The cluster pass over the operator's caches; keeps only the ServiceMonitor probe."""
+    """The cluster pass over the operator's caches; keeps only the Prometheus Operator
+    API probes."""
 
     config: OperatorConfig
     rest: Rest
@@ -79,7 +81,7 @@ class ClusterReconciler:
     nvd: NVIDIADrivers
     watches: OptionalWatches
     timers: Timers
-    _service_monitors: VersionMemo[str, bool] = field(default_factory=VersionMemo, init=False)
+    _served: VersionMemo[str, bool] = field(default_factory=VersionMemo, init=False)
     _pass_cpu_s: float = field(default=0.0, init=False)
     _rendered: tuple[tuple[object, ...], Desired] | None = field(default=None, init=False)
     _facts: dict[str, tuple[Obj, NodeFacts]] = field(default_factory=dict, init=False)
@@ -190,7 +192,7 @@ class ClusterReconciler:
         """Every component's objects, owned by the policy and carrying their hash.
 
         Rendered again only when its inputs changed (the policy's generation, the GPU
-        nodes' facts, the ServiceMonitor API): during a rollout the pass runs on every
+        nodes' facts, the Prometheus Operator's APIs): during a rollout the pass runs on every
         pod change, and rendering and hashing every object each time cost most of its
         CPU. Callers get a fresh mapping over the shared, never-mutated objects."""
         facts = self._node_facts(gpu_nodes)
@@ -198,7 +200,8 @@ class ClusterReconciler:
             namespace=self.config.namespace,
             operator_image=self.config.operator_image,
             mig_capable=mig_capable,
-            service_monitor_crd=await self._has_service_monitors(raw),
+            service_monitor_crd=await self._served_kind(raw, _SERVICE_MONITOR),
+            prometheus_rule_crd=await self._served_kind(raw, _PROMETHEUS_RULE),
             gpu_nodes=facts,
         )
         meta = raw["metadata"]
@@ -207,6 +210,7 @@ class ClusterReconciler:
             meta.get("generation") or meta.get("resourceVersion"),
             ctx.mig_capable,
             ctx.service_monitor_crd,
+            ctx.prometheus_rule_crd,
             facts,
         )
         if self._rendered is None or self._rendered[0] != key:
@@ -303,16 +307,17 @@ class ClusterReconciler:
             )
         return ready, message
 
-    async def _has_service_monitors(self, raw: Obj) -> bool:
-        """Whether the Prometheus operator's ServiceMonitor API is served (discovery,
-        which every authenticated client may read). Asked once per policy version,
-        never on a timer."""
+    async def _served_kind(self, raw: Obj, kind: Kind) -> bool:
+        """Whether an optional kind's API (the Prometheus Operator's ServiceMonitor or
+        PrometheusRule) is served (discovery, which every authenticated client may
+        read), starting or stopping its watch. Asked once per policy version, never on
+        a timer."""
 
         async def probe() -> bool:
-            found = await self.rest.api_group_exists(_SERVICE_MONITOR.api_version)
-            self.watches.served(_SERVICE_MONITOR, found)
+            found = await self.rest.api_resource_exists(kind.api_version, kind.plural)
+            self.watches.served(kind, found)
             return found
 
         # Keyed by generation, not resourceVersion: status writes bump that.
         version = str(raw["metadata"].get("generation"))
-        return await self._service_monitors.aget(_SERVICE_MONITOR.kind, version, probe)
+        return await self._served.aget(kind.kind, version, probe)

@@ -40,7 +40,7 @@ POLICY = by_kind("nvidia.com/v1", "ClusterPolicy")
 
 async def write_policy_conditions(
     rest: Rest, policies: Informer, raw: Obj, wanted: list[Condition]
-) -> None:
+) -> Obj:
     """Replace the policy's status conditions with ``wanted``, guarded by the cached
     resourceVersion (a concurrent status write fails with a conflict and the pass is
     retried on fresh data instead of dropping the other writer's conditions)."""
@@ -55,6 +55,7 @@ async def write_policy_conditions(
         subresource="status",
     )
     policies.observe(patched)
+    return patched
 
 
 @dataclass(frozen=True)

@@ -60,14 +60,15 @@ ALL_DISABLED = [
     )
 ]
 
-#: Values that switch on every operand that brings its own RBAC or ServiceMonitor.
+#: Values that switch on every operand that brings its own RBAC or ServiceMonitor, and
+#: the chart's monitoring ConfigMaps.
 EVERYTHING_ON = [
     "dcgm.enabled=true",
     "nodeStatusExporter.enabled=true",
     "devicePlugin.config.name=plugin-config",
     "devicePlugin.config.default=default",
     "dcgmExporter.serviceMonitor.enabled=true",
-    "operator.serviceMonitor.enabled=true",
+    "operator.metrics.serviceMonitor.interval=30s",
 ]
 
 
@@ -374,13 +375,9 @@ def test_operator_holds_what_it_does_and_what_it_grants_nothing_more() -> None:
                     for resource in rule["resources"]:
                         need(obj["kind"] == "ClusterRole", group, resource, rule["verbs"])
     kinds = {o["kind"] for o in objects}
-    assert {"ClusterRole", "Role", "ServiceMonitor"} <= kinds
-    need(
-        False,
-        "monitoring.coreos.com",
-        "servicemonitors",
-        ["list", "watch", "create", "patch", "delete"],
-    )
+    assert {"ClusterRole", "Role", "ServiceMonitor", "PrometheusRule"} <= kinds
+    for plural in ("servicemonitors", "prometheusrules"):
+        need(False, "monitoring.coreos.com", plural, ["list", "watch", "create", "patch", "delete"])
 
     for cluster_wide, group, resource, verb, name in needed:
         rules = cluster if cluster_wide else namespaced

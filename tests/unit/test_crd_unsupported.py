@@ -29,9 +29,6 @@ ASKS: dict[str, dict[str, Any]] = {
     "spec.operator.use_ocp_driver_toolkit": {"operator": {"use_ocp_driver_toolkit": True}},
     "spec.operator.labels": {"operator": {"labels": {"team": "gpu"}}},
     "spec.operator.annotations": {"operator": {"annotations": {"a": "b"}}},
-    "spec.operator.metrics.serviceMonitor.enabled": {
-        "operator": {"metrics": {"serviceMonitor": {"enabled": True}}}
-    },
     "spec.daemonsets.podSecurityContext": {"daemonsets": {"podSecurityContext": {"fsGroup": 1}}},
     "spec.driver.usePrecompiled": {"driver": {"usePrecompiled": True}},
     "spec.driver.repoConfig.configMapName": {"driver": {"repoConfig": {"configMapName": "r"}}},

@@ -10,6 +10,7 @@ import crd
 from gpuop.controller._nodes import node_fingerprint, trim_node
 from gpuop.controller._remediation import Remediation
 from gpuop.controller._remediation_views import (
+    blind,
     node_facts,
     node_view,
     policy_facts,
@@ -126,3 +127,26 @@ def test_with_remediation_off_only_quarantined_nodes_wake_it() -> None:
     assert not remediation.wants_node(trim_node(plain), trim_node(flipped))
     # A node we still hold must be released even with remediation off.
     assert remediation.wants_node(trim_node(_node()), trim_node(_node(status="True")))
+
+
+def test_remediation_without_the_node_agent_is_blind() -> None:
+    def spec(**sections: Any) -> crd.ClusterPolicySpec:
+        return crd.ClusterPolicySpec.model_validate(sections)
+
+    assert not blind(None)
+    assert not blind(spec())  # remediation off: nothing to see
+    assert blind(spec(healthRemediation={"enabled": True}))  # the exporter is off by default
+    assert blind(spec(healthRemediation={"enabled": True, "dryRun": True}))
+    assert not blind(
+        spec(healthRemediation={"enabled": True}, nodeStatusExporter={"enabled": True})
+    )
+    assert not blind(spec(healthRemediation={"enabled": False}))
+
+
+def test_policy_wakes_remediation_when_its_blind_condition_changes() -> None:
+    base = _policy()
+    flagged = {
+        **base,
+        "status": {"conditions": [{"type": "RemediationBlind", "status": "True"}]},
+    }
+    assert policy_facts(base) != policy_facts(flagged)
