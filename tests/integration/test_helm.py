@@ -170,7 +170,9 @@ def test_operator_deployment_is_locked_down(default_docs: list[dict[str, Any]]) 
     # The operator's metrics Service selects the pods by `app`.
     metrics = next(c for c in COMPONENTS if c.name == "operator-metrics")
     ctx = RenderContext(namespace=NAMESPACE, operator_image="x")
-    (service,) = metrics.objects(crd.default_policy().spec, ctx)
+    (service,) = [
+        o for o in metrics.objects(crd.default_policy().spec, ctx) if o["kind"] == "Service"
+    ]
     assert service["spec"]["selector"].items() <= spec["template"]["metadata"]["labels"].items()
     assert service["spec"]["ports"][0]["targetPort"] == ports["metrics"]
 
