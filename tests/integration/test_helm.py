@@ -5,6 +5,7 @@ binary (built by `gpuop cluster build`), not the control plane."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -12,7 +13,7 @@ import pytest
 import yaml
 
 import crd
-from components import COMPONENTS, RenderContext, rbac
+from components import COMPONENTS, RenderContext, monitoring, rbac
 from gpuop.controller._owned import OWNED_CLUSTER, OWNED_NAMESPACED
 from gpuop.rest import Kind
 from tests.integration.helm_chart import (
@@ -552,3 +553,31 @@ def test_upstream_only_values_reach_the_policy() -> None:
     assert spec.operator.metrics.service_monitor.enabled
     fields = {f.path for f in crd.unsupported_fields(spec)}
     assert {"spec.driver.secretEnv", "spec.cdi.nriPluginEnabled"} <= fields
+
+
+def test_monitoring_configmaps_ship_the_rules_and_the_dashboard() -> None:
+    """Without the Prometheus Operator: the rule file and the Grafana dashboard as
+    ConfigMaps (off by default), the same files the operator and deploy/ use."""
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in documents(template())}
+    assert ("ConfigMap", "gpu-operator-alert-rules") not in kinds
+    assert ("ConfigMap", "gpu-operator-dashboard") not in kinds
+    docs = documents(
+        template(
+            *_set(
+                [
+                    "monitoring.alertRules.configMap=true",
+                    "monitoring.dashboard.enabled=true",
+                    "monitoring.dashboard.namespace=monitoring",
+                ]
+            )
+        )
+    )
+    rules = one(docs, "ConfigMap", "gpu-operator-alert-rules")
+    assert rules["metadata"]["namespace"] == NAMESPACE
+    shipped = yaml.safe_load(rules["data"][monitoring.RULES_FILE])
+    assert shipped == yaml.safe_load(monitoring.data_text(monitoring.RULES_FILE))
+    board = one(docs, "ConfigMap", "gpu-operator-dashboard")
+    assert board["metadata"]["namespace"] == "monitoring"
+    assert board["metadata"]["labels"]["grafana_dashboard"] == "1"
+    shipped = json.loads(board["data"][monitoring.DASHBOARD_FILE])
+    assert shipped == json.loads(monitoring.data_text(monitoring.DASHBOARD_FILE))

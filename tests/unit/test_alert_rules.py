@@ -1,7 +1,8 @@
 """The alert rules (components/data/gpu-operator.rules.yaml) as Prometheus reads them:
 `promtool check rules`, `promtool test rules` over tests/unit/data/alert_rules_test.yaml
 (input series -> expected alerts), and checks that every alert is tested both firing and
-silent and queries only metrics the operator or the node agent serves.
+silent, and that the rules and the Grafana dashboard query only metrics the operator or
+the node agent defines (tests/integration/test_monitoring_scrape.py: serves).
 
 promtool is built once from the Go module proxy into the cache (`gpuop cluster build`
 does it before the tests in tox); without Go these tests fail rather than skip.
@@ -9,25 +10,21 @@ does it before the tests in tox); without Go these tests fail rather than skip.
 
 from __future__ import annotations
 
-import re
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
-from prometheus_client import CollectorRegistry
-from prometheus_client.core import Metric
 
-from components.monitoring import RULES_FILE, data_text, rule_groups
+from components.monitoring import DASHBOARD_FILE, RULES_FILE, data_text, rule_groups
 from gpuop.cluster._build import ensure_promtool
 from gpuop.metrics import OperatorMetrics
 from gpuop.nodeagent.collector import _Families
+from tests.monitoring_queries import alert_rules, dashboard, metrics_in, queried, served
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "components" / "data" / RULES_FILE
 TESTS = Path(__file__).resolve().parent / "data" / "alert_rules_test.yaml"
-METRIC = re.compile(r"\bgpu_operator_[a-z0-9_]+\b")
 
 
 @pytest.fixture(scope="module")
@@ -41,15 +38,10 @@ def _run(promtool: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _alerts() -> dict[str, dict[str, Any]]:
-    groups = yaml.safe_load(RULES.read_text())["groups"]
-    return {r["alert"]: r for g in groups for r in g["rules"]}
-
-
 def test_promtool_checks_the_rules(promtool: Path) -> None:
     proc = _run(promtool, "check", "rules", str(RULES))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert f"SUCCESS: {len(_alerts())} rules found" in proc.stdout
+    assert f"SUCCESS: {len(alert_rules())} rules found" in proc.stdout
 
 
 def test_promtool_unit_tests_pass(promtool: Path) -> None:
@@ -76,41 +68,58 @@ def test_every_alert_is_tested_firing_and_silent() -> None:
     for case in yaml.safe_load(TESTS.read_text())["tests"]:
         for check in case.get("alert_rule_test") or []:
             (firing if check.get("exp_alerts") else silent).add(check["alertname"])
-    alerts = set(_alerts())
+    alerts = set(alert_rules())
     assert alerts - firing == set(), "alerts never tested firing"
     assert alerts - silent == set(), "alerts never tested staying silent"
     assert (firing | silent) <= alerts, "tests name alerts that do not exist"
 
 
-def _served(families: list[Metric]) -> set[str]:
-    names: set[str] = set()
-    for family in families:
-        names.add(family.name)
-        if family.type == "counter":
-            names.add(f"{family.name}_total")
-    return names
-
-
-def test_rules_query_only_metrics_the_operator_or_node_agent_serves() -> None:
-    registry: CollectorRegistry = OperatorMetrics().registry
-    operator = _served(list(registry.collect()))
-    node = _served(_Families().all())
-    for name, rule in _alerts().items():
-        used = set(METRIC.findall(rule["expr"]))
-        assert used, name
-        assert used <= operator | node, f"{name} queries {sorted(used - operator - node)}"
+def test_rules_and_dashboard_query_only_metrics_the_operator_or_node_agent_serves() -> None:
+    operator = served(OperatorMetrics().registry.collect())
+    node = served(_Families().all())
+    for what, used in queried().items():
+        assert used, what
+        assert used <= operator | node, f"{what} queries {sorted(used - operator - node)}"
     # The node exporter's PrometheusRule carries the node groups, the operator's the rest.
     for group in rule_groups(node=True):
         for rule in group["rules"]:
-            assert set(METRIC.findall(rule["expr"])) <= node, rule["alert"]
+            assert metrics_in(rule["expr"]) <= node, rule["alert"]
     for group in rule_groups(node=False):
         for rule in group["rules"]:
-            assert set(METRIC.findall(rule["expr"])) <= operator, rule["alert"]
+            assert metrics_in(rule["expr"]) <= operator, rule["alert"]
 
 
-def test_the_chart_ships_the_same_rules_file() -> None:
-    """The chart reads the rules through a link into components/data: one source."""
-    shipped = ROOT / "deploy" / "helm" / "gpu-operator" / "files" / RULES_FILE
-    assert shipped.is_symlink()
-    assert shipped.resolve() == RULES.resolve()
-    assert yaml.safe_load(data_text(RULES_FILE)) == yaml.safe_load(RULES.read_text())
+def test_the_check_catches_a_metric_nobody_serves() -> None:
+    assert metrics_in("max(gpu_operator_nodes_upgrades_failed) > 0") == {
+        "gpu_operator_nodes_upgrades_failed"
+    }
+    operator = served(OperatorMetrics().registry.collect())
+    assert "gpu_operator_reconciliation_total" in operator  # a counter, as scraped
+    assert "gpu_operator_node_device_plugin_devices_total" not in operator
+    assert not metrics_in("up == 0")
+
+
+@pytest.mark.parametrize("name", [RULES_FILE, DASHBOARD_FILE])
+def test_the_chart_and_deploy_ship_the_same_files(name: str) -> None:
+    """The chart and deploy/monitoring read components/data through links: one source."""
+    source = ROOT / "components" / "data" / name
+    for shipped in (
+        ROOT / "deploy" / "helm" / "gpu-operator" / "files" / name,
+        ROOT / "deploy" / "monitoring" / name,
+    ):
+        assert shipped.is_symlink(), shipped
+        assert shipped.resolve() == source.resolve()
+    assert data_text(name) == source.read_text()
+
+
+def test_dashboard_panels_all_query_and_have_unique_ids() -> None:
+    board = dashboard()
+    ids = [p["id"] for p in board["panels"]]
+    assert len(ids) == len(set(ids))
+    for panel in board["panels"]:
+        if panel["type"] == "row":
+            continue
+        assert panel["targets"], panel["title"]
+        for target in panel["targets"]:
+            assert target["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+    assert [v["name"] for v in board["templating"]["list"]] == ["datasource"]
