@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from components.keys import TAINT_EFFECT as TAINT_EFFECT
 from components.keys import TAINT_KEY as TAINT_KEY
 from components.keys import TAINT_VALUE as TAINT_VALUE
+from crd import ClusterPolicySpec
 
 #: Node condition the node agent reports (True healthy, False a fault, Unknown no NVML).
 CONDITION_GPU_HEALTHY = "GPUHealthy"
@@ -39,7 +40,8 @@ CONDITION_GPU_HEALTHY = "GPUHealthy"
 CONDITION_REMEDIATION_PAUSED = "RemediationPaused"
 REASON_CIRCUIT_BREAKER = "CircuitBreakerOpen"
 REASON_RESUMED = "Resumed"
-#: ClusterPolicy condition: True while remediation is on but nothing reports GPUHealthy.
+#: ClusterPolicy condition: True while remediation is on but nothing reports GPUHealthy
+#: (set by the cluster pass with the policy's other spec-derived conditions).
 CONDITION_REMEDIATION_BLIND = "RemediationBlind"
 REASON_NODE_AGENT_DISABLED = "NodeStatusExporterDisabled"
 BLIND_MESSAGE = (
@@ -286,3 +288,11 @@ def quarantined_taints(taints: Iterable[dict[str, str]]) -> list[dict[str, str]]
 def released_taints(taints: Iterable[dict[str, str]]) -> list[dict[str, str]]:
     """``taints`` without ours."""
     return [t for t in taints if t.get("key") != TAINT_KEY]
+
+
+def blind(spec: ClusterPolicySpec | None) -> bool:
+    """Remediation is on but the node agent that reports GPUHealthy is not deployed:
+    it would wait for a condition no one sets."""
+    if spec is None or spec.health_remediation is None:
+        return False
+    return spec.health_remediation.enabled and not spec.node_status_exporter.enabled

@@ -26,11 +26,9 @@ from crd import format_time as format_condition_time
 from gpuop.controller._active import ActivePolicy
 from gpuop.controller._nodes import labels
 from gpuop.controller._remediation_views import (
-    blind,
     node_facts,
     node_view,
     paused_condition,
-    policy_condition,
     policy_view,
 )
 from gpuop.controller._status import condition_change, write_policy_conditions
@@ -43,15 +41,12 @@ from gpuop.metrics import OperatorMetrics
 from gpuop.rest import Rest, by_kind
 from statemachine.remediation import (
     ACTION_ANNOTATION,
-    BLIND_MESSAGE,
-    CONDITION_REMEDIATION_BLIND,
     CONDITION_REMEDIATION_PAUSED,
     CORDONED_ANNOTATION,
     MANAGED_ANNOTATIONS,
     QUARANTINED_ANNOTATION,
     QUARANTINED_AT_ANNOTATION,
     REASON_CIRCUIT_BREAKER,
-    REASON_NODE_AGENT_DISABLED,
     REASON_RESUMED,
     RESUME_ANNOTATION,
     TAINT_EFFECT,
@@ -143,8 +138,6 @@ class Remediation:
         )
         resume = raw is not None and RESUME_ANNOTATION in (raw["metadata"].get("annotations") or {})
         now = datetime.now(UTC)
-        if raw is not None:
-            raw = await self._blindness(raw, spec, now)
         fleet = FleetHealthView(views, now.timestamp(), paused=paused, resume_requested=resume)
         plan = plan_remediation(fleet, policy)
         self.metrics.health_unhealthy.set(plan.unhealthy)
@@ -260,27 +253,6 @@ class Remediation:
             log.warning("gpu health remediation paused", reason=message, held=list(plan.held))
             await self.events.record(involved, "RemediationPaused", message, warning=True)
         await self._write_paused(raw, condition, now)
-
-    async def _blindness(self, raw: Obj, spec: ClusterPolicySpec | None, now: datetime) -> Obj:
-        """RemediationBlind (and a Warning Event) while remediation is on without the node
-        agent; removed once either changes. Returns the policy as written."""
-        is_blind = blind(spec)
-        stored = policy_condition(raw, CONDITION_REMEDIATION_BLIND)
-        if not is_blind and stored is None:
-            return raw
-        condition = ("True", REASON_NODE_AGENT_DISABLED, BLIND_MESSAGE) if is_blind else None
-        change = condition_change(raw, CONDITION_REMEDIATION_BLIND, condition, now)
-        if change is None:
-            log.warning("policy status unreadable; RemediationBlind not written")
-            return raw
-        if change.wanted == change.stored:
-            return raw
-        if is_blind:
-            log.warning("gpu health remediation is blind", reason=BLIND_MESSAGE)
-            await self.events.record(
-                _policy_ref(raw), CONDITION_REMEDIATION_BLIND, BLIND_MESSAGE, warning=True
-            )
-        return await write_policy_conditions(self.rest, self._policies, raw, change.wanted)
 
     async def _write_paused(
         self, raw: Obj, condition: tuple[str, str, str] | None, now: datetime

@@ -15,7 +15,6 @@ from crd import ClusterPolicySpec
 from gpuop.controller._nodes import gpu_health, labels
 from gpuop.informer import Obj
 from statemachine.remediation import (
-    CONDITION_REMEDIATION_BLIND,
     CONDITION_REMEDIATION_PAUSED,
     CORDONED_ANNOTATION,
     QUARANTINED_ANNOTATION,
@@ -79,29 +78,15 @@ def policy_facts(policy: Obj | None) -> Any:
         return None
     meta = policy["metadata"]
     paused = paused_condition(policy)
-    blind_cond = policy_condition(policy, CONDITION_REMEDIATION_BLIND)
     return (
         meta.get("generation"),
         (meta.get("annotations") or {}).get(RESUME_ANNOTATION),
         paused.get("status") if paused else None,
-        blind_cond.get("status") if blind_cond else None,
     )
 
 
 def paused_condition(policy: Obj) -> dict[str, Any] | None:
-    return policy_condition(policy, CONDITION_REMEDIATION_PAUSED)
-
-
-def policy_condition(policy: Obj, kind: str) -> dict[str, Any] | None:
     for cond in (policy.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == kind:
+        if cond.get("type") == CONDITION_REMEDIATION_PAUSED:
             return dict(cond)
     return None
-
-
-def blind(spec: ClusterPolicySpec | None) -> bool:
-    """Remediation is on but the node agent that reports GPUHealthy is not deployed:
-    it would wait for a condition no one sets."""
-    if spec is None or spec.health_remediation is None:
-        return False
-    return spec.health_remediation.enabled and not spec.node_status_exporter.enabled

@@ -20,6 +20,7 @@ from crd import (
     ClusterPolicyStatus,
     ComponentState,
     Condition,
+    find_condition,
     not_ready_status,
     ready_status,
     set_condition,
@@ -33,6 +34,12 @@ from gpuop.controller._rollout_view import RolloutView
 from gpuop.informer import Informer, Obj
 from gpuop.metrics import STATUS_ERROR, STATUS_NOT_READY, STATUS_READY
 from gpuop.rest import Rest, by_kind
+from statemachine.remediation import (
+    BLIND_MESSAGE,
+    CONDITION_REMEDIATION_BLIND,
+    REASON_NODE_AGENT_DISABLED,
+    blind,
+)
 from statemachine.rollout import ROLLOUT_ORDER, ComponentStatus, RolloutPlan
 
 POLICY = by_kind("nvidia.com/v1", "ClusterPolicy")
@@ -40,7 +47,7 @@ POLICY = by_kind("nvidia.com/v1", "ClusterPolicy")
 
 async def write_policy_conditions(
     rest: Rest, policies: Informer, raw: Obj, wanted: list[Condition]
-) -> Obj:
+) -> None:
     """Replace the policy's status conditions with ``wanted``, guarded by the cached
     resourceVersion (a concurrent status write fails with a conflict and the pass is
     retried on fresh data instead of dropping the other writer's conditions)."""
@@ -55,7 +62,6 @@ async def write_policy_conditions(
         subresource="status",
     )
     policies.observe(patched)
-    return patched
 
 
 @dataclass(frozen=True)
@@ -241,7 +247,7 @@ def cluster_status(seen: ClusterObservation, now: datetime) -> tuple[ClusterPoli
         )
     components = component_states(seen.snapshot, seen.actual, seen.view)
     status = status.model_copy(update={"rollout_state": seen.plan.state, "components": components})
-    return flag_unsupported(status, seen.model, seen.generation, now), outcome
+    return flag_spec_conditions(status, seen.model, seen.generation, now), outcome
 
 
 def invalid_status(
@@ -263,7 +269,42 @@ def invalid_status(
         now=now,
         previous=previous,
     )
-    return flag_unsupported(status, model, generation, now)
+    return flag_spec_conditions(status, model, generation, now)
+
+
+def flag_spec_conditions(
+    status: ClusterPolicyStatus,
+    model: ClusterPolicy | None,
+    generation: int | None,
+    now: datetime,
+) -> ClusterPolicyStatus:
+    """The conditions read off the active policy's spec alone (``model`` None: none)."""
+    return flag_blind(flag_unsupported(status, model, generation, now), model, generation, now)
+
+
+def flag_blind(
+    status: ClusterPolicyStatus,
+    model: ClusterPolicy | None,
+    generation: int | None,
+    now: datetime,
+) -> ClusterPolicyStatus:
+    """RemediationBlind while remediation is on without the node agent that reports
+    GPUHealthy; absent otherwise, so a policy without remediation keeps upstream's
+    status."""
+    if model is None or not blind(model.spec):
+        if find_condition(status.conditions, CONDITION_REMEDIATION_BLIND) is None:
+            return status
+        others = [c for c in status.conditions or () if c.type != CONDITION_REMEDIATION_BLIND]
+        return status.model_copy(update={"conditions": others or None})
+    condition = Condition(
+        type=CONDITION_REMEDIATION_BLIND,
+        status="True",
+        reason=REASON_NODE_AGENT_DISABLED,
+        message=BLIND_MESSAGE,
+        observed_generation=generation,
+        last_transition_time=format_condition_time(now),
+    )
+    return status.model_copy(update={"conditions": set_condition(status.conditions, condition)})
 
 
 def flag_unsupported(

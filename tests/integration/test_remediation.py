@@ -388,9 +388,13 @@ async def test_remediation_without_the_node_agent_says_it_is_blind(
         assert {e["type"] for e in events} == {"Warning"}
         await run.settle()
         writes = run.rest.writes
+        run.operator.queue.add("cluster")
         run.operator.queue.add("remediation")
         await run.settle()
         assert run.rest.writes == writes  # said once, not rewritten
+        assert len(await _events(rest, CONDITION_REMEDIATION_BLIND, "cluster-policy")) == len(
+            events
+        )
 
         off = _policy(action="taint")
         off["spec"]["healthRemediation"]["enabled"] = False
