@@ -80,6 +80,8 @@ class RenderContext:
     """Labels added to every object's metadata."""
     service_monitor_crd: bool = True
     """The `monitoring.coreos.com` ServiceMonitor CRD exists (else none is rendered)."""
+    prometheus_rule_crd: bool = True
+    """The `monitoring.coreos.com` PrometheusRule CRD exists (else no alert rules)."""
     operator_image_pull_policy: str = "IfNotPresent"
     """Pull policy for containers running the operator image."""
     operator_image_pull_secrets: tuple[str, ...] = ()

@@ -32,6 +32,7 @@ from components.component import Component, Permissions
 from components.context import Manifest, RenderContext
 from components.keys import DEPLOY_DCGM_EXPORTER_LABEL, TRUE
 from components.kinds import CLUSTER_RBAC, DAEMONSET, NAMESPACED_RBAC, SERVICE, SERVICE_MONITOR
+from components.monitoring import service_monitor
 from crd import ClusterPolicySpec, component_image
 
 NAME = "dcgm-exporter"
@@ -206,30 +207,16 @@ def _service_monitor(spec: ClusterPolicySpec, ctx: RenderContext) -> Manifest | 
     monitor = spec.dcgm_exporter.service_monitor
     if monitor is None or not monitor.enabled or not ctx.service_monitor_crd:
         return None
-    endpoint: dict[str, Any] = {
-        "port": SERVICE_PORT_NAME,
-        "path": "/metrics",
-        "honorLabels": monitor.honor_labels,
-    }
-    if monitor.interval:
-        endpoint["interval"] = monitor.interval
-    if monitor.scrape_timeout:
-        endpoint["scrapeTimeout"] = monitor.scrape_timeout
-    if monitor.relabelings:
-        endpoint["relabelings"] = monitor.relabelings
-    meta = metadata(SERVICE_NAME, NAME, spec, ctx)
-    meta["labels"] = {**(monitor.additional_labels or {}), **meta["labels"]}
-    return {
-        "apiVersion": "monitoring.coreos.com/v1",
-        "kind": "ServiceMonitor",
-        "metadata": meta,
-        "spec": {
-            "jobLabel": APP_LABEL,
-            "selector": {"matchLabels": {APP_LABEL: DAEMONSET_NAME}},
-            "namespaceSelector": {"matchNames": [ctx.namespace]},
-            "endpoints": [endpoint],
-        },
-    }
+    return service_monitor(
+        SERVICE_NAME,
+        NAME,
+        spec,
+        ctx,
+        app=DAEMONSET_NAME,
+        port=SERVICE_PORT_NAME,
+        job_label=APP_LABEL,
+        settings=monitor,
+    )
 
 
 def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:

@@ -18,6 +18,9 @@ RUNTIME_CLASS = ObjectKind("node.k8s.io/v1", "RuntimeClass", "runtimeclasses", F
 SERVICE_MONITOR = ObjectKind(
     "monitoring.coreos.com/v1", "ServiceMonitor", "servicemonitors", optional=True
 )
+PROMETHEUS_RULE = ObjectKind(
+    "monitoring.coreos.com/v1", "PrometheusRule", "prometheusrules", optional=True
+)
 
 NAMESPACED_RBAC = (SERVICE_ACCOUNT, ROLE, ROLE_BINDING)
 """An operand's own account and namespaced permissions."""

@@ -1,5 +1,6 @@
 """node-status-exporter: our node agent serving per-node validation status and GPU health
-as Prometheus metrics (off by default, as upstream)."""
+as Prometheus metrics (off by default, as upstream), with a ServiceMonitor and the
+node alert rules where the Prometheus Operator's CRDs are served."""
 
 from __future__ import annotations
 
@@ -28,7 +29,15 @@ from components._k8s import (
 from components.component import Component, Permissions
 from components.context import Manifest, RenderContext
 from components.keys import DEPLOY_NODE_STATUS_EXPORTER_LABEL, TRUE
-from components.kinds import CLUSTER_RBAC, DAEMONSET, NAMESPACED_RBAC, SERVICE
+from components.kinds import (
+    CLUSTER_RBAC,
+    DAEMONSET,
+    NAMESPACED_RBAC,
+    PROMETHEUS_RULE,
+    SERVICE,
+    SERVICE_MONITOR,
+)
+from components.monitoring import prometheus_rule, service_monitor
 from crd import ClusterPolicySpec
 
 NAME = "node-status-exporter"
@@ -38,6 +47,9 @@ SERVICE_ACCOUNT = "nvidia-node-status-exporter"
 CONTAINER_NAME = "nvidia-node-status-exporter"
 METRICS_PORT = 8000
 SERVICE_PORT_NAME = "node-status"
+JOB_LABEL = "node-status"
+PROMETHEUS_RULE_NAME = "nvidia-node-status-exporter-alerts"
+"""Upstream's name for its node alerts (it creates them on OpenShift only)."""
 _ROLE_RULES = [
     {
         "apiGroups": ["security.openshift.io"],
@@ -98,7 +110,8 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
     }
     service_meta = metadata(SERVICE_NAME, NAME, spec, ctx)
     service_meta["labels"][APP_LABEL] = DAEMONSET_NAME
-    return [
+    service_meta["annotations"] = {"prometheus.io/scrape": "true"}
+    objects = [
         service_account(SERVICE_ACCOUNT, NAME, spec, ctx),
         *role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, _ROLE_RULES),
         *cluster_role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, [READ_NODES]),
@@ -128,6 +141,23 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
             },
         },
     ]
+    if ctx.service_monitor_crd:
+        objects.append(
+            service_monitor(
+                SERVICE_NAME,
+                NAME,
+                spec,
+                ctx,
+                app=DAEMONSET_NAME,
+                port=SERVICE_PORT_NAME,
+                job_label=JOB_LABEL,
+            )
+        )
+    if ctx.prometheus_rule_crd:
+        objects.append(
+            prometheus_rule(PROMETHEUS_RULE_NAME, NAME, spec, ctx, app=DAEMONSET_NAME, node=True)
+        )
+    return objects
 
 
 COMPONENT = Component(
@@ -135,6 +165,6 @@ COMPONENT = Component(
     deploy_label=DEPLOY_NODE_STATUS_EXPORTER_LABEL,
     is_enabled=enabled,
     render=render,
-    kinds=(*NAMESPACED_RBAC, *CLUSTER_RBAC, DAEMONSET, SERVICE),
+    kinds=(*NAMESPACED_RBAC, *CLUSTER_RBAC, DAEMONSET, SERVICE, SERVICE_MONITOR, PROMETHEUS_RULE),
     permissions=Permissions(role=tuple(_ROLE_RULES), cluster=(READ_NODES,)),
 )

@@ -1,42 +1,77 @@
-"""operator-metrics: the Service Prometheus scrapes the operator's own metrics through."""
+"""operator-metrics: the Service Prometheus scrapes the operator's own metrics through,
+and, where the Prometheus Operator's CRDs are served, its ServiceMonitor (always, as
+upstream: `operator.metrics.serviceMonitor` only tunes it) and the operator's alert rules."""
 
 from __future__ import annotations
 
-from components._k8s import metadata
+from components._k8s import APP_LABEL, metadata
 from components.component import Component, always
 from components.context import Manifest, RenderContext
-from components.kinds import SERVICE
+from components.kinds import PROMETHEUS_RULE, SERVICE, SERVICE_MONITOR
+from components.monitoring import prometheus_rule, service_monitor
 from crd import ClusterPolicySpec
 
 NAME = "operator-metrics"
 SERVICE_NAME = "gpu-operator"
+SERVICE_MONITOR_NAME = "gpu-operator"
+PROMETHEUS_RULE_NAME = "nvidia-gpu-operator-metrics"
+"""Upstream's name for its operator alerts (it creates them on OpenShift only)."""
 OPERATOR_APP = "gpu-operator"
-"""`app` label of the operator's own pods (set by the chart)."""
+"""`app` label of the operator's own pods (set by the chart) and of its metrics Service."""
 METRICS_PORT = 8080
 METRICS_PORT_NAME = "gpu-operator-metrics"
+JOB_LABEL = "operator"
+
+
+def _service(spec: ClusterPolicySpec, ctx: RenderContext) -> Manifest:
+    meta = metadata(SERVICE_NAME, NAME, spec, ctx)
+    meta["labels"][APP_LABEL] = OPERATOR_APP  # what upstream's ServiceMonitor selects
+    meta["annotations"] = {"prometheus.io/scrape": "true"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": meta,
+        "spec": {
+            "selector": {APP_LABEL: OPERATOR_APP},
+            "ports": [
+                {
+                    "name": METRICS_PORT_NAME,
+                    "port": METRICS_PORT,
+                    "targetPort": METRICS_PORT,
+                    "protocol": "TCP",
+                }
+            ],
+        },
+    }
 
 
 def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
-    return [
-        {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": metadata(SERVICE_NAME, NAME, spec, ctx),
-            "spec": {
-                "selector": {"app": OPERATOR_APP},
-                "ports": [
-                    {
-                        "name": METRICS_PORT_NAME,
-                        "port": METRICS_PORT,
-                        "targetPort": METRICS_PORT,
-                        "protocol": "TCP",
-                    }
-                ],
-            },
-        }
-    ]
+    objects = [_service(spec, ctx)]
+    if ctx.service_monitor_crd:
+        settings = spec.operator.metrics.service_monitor if spec.operator.metrics else None
+        objects.append(
+            service_monitor(
+                SERVICE_MONITOR_NAME,
+                NAME,
+                spec,
+                ctx,
+                app=OPERATOR_APP,
+                port=METRICS_PORT_NAME,
+                job_label=JOB_LABEL,
+                settings=settings,
+            )
+        )
+    if ctx.prometheus_rule_crd:
+        objects.append(
+            prometheus_rule(PROMETHEUS_RULE_NAME, NAME, spec, ctx, app=OPERATOR_APP, node=False)
+        )
+    return objects
 
 
 COMPONENT = Component(
-    name=NAME, deploy_label=None, is_enabled=always, render=render, kinds=(SERVICE,)
+    name=NAME,
+    deploy_label=None,
+    is_enabled=always,
+    render=render,
+    kinds=(SERVICE, SERVICE_MONITOR, PROMETHEUS_RULE),
 )

@@ -50,15 +50,6 @@ _FIELDS: tuple[tuple[str, _Check, str], ...] = (
         "OpenShift Driver Toolkit builds are not implemented",
     ),
     (
-        "operator.metrics.serviceMonitor.enabled",
-        lambda s: bool(
-            s.operator.metrics
-            and s.operator.metrics.service_monitor
-            and s.operator.metrics.service_monitor.enabled
-        ),
-        "no ServiceMonitor is created for the operator's metrics",
-    ),
-    (
         "driver.usePrecompiled",
         lambda s: s.driver.use_precompiled,
         "precompiled driver DaemonSets are rendered per kernel, but driver upgrades are"

@@ -71,12 +71,14 @@ def _cmd_cluster_gpu_health(args: argparse.Namespace) -> int:
 
 
 def _cmd_cluster_build(args: argparse.Namespace) -> int:
-    from gpuop.cluster._build import ensure_helm
+    from gpuop.cluster._build import ensure_helm, ensure_promtool
 
     paths = ensure_binaries()
     built = list(paths.all())
     if args.helm:
         built.append(ensure_helm())  # the chart tests run it
+    if args.promtool:
+        built.append(ensure_promtool())  # the alert rule tests run it
     print(f"cache: {cache_dir()}")
     for path in built:
         print(f"  {path}")
@@ -257,6 +259,12 @@ def build_parser() -> argparse.ArgumentParser:
         dest="helm",
         action="store_false",
         help="skip Helm (built by default: the chart tests need it)",
+    )
+    build.add_argument(
+        "--no-promtool",
+        dest="promtool",
+        action="store_false",
+        help="skip promtool (built by default: the alert rule tests need it)",
     )
     build.set_defaults(func=_cmd_cluster_build)
 

@@ -236,6 +236,17 @@ class Rest:
             raise
         return True
 
+    async def api_resource_exists(self, group_version: str, plural: str) -> bool:
+        """Discovery: is ``plural`` served in ``group/version``? One CRD of a group may
+        be installed without the others (a ServiceMonitor CRD, no PrometheusRule's)."""
+        try:
+            body: Obj = await self._call("GET", "GET", f"/apis/{group_version}", "discovery")
+        except ApiException as err:
+            if err.status == 404:
+                return False
+            raise
+        return any(r.get("name") == plural for r in body.get("resources") or [])
+
     async def list(self, kind: Kind, namespace: str | None = None, **selectors: str) -> list[Obj]:
         query = [
             ("labelSelector" if k == "label_selector" else "fieldSelector", v)

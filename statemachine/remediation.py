@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from components.keys import TAINT_EFFECT as TAINT_EFFECT
 from components.keys import TAINT_KEY as TAINT_KEY
 from components.keys import TAINT_VALUE as TAINT_VALUE
+from crd import ClusterPolicySpec
 
 #: Node condition the node agent reports (True healthy, False a fault, Unknown no NVML).
 CONDITION_GPU_HEALTHY = "GPUHealthy"
@@ -49,6 +50,15 @@ CONDITION_GPU_HEALTHY = "GPUHealthy"
 CONDITION_REMEDIATION_PAUSED = "RemediationPaused"
 REASON_CIRCUIT_BREAKER = "CircuitBreakerOpen"
 REASON_RESUMED = "Resumed"
+#: ClusterPolicy condition: True while remediation is on but nothing reports GPUHealthy
+#: (set by the cluster pass with the policy's other spec-derived conditions).
+CONDITION_REMEDIATION_BLIND = "RemediationBlind"
+REASON_NODE_AGENT_DISABLED = "NodeStatusExporterDisabled"
+BLIND_MESSAGE = (
+    "healthRemediation.enabled is true but nodeStatusExporter.enabled is false: no node"
+    " agent reports the GPUHealthy node condition, so no node is ever quarantined;"
+    " enable nodeStatusExporter (it runs the node agent on every GPU node)"
+)
 
 
 # Our bookkeeping on the node: present exactly while we hold it in quarantine.
@@ -356,3 +366,11 @@ def quarantined_taints(taints: Iterable[dict[str, str]]) -> list[dict[str, str]]
 def released_taints(taints: Iterable[dict[str, str]]) -> list[dict[str, str]]:
     """``taints`` without ours."""
     return [t for t in taints if t.get("key") != TAINT_KEY]
+
+
+def blind(spec: ClusterPolicySpec | None) -> bool:
+    """Remediation is on but the node agent that reports GPUHealthy is not deployed:
+    it would wait for a condition no one sets."""
+    if spec is None or spec.health_remediation is None:
+        return False
+    return spec.health_remediation.enabled and not spec.node_status_exporter.enabled

@@ -210,9 +210,9 @@ def _definition() -> MachineDef:
         _t("enrolled", (S.UNKNOWN,), S.UPGRADE_DONE, g.enrolled_no_orphan),
         _t("resume_cordoned", at_rest, S.UNCORDON_REQUIRED, g.orphan_proven),
         _t("resume_cordoned", at_rest, S.UPGRADE_REQUIRED, g.orphan_unproven),
-        # Tried first: a restart-only node skips the cordon (and so needs no uncordon).
+        # A restart-only node skips the cordon (and so needs no uncordon).
         _t("start", (S.UPGRADE_REQUIRED,), S.POD_RESTART_REQUIRED, g.restart_slot, _on_start),
-        _t("start", (S.UPGRADE_REQUIRED,), S.CORDON_REQUIRED, g.slot_granted, _on_start),
+        _t("start", (S.UPGRADE_REQUIRED,), S.CORDON_REQUIRED, g.cordon_slot, _on_start),
         _t("cancel", (S.UPGRADE_REQUIRED,), S.UPGRADE_DONE, g.upgrade_cancelled),
         _t("cordoned", (S.CORDON_REQUIRED,), S.WAIT_FOR_JOBS_REQUIRED, g.node_cordoned),
         _t(

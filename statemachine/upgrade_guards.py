@@ -205,6 +205,12 @@ def restart_slot(ctx: GuardContext) -> bool:
     return slot_granted(ctx) and restart_only(ctx) and not interrupted_upgrade(ctx)
 
 
+def cordon_slot(ctx: GuardContext) -> bool:
+    """A slot for a node that takes the full way (cordon first): every granted start
+    that :func:`restart_slot` does not take, so the two never both hold."""
+    return slot_granted(ctx) and not restart_slot(ctx)
+
+
 def node_cordoned(ctx: GuardContext) -> bool:
     return ctx.view.unschedulable and not restart_only(ctx)
 

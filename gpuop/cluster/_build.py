@@ -24,7 +24,16 @@ from pathlib import Path
 from gpuop.progress import Progress
 
 from ._errors import ClusterError
-from ._versions import KUBE_COMMANDS, BinaryPaths, Versions, cache_dir, helm_path, helm_version
+from ._versions import (
+    KUBE_COMMANDS,
+    BinaryPaths,
+    Versions,
+    cache_dir,
+    helm_path,
+    helm_version,
+    promtool_path,
+    promtool_version,
+)
 
 _STAMP = ".complete"
 _MISSING_VERSION_MARKERS = (
@@ -67,6 +76,20 @@ def ensure_helm(version: str | None = None, root: Path | None = None) -> Path:
     with _build_lock(root):
         if not _stamped(path.parent):
             _build_helm(_find_go(), root, version, path.parent)
+    return path
+
+
+def ensure_promtool(version: str | None = None, root: Path | None = None) -> Path:
+    """Return the cached promtool (the alert rule tests run it), building it if missing."""
+    version = version or promtool_version()
+    root = root or cache_dir()
+    path = promtool_path(root, version)
+    if path.is_file() and _stamped(path.parent):
+        return path
+    root.mkdir(parents=True, exist_ok=True)
+    with _build_lock(root):
+        if not _stamped(path.parent):
+            _build_promtool(_find_go(), root, version, path.parent)
     return path
 
 
@@ -387,4 +410,18 @@ def _build_helm(go: str, root: Path, version: str, final: Path) -> None:
         final,
         ldflags,
         binary="helm",
+    )
+
+
+def _build_promtool(go: str, root: Path, version: str, final: Path) -> None:
+    # Prometheus's go.mod has no replace lines; the wrapper only pins the release.
+    _build_wrapped(
+        go,
+        root,
+        "promtool",
+        version,
+        f"require github.com/prometheus/prometheus {version}\n",
+        ["github.com/prometheus/prometheus/cmd/promtool"],
+        final,
+        binary="promtool",
     )

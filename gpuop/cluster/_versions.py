@@ -12,6 +12,9 @@ KWOK_VERSION = "v0.8.0"
 #: The newest Helm 3 release whose go.mod still asks only for Go 1.24 (the
 #: floor the README promises); it has no ``replace`` lines, so it builds directly.
 HELM_VERSION = "v3.19.5"
+#: Prometheus's Go module (v0.3XX.Y is Prometheus 3.XX.Y): promtool checks and
+#: unit-tests the alert rules (components/data/gpu-operator.rules.yaml).
+PROMTOOL_VERSION = "v0.316.0"
 
 KUBE_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
 
@@ -85,3 +88,13 @@ def helm_version() -> str:
 def helm_path(root: Path, version: str) -> Path:
     """Where the Helm binary of ``version`` is cached under ``root``."""
     return root / "bin" / f"helm-{version}" / "helm"
+
+
+def promtool_version() -> str:
+    """``$GPUOP_PROMTOOL_VERSION``, else the pinned Prometheus module release."""
+    return os.environ.get("GPUOP_PROMTOOL_VERSION", PROMTOOL_VERSION)
+
+
+def promtool_path(root: Path, version: str) -> Path:
+    """Where the promtool binary of ``version`` is cached under ``root``."""
+    return root / "bin" / f"promtool-{version}" / "promtool"

@@ -17,7 +17,7 @@ from components import COMPONENTS, NodeFacts, RenderContext, desired_objects, no
 from components.driver import NAME as DRIVER_COMPONENT
 from components.driver_config import config_problems, referenced_config_maps
 from components.hashing import with_hash
-from components.kinds import SERVICE_MONITOR
+from components.kinds import PROMETHEUS_RULE, SERVICE_MONITOR
 from components.readiness import component_ready
 from crd import ClusterPolicySpec
 from gpuop.controller._active import ActivePolicy
@@ -44,7 +44,7 @@ from gpuop.controller._status import (
 from gpuop.informer import Informer, Obj
 from gpuop.log import get_logger
 from gpuop.metrics import STATUS_ERROR, STATUS_NO_POLICY, STATUS_READY, OperatorMetrics
-from gpuop.rest import Rest
+from gpuop.rest import Kind, Rest
 from statemachine.rollout import ComponentStatus, plan_rollout
 
 if TYPE_CHECKING:
@@ -55,6 +55,7 @@ log = get_logger(__name__)
 Desired = dict[str, list[Obj]]
 """Each component's desired objects, by component name (every component, maybe [])."""
 _SERVICE_MONITOR = rest_kind(SERVICE_MONITOR)
+_PROMETHEUS_RULE = rest_kind(PROMETHEUS_RULE)
 COALESCE_MIN_S = LEAST_WAIT_S
 COALESCE_MAX_S = 5.0
 COALESCE_FACTOR = 200.0
@@ -69,8 +70,8 @@ is never held back (``gpuop.controller._pace``)."""
 @dataclass(kw_only=True)
 class ClusterReconciler:
     """The cluster pass over the operator's caches. Besides them it keeps only what is
-    derived from them (memos of the render, node facts and the ServiceMonitor probe, the
-    label gate) and its last CPU time, which paces the next pass."""
+    derived from them (memos of the render, node facts and the Prometheus Operator API
+    probes, the label gate) and its last CPU time, which paces the next pass."""
 
     config: OperatorConfig
     rest: Rest
@@ -86,7 +87,7 @@ class ClusterReconciler:
     watches: OptionalWatches
     timers: Timers
     site_config: SiteConfigMaps
-    _service_monitors: VersionMemo[str, bool] = field(default_factory=VersionMemo, init=False)
+    _served: VersionMemo[str, bool] = field(default_factory=VersionMemo, init=False)
     _pass_cpu_s: float = field(default=0.0, init=False)
     _rendered: tuple[tuple[object, ...], Desired, tuple[str, ...]] | None = field(
         default=None, init=False
@@ -208,7 +209,7 @@ class ClusterReconciler:
         """Every component's objects, owned by the policy and carrying their hash.
 
         Rendered again only when its inputs changed (the policy's generation, the GPU
-        nodes' facts, the ServiceMonitor API): during a rollout the pass runs on every
+        nodes' facts, the Prometheus Operator's APIs): during a rollout the pass runs on every
         pod change, and rendering and hashing every object each time cost most of its
         CPU. Callers get a fresh mapping over the shared, never-mutated objects."""
         facts = self._node_facts(gpu_nodes)
@@ -217,7 +218,8 @@ class ClusterReconciler:
             namespace=self.config.namespace,
             operator_image=self.config.operator_image,
             mig_capable=mig_capable,
-            service_monitor_crd=await self._has_service_monitors(raw),
+            service_monitor_crd=await self._served_kind(raw, _SERVICE_MONITOR),
+            prometheus_rule_crd=await self._served_kind(raw, _PROMETHEUS_RULE),
             gpu_nodes=facts,
             config_map_keys=site_keys,
         )
@@ -227,6 +229,7 @@ class ClusterReconciler:
             meta.get("generation") or meta.get("resourceVersion"),
             ctx.mig_capable,
             ctx.service_monitor_crd,
+            ctx.prometheus_rule_crd,
             facts,
             tuple(sorted(site_keys.items())),
         )
@@ -330,16 +333,17 @@ class ClusterReconciler:
             )
         return ready, message
 
-    async def _has_service_monitors(self, raw: Obj) -> bool:
-        """Whether the Prometheus operator's ServiceMonitor API is served (discovery,
-        which every authenticated client may read). Asked once per policy version,
-        never on a timer."""
+    async def _served_kind(self, raw: Obj, kind: Kind) -> bool:
+        """Whether an optional kind's API (the Prometheus Operator's ServiceMonitor or
+        PrometheusRule) is served (discovery, which every authenticated client may
+        read), starting or stopping its watch. Asked once per policy version, never on
+        a timer."""
 
         async def probe() -> bool:
-            found = await self.rest.api_group_exists(_SERVICE_MONITOR.api_version)
-            self.watches.served(_SERVICE_MONITOR, found)
+            found = await self.rest.api_resource_exists(kind.api_version, kind.plural)
+            self.watches.served(kind, found)
             return found
 
         # Keyed by generation, not resourceVersion: status writes bump that.
         version = str(raw["metadata"].get("generation"))
-        return await self._service_monitors.aget(_SERVICE_MONITOR.kind, version, probe)
+        return await self._served.aget(kind.kind, version, probe)

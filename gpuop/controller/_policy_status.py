@@ -24,7 +24,7 @@ from gpuop.controller._status import (
     CLUSTER_PASS_CONDITIONS,
     POLICY,
     StatusWrite,
-    flag_unsupported,
+    flag_spec_conditions,
     parse_status,
     status_dict,
     status_patch,
@@ -34,6 +34,7 @@ from gpuop.events import EventRecorder
 from gpuop.informer import Informer, Obj
 from gpuop.log import get_logger
 from gpuop.rest import Rest
+from statemachine.remediation import CONDITION_REMEDIATION_BLIND
 
 log = get_logger(__name__)
 
@@ -88,7 +89,7 @@ class PolicyStatusWriter:
             gen = generation(raw)
             at = now()
             status = ignored_status(active, generation=gen, now=at, previous=parse_status(raw))
-            await self.write(raw, flag_unsupported(status, None, gen, at))
+            await self.write(raw, flag_spec_conditions(status, None, gen, at))
 
     async def write(self, raw: Obj, status: ClusterPolicyStatus) -> None:
         desired = status_dict(status)
@@ -106,6 +107,7 @@ class PolicyStatusWriter:
         if status.state != old.get("state") or _new_error(old, desired):
             await self._record_state_change(raw, status)
         await self._record_unsupported_fields(raw, status)
+        await self._record_remediation_blind(raw, status)
         # Only our condition types: another writer's condition, written after our cache
         # was filled, survives (and a stale copy of one is never written back).
         mine = [c for c in desired.get("conditions") or [] if c["type"] in CLUSTER_PASS_CONDITIONS]
@@ -132,6 +134,21 @@ class PolicyStatusWriter:
             "ClusterPolicy sets fields gpuop does not act on",
             policy=raw["metadata"]["name"],
             message=new.message,
+        )
+
+    async def _record_remediation_blind(self, raw: Obj, status: ClusterPolicyStatus) -> None:
+        """A Warning Event when RemediationBlind turns True (once, not per write)."""
+        new = find_condition(status.conditions, CONDITION_REMEDIATION_BLIND)
+        if (
+            new is None
+            or stored_condition(raw, CONDITION_REMEDIATION_BLIND).get("status") == "True"
+        ):
+            return
+        await self.events.record(
+            policy_ref(raw), CONDITION_REMEDIATION_BLIND, new.message, warning=True
+        )
+        log.warning(
+            "gpu health remediation is blind", policy=raw["metadata"]["name"], reason=new.message
         )
 
     async def _record_state_change(self, raw: Obj, status: ClusterPolicyStatus) -> None:

@@ -26,6 +26,7 @@ from crd import (
     ClusterPolicyStatus,
     ComponentState,
     Condition,
+    find_condition,
     not_ready_status,
     ready_status,
     set_condition,
@@ -39,15 +40,27 @@ from gpuop.controller._rollout_view import RolloutView
 from gpuop.informer import Informer, Obj
 from gpuop.metrics import STATUS_ERROR, STATUS_NOT_READY, STATUS_READY
 from gpuop.rest import Kind, Rest, by_kind
+from statemachine.remediation import (
+    BLIND_MESSAGE,
+    CONDITION_REMEDIATION_BLIND,
+    REASON_NODE_AGENT_DISABLED,
+    blind,
+)
 from statemachine.rollout import ROLLOUT_ORDER, ComponentStatus, RolloutPlan
 
 POLICY = by_kind("nvidia.com/v1", "ClusterPolicy")
 
 
-#: The condition types the cluster pass owns; every other type on a policy belongs to
-#: another writer (RemediationPaused, DriverUpgradeGate) and is never dropped by it.
+#: The condition types the cluster pass owns (RemediationBlind too: it follows from the
+#: spec alone); every other type on a policy belongs to another writer
+#: (RemediationPaused, DriverUpgradeGate) and is never dropped by it.
 CLUSTER_PASS_CONDITIONS = frozenset(
-    {CONDITION_READY, CONDITION_ERROR, CONDITION_UNSUPPORTED_FIELDS}
+    {
+        CONDITION_READY,
+        CONDITION_ERROR,
+        CONDITION_UNSUPPORTED_FIELDS,
+        CONDITION_REMEDIATION_BLIND,
+    }
 )
 #: A status write that meets a newer object re-reads it and tries again, this often.
 STATUS_WRITE_ATTEMPTS = 5
@@ -339,7 +352,7 @@ def cluster_status(seen: ClusterObservation, now: datetime) -> tuple[ClusterPoli
         )
     components = component_states(seen.snapshot, seen.actual, seen.view)
     status = status.model_copy(update={"rollout_state": seen.plan.state, "components": components})
-    return flag_unsupported(status, seen.model, seen.generation, now), outcome
+    return flag_spec_conditions(status, seen.model, seen.generation, now), outcome
 
 
 def invalid_status(
@@ -361,7 +374,42 @@ def invalid_status(
         now=now,
         previous=previous,
     )
-    return flag_unsupported(status, model, generation, now)
+    return flag_spec_conditions(status, model, generation, now)
+
+
+def flag_spec_conditions(
+    status: ClusterPolicyStatus,
+    model: ClusterPolicy | None,
+    generation: int | None,
+    now: datetime,
+) -> ClusterPolicyStatus:
+    """The conditions read off the active policy's spec alone (``model`` None: none)."""
+    return flag_blind(flag_unsupported(status, model, generation, now), model, generation, now)
+
+
+def flag_blind(
+    status: ClusterPolicyStatus,
+    model: ClusterPolicy | None,
+    generation: int | None,
+    now: datetime,
+) -> ClusterPolicyStatus:
+    """RemediationBlind while remediation is on without the node agent that reports
+    GPUHealthy; absent otherwise, so a policy without remediation keeps upstream's
+    status."""
+    if model is None or not blind(model.spec):
+        if find_condition(status.conditions, CONDITION_REMEDIATION_BLIND) is None:
+            return status
+        others = [c for c in status.conditions or () if c.type != CONDITION_REMEDIATION_BLIND]
+        return status.model_copy(update={"conditions": others or None})
+    condition = Condition(
+        type=CONDITION_REMEDIATION_BLIND,
+        status="True",
+        reason=REASON_NODE_AGENT_DISABLED,
+        message=BLIND_MESSAGE,
+        observed_generation=generation,
+        last_transition_time=format_condition_time(now),
+    )
+    return status.model_copy(update={"conditions": set_condition(status.conditions, condition)})
 
 
 def flag_unsupported(

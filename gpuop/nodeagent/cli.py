@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from gpuop.log import get_logger
 from gpuop.nodeagent.checks import Check
 from gpuop.nodeagent.cuda import CudaCheck
 from gpuop.nodeagent.devchar import DEFAULT_DEV_CHAR, DevCharLinker
+from gpuop.nodeagent.devices import DEFAULT_SYSFS, DevicePluginDevices, nvidia_pci_devices
 from gpuop.nodeagent.driver import CONTAINER_DRIVER_ROOT, DriverCheck, DriverLayout
 from gpuop.nodeagent.driver_root import DEFAULT_DRIVER_INSTALL_DIR
 from gpuop.nodeagent.exporter import serve
@@ -156,6 +157,12 @@ def add_subcommands(subparsers: argparse._SubParsersAction[Any]) -> None:
     e.add_argument("--port", type=int, default=8000)
     e.add_argument("--address", default="0.0.0.0", help="listen address")
     e.add_argument("--no-xid-events", dest="xid_events", action="store_false")
+    e.add_argument(
+        "--sysfs",
+        type=Path,
+        default=DEFAULT_SYSFS,
+        help="sysfs mount whose PCI bus is counted for NVIDIA devices",
+    )
     _health_args(e)
     e.add_argument(
         "--no-health",
@@ -316,18 +323,26 @@ async def export_main(args: argparse.Namespace) -> int:
     nvml = PynvmlNvml(args.driver_root)
     api_client: Any = None
     reporter: HealthReporter | None = None
+    devices: DevicePluginDevices | None = None
     try:
-        if args.health and args.node_name:
+        if args.node_name:
             try:
                 api_client = await _api_client()
-            except Exception as exc:  # metrics still matter without the condition
+            except Exception as exc:  # the other metrics still matter
                 log.warning(
-                    "GPUHealthy not reported: kubernetes client unavailable",
+                    "GPUHealthy and device plugin GPUs not reported: kubernetes client unavailable",
                     reason=f"{type(exc).__name__}: {exc}",
                 )
-            else:
+        if api_client is not None:
+            devices = DevicePluginDevices(KubernetesApi(api_client), args.node_name)
+            if args.health:
                 reporter = _health_reporter(nvml, KubernetesNodeStatus(api_client), args)
         watcher = _xid_watcher(nvml, reporter) if args.xid_events else None
+        background: list[Callable[[asyncio.Event], Coroutine[Any, Any, None]]] = []
+        if reporter is not None:
+            background.append(reporter.run)
+        if devices is not None:
+            background.append(devices.run)
         with _stop_on_signals(stop):
             await serve(
                 nvml,
@@ -338,7 +353,9 @@ async def export_main(args: argparse.Namespace) -> int:
                 port=args.port,
                 xid_events=args.xid_events,
                 watcher=watcher,
-                background=[reporter.run] if reporter is not None else [],
+                plugin_devices=devices,
+                pci_devices=lambda: nvidia_pci_devices(args.sysfs),
+                background=background,
             )
         return 0
     finally:

@@ -21,6 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from gpuop.log import get_logger
+from gpuop.nodeagent.devices import DevicePluginDevices
 from gpuop.nodeagent.status import CHECK_NAMES, StatusFiles
 from gpuop.nodeagent.xid import XidCounts, XidWatcher
 from gpuop.nvml import (
@@ -80,6 +81,22 @@ class _Families:
         self.driver_validation_last_success = g(
             "gpu_operator_node_driver_validation_last_success_ts_seconds",
             "When the driver last answered (Unix seconds).",
+            labels=NODE_LABELS,
+        )
+        self.plugin_devices = g(
+            "gpu_operator_node_device_plugin_devices_total",
+            "GPU devices the device plugin advertises in the node's capacity; -1 when the"
+            " node cannot be read.",
+            labels=NODE_LABELS,
+        )
+        self.plugin_last_success = g(
+            "gpu_operator_node_device_plugin_validation_last_success_ts_seconds",
+            "When GPU devices were last found in the node's capacity (Unix seconds).",
+            labels=NODE_LABELS,
+        )
+        self.pci_devices = g(
+            "gpu_operator_nvidia_pci_devices_total",
+            "NVIDIA devices on the node's PCI bus; -1 when it cannot be read.",
             labels=NODE_LABELS,
         )
         self.validations_readable = g(
@@ -202,6 +219,8 @@ class NodeCollector(Collector):
         checks: Sequence[str] = CHECK_NAMES,
         xid_counts: XidCounts | None = None,
         xid_watcher: XidWatcher | None = None,
+        plugin_devices: DevicePluginDevices | None = None,
+        pci_devices: Callable[[], int] | None = None,
     ) -> None:
         self.nvml = nvml
         self.node = node_name
@@ -209,6 +228,8 @@ class NodeCollector(Collector):
         self.checks = tuple(checks)
         self.xid_counts = xid_counts or XidCounts()
         self.xid_watcher = xid_watcher
+        self.plugin_devices = plugin_devices
+        self.pci_devices = pci_devices
         self._identity: dict[int, tuple[str, str]] = {}  # index -> (uuid, model), kept if lost
         self._lock = threading.Lock()
         self._started = time.time()
@@ -229,7 +250,17 @@ class NodeCollector(Collector):
                 fams.driver_validation_last_success.add_metric([self.node], self._driver_ok_at)
         if self.xid_watcher is not None:
             fams.xid_watching.add_metric([self.node], int(self.xid_watcher.watching))
+        self._devices(fams)
         return [family for family in fams.all() if family.samples]
+
+    def _devices(self, fams: _Families) -> None:
+        plugin = self.plugin_devices
+        if plugin is not None and plugin.count is not None:
+            fams.plugin_devices.add_metric([self.node], plugin.count)
+        if plugin is not None and plugin.last_success is not None:
+            fams.plugin_last_success.add_metric([self.node], plugin.last_success)
+        if self.pci_devices is not None:
+            fams.pci_devices.add_metric([self.node], self.pci_devices())
 
     def _validation(self, fams: _Families) -> None:
         try:

@@ -16,6 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from gpuop.log import get_logger
 from gpuop.nodeagent.collector import NodeCollector
+from gpuop.nodeagent.devices import DevicePluginDevices
 from gpuop.nodeagent.status import StatusFiles
 from gpuop.nodeagent.xid import XidCounts, XidWatcher
 from gpuop.nvml import Nvml
@@ -49,11 +50,21 @@ def build_registry(
     status: StatusFiles,
     *,
     xid_watcher: XidWatcher | None = None,
+    plugin_devices: DevicePluginDevices | None = None,
+    pci_devices: Callable[[], int] | None = None,
 ) -> CollectorRegistry:
     registry = CollectorRegistry()
     counts = xid_watcher.counts if xid_watcher is not None else XidCounts()
     registry.register(
-        NodeCollector(nvml, node_name, status, xid_counts=counts, xid_watcher=xid_watcher)
+        NodeCollector(
+            nvml,
+            node_name,
+            status,
+            xid_counts=counts,
+            xid_watcher=xid_watcher,
+            plugin_devices=plugin_devices,
+            pci_devices=pci_devices,
+        )
     )
     return registry
 
@@ -68,13 +79,24 @@ async def serve(
     port: int = 8000,
     xid_events: bool = True,
     watcher: XidWatcher | None = None,
+    plugin_devices: DevicePluginDevices | None = None,
+    pci_devices: Callable[[], int] | None = None,
     background: Sequence[Callable[[asyncio.Event], Coroutine[Any, Any, None]]] = (),
 ) -> None:
     """Serve until ``stop`` is set, watching XID events (with ``watcher`` when given)
-    and running ``background`` tasks (the health reporter) alongside."""
+    and running ``background`` tasks (the health reporter, the device plugin poll)
+    alongside."""
     if watcher is None and xid_events:
         watcher = XidWatcher(nvml, XidCounts())
-    app = make_app(build_registry(nvml, node_name, status, xid_watcher=watcher))
+    registry = build_registry(
+        nvml,
+        node_name,
+        status,
+        xid_watcher=watcher,
+        plugin_devices=plugin_devices,
+        pci_devices=pci_devices,
+    )
+    app = make_app(registry)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     watch_task = asyncio.create_task(watcher.run(stop)) if watcher is not None else None

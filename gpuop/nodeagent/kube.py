@@ -107,3 +107,10 @@ class KubernetesApi:
         if node is None:
             return None
         return dict((node.status and node.status.allocatable) or {})
+
+    async def get_node_capacity(self, name: str) -> Mapping[str, str] | None:
+        """``status.capacity`` of the node (what upstream's exporter counts GPUs in)."""
+        node = await self._call(self._core.read_node(name))
+        if node is None:
+            return None
+        return dict((node.status and node.status.capacity) or {})

@@ -96,6 +96,7 @@ async def run_once(
             operator_image=OperatorConfig().operator_image,
             mig_capable=any_mig_capable(n["metadata"].get("labels", {}) for n in nodes),
             service_monitor_crd=False,
+            prometheus_rule_crd=False,
             # As the operator renders: the driver DaemonSet per OS pool of the GPU nodes.
             gpu_nodes=tuple(
                 node_facts(n)

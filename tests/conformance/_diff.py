@@ -129,6 +129,7 @@ def ours(spec: crd.ClusterPolicySpec) -> tuple[list[dict[str, Any]], dict[str, d
         operator_image=OPERATOR_IMAGE,
         mig_capable=c.any_mig_capable(n["metadata"]["labels"] for n in gpu),
         service_monitor_crd=False,
+        prometheus_rule_crd=False,
         gpu_nodes=tuple(c.node_facts(n) for n in gpu),
     )
     objects = [o for objs in c.desired_objects(spec, ctx).values() for o in objs]

@@ -5,6 +5,7 @@ binary (built by `gpuop cluster build`), not the control plane."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ import pytest
 import yaml
 
 import crd
-from components import COMPONENTS, RenderContext, rbac
+from components import COMPONENTS, RenderContext, monitoring, rbac
 from gpuop.controller._owned import OWNED_CLUSTER, OWNED_NAMESPACED
 from gpuop.leader import DEFAULT_LEASES
 from gpuop.nodeagent import health
@@ -70,7 +71,8 @@ ALL_DISABLED = [
     )
 ]
 
-#: Values that switch on every operand that brings its own RBAC or ServiceMonitor.
+#: Values that switch on every operand that brings its own RBAC or ServiceMonitor, and
+#: the chart's monitoring ConfigMaps.
 EVERYTHING_ON = [
     "dcgm.enabled=true",
     "nodeStatusExporter.enabled=true",
@@ -78,7 +80,7 @@ EVERYTHING_ON = [
     "devicePlugin.config.default=default",
     "dcgmExporter.serviceMonitor.enabled=true",
     "dcgmExporter.enablePodLabels=true",
-    "operator.serviceMonitor.enabled=true",
+    "operator.metrics.serviceMonitor.interval=30s",
 ]
 
 
@@ -180,7 +182,9 @@ def test_operator_deployment_is_locked_down(default_docs: list[dict[str, Any]]) 
     # The operator's metrics Service selects the pods by `app`.
     metrics = next(c for c in COMPONENTS if c.name == "operator-metrics")
     ctx = RenderContext(namespace=NAMESPACE, operator_image="x")
-    (service,) = metrics.objects(crd.default_policy().spec, ctx)
+    (service,) = [
+        o for o in metrics.objects(crd.default_policy().spec, ctx) if o["kind"] == "Service"
+    ]
     assert service["spec"]["selector"].items() <= spec["template"]["metadata"]["labels"].items()
     assert service["spec"]["ports"][0]["targetPort"] == ports["metrics"]
 
@@ -390,13 +394,9 @@ def test_operator_holds_what_it_does_and_what_it_grants_nothing_more() -> None:
                     for resource in rule["resources"]:
                         need(obj["kind"] == "ClusterRole", group, resource, rule["verbs"])
     kinds = {o["kind"] for o in objects}
-    assert {"ClusterRole", "Role", "ServiceMonitor"} <= kinds
-    need(
-        False,
-        "monitoring.coreos.com",
-        "servicemonitors",
-        ["list", "watch", "create", "patch", "delete"],
-    )
+    assert {"ClusterRole", "Role", "ServiceMonitor", "PrometheusRule"} <= kinds
+    for plural in ("servicemonitors", "prometheusrules"):
+        need(False, "monitoring.coreos.com", plural, ["list", "watch", "create", "patch", "delete"])
 
     for cluster_wide, group, resource, verb, name in needed:
         rules = cluster if cluster_wide else namespaced
@@ -646,3 +646,31 @@ def test_dcgm_exporter_metrics_config_map_is_created_as_upstream(tmp_path: Path)
     for extra in ([], ["dcgmExporter.config.create=true"]):
         others = documents(template(*_set(["dcgmExporter.config.name=custom-metrics", *extra])))
         assert "custom-metrics" not in {d["metadata"]["name"] for d in by_kind(others, "ConfigMap")}
+
+
+def test_monitoring_configmaps_ship_the_rules_and_the_dashboard() -> None:
+    """Without the Prometheus Operator: the rule file and the Grafana dashboard as
+    ConfigMaps (off by default), the same files the operator and deploy/ use."""
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in documents(template())}
+    assert ("ConfigMap", "gpu-operator-alert-rules") not in kinds
+    assert ("ConfigMap", "gpu-operator-dashboard") not in kinds
+    docs = documents(
+        template(
+            *_set(
+                [
+                    "monitoring.alertRules.configMap=true",
+                    "monitoring.dashboard.enabled=true",
+                    "monitoring.dashboard.namespace=monitoring",
+                ]
+            )
+        )
+    )
+    rules = one(docs, "ConfigMap", "gpu-operator-alert-rules")
+    assert rules["metadata"]["namespace"] == NAMESPACE
+    shipped = yaml.safe_load(rules["data"][monitoring.RULES_FILE])
+    assert shipped == yaml.safe_load(monitoring.data_text(monitoring.RULES_FILE))
+    board = one(docs, "ConfigMap", "gpu-operator-dashboard")
+    assert board["metadata"]["namespace"] == "monitoring"
+    assert board["metadata"]["labels"]["grafana_dashboard"] == "1"
+    shipped = json.loads(board["data"][monitoring.DASHBOARD_FILE])
+    assert shipped == json.loads(monitoring.data_text(monitoring.DASHBOARD_FILE))

@@ -366,12 +366,13 @@ async def _granted_is_what_the_recorded_run_used(
         for r in rule["resources"]
         for v in rule["verbs"]
     }
-    # ServiceMonitors: only with the Prometheus operator's CRD, absent in this cluster.
-    # The RuntimeClass (pre-requisites, off only with cdi.nriPluginEnabled, not set here)
-    # is deleted only when the policy goes, and then the garbage collector (owner
-    # references) usually wins.
+    # ServiceMonitors, PrometheusRules: only with the Prometheus operator's CRDs, absent
+    # in this cluster. The RuntimeClass (pre-requisites, off only with
+    # cdi.nriPluginEnabled, not set here) is deleted only when the policy goes, and then
+    # the garbage collector (owner references) usually wins.
     not_exercised_here = {
-        ("monitoring.coreos.com", "servicemonitors", v)
+        ("monitoring.coreos.com", kind, v)
+        for kind in ("servicemonitors", "prometheusrules")
         for v in ("get", "list", "watch", "create", "patch", "delete")
     } | {("node.k8s.io", "runtimeclasses", "delete")}
     # Only when an administrator resumes a paused GPU health remediation.

@@ -27,6 +27,7 @@ from gpuop.nvml.fake import H100_80GB_HBM3, FakeNvml, make_gpus
 from gpuop.rest import Rest, by_kind
 from statemachine.cordon import CLEARED, CORDONED_BY_ANNOTATION
 from statemachine.remediation import (
+    CONDITION_REMEDIATION_BLIND,
     CONDITION_REMEDIATION_PAUSED,
     DRAINED_ANNOTATION,
     MANAGED_ANNOTATIONS,
@@ -483,3 +484,47 @@ async def test_a_drain_the_rules_refuse_evicts_nothing_and_says_so(
 
         await eventually(drained, timeout=60)
     await rest.delete(by_kind("v1", "Namespace"), workloads)
+
+
+def _blind(policy: dict[str, Any] | None) -> dict[str, Any] | None:
+    for cond in ((policy or {}).get("status") or {}).get("conditions") or []:
+        if cond["type"] == CONDITION_REMEDIATION_BLIND:
+            return dict(cond)
+    return None
+
+
+async def test_remediation_without_the_node_agent_says_it_is_blind(
+    api: client.ApiClient, rest: Rest
+) -> None:
+    """Remediation on, nodeStatusExporter off (as `_policy` leaves it): no node agent
+    reports GPUHealthy, and the policy says so; off again, the condition goes."""
+    await rest.apply(_policy(action="taint"))
+    async with Running(api) as run:
+
+        async def flagged() -> dict[str, Any] | None:
+            return _blind(await rest.get(POLICY, "cluster-policy"))
+
+        cond = await eventually(flagged)
+        assert (cond["status"], cond["reason"]) == ("True", "NodeStatusExporterDisabled")
+        assert "nodeStatusExporter.enabled is false" in cond["message"]
+        events = await _events(rest, CONDITION_REMEDIATION_BLIND, "cluster-policy")
+        assert events
+        assert {e["type"] for e in events} == {"Warning"}
+        await run.settle()
+        writes = run.rest.writes
+        run.operator.queue.add("cluster")
+        run.operator.queue.add("remediation")
+        await run.settle()
+        assert run.rest.writes == writes  # said once, not rewritten
+        assert len(await _events(rest, CONDITION_REMEDIATION_BLIND, "cluster-policy")) == len(
+            events
+        )
+
+        off = _policy(action="taint")
+        off["spec"]["healthRemediation"]["enabled"] = False
+        await rest.apply(off)
+
+        async def cleared() -> bool:
+            return _blind(await rest.get(POLICY, "cluster-policy")) is None
+
+        await eventually(cleared)

@@ -19,6 +19,7 @@ pytestmark = pytest.mark.integration
 
 CRD = by_kind("apiextensions.k8s.io/v1", "CustomResourceDefinition")
 MONITOR = by_kind("monitoring.coreos.com/v1", "ServiceMonitor")
+SERVICE = by_kind("v1", "Service")
 CRD_NAME = "servicemonitors.monitoring.coreos.com"
 
 #: Enough of the Prometheus operator's CRD for the API server to serve the kind.
@@ -122,3 +123,105 @@ async def test_service_monitor_is_watched_once_served_recreated_and_pruned(
         await rest.delete(CRD, CRD_NAME)
         for existing in await rest.list(POLICY):
             await rest.delete(POLICY, existing["metadata"]["name"])
+
+
+RULE = by_kind("monitoring.coreos.com/v1", "PrometheusRule")
+RULE_CRD_NAME = "prometheusrules.monitoring.coreos.com"
+
+
+def _crd(plural: str, kind: str) -> dict[str, Any]:
+    crd_doc = copy.deepcopy(SERVICE_MONITOR_CRD)
+    crd_doc["metadata"]["name"] = f"{plural}.monitoring.coreos.com"
+    crd_doc["spec"]["names"] = {
+        "plural": plural,
+        "singular": kind.lower(),
+        "kind": kind,
+        "listKind": f"{kind}List",
+    }
+    return crd_doc
+
+
+def _exporter_policy(enabled: bool, interval: str) -> dict[str, Any]:
+    policy = copy.deepcopy(crd.sample_policy())
+    policy["spec"]["nodeStatusExporter"] = {"enabled": enabled}
+    policy["spec"]["operator"]["metrics"] = {"serviceMonitor": {"interval": interval}}
+    return policy
+
+
+async def test_operator_and_node_status_exporter_monitors_and_rules_as_upstream(
+    rest: Rest, api_client: client.ApiClient
+) -> None:
+    """Upstream creates the operator's and the node status exporter's ServiceMonitors
+    whenever the CRD is served; we add the alert rules where PrometheusRule is served.
+    A ServiceMonitor CRD alone brings no PrometheusRule; each goes with its operand."""
+    await rest.apply(_exporter_policy(True, "30s"))
+    try:
+        async with Running(api_client) as run:
+            assert await eventually(
+                lambda: policy_state_is(rest, "ready"), timeout=120, what="policy ready"
+            )
+            await rest.apply(SERVICE_MONITOR_CRD)
+            await eventually(
+                lambda: rest.api_resource_exists("monitoring.coreos.com/v1", "servicemonitors"),
+                what="ServiceMonitor API served",
+            )
+            await rest.apply(_exporter_policy(True, "31s"))  # discovery asked per generation
+
+            async def monitors() -> set[str] | None:
+                names = {m["metadata"]["name"] for m in await rest.list(MONITOR, NAMESPACE)}
+                want = {"gpu-operator", "nvidia-node-status-exporter"}
+                return names if want <= names else None
+
+            await eventually(monitors, what="ServiceMonitors created")
+            operator = await rest.get(MONITOR, "gpu-operator", NAMESPACE)
+            assert operator is not None
+            assert operator["spec"]["selector"] == {"matchLabels": {"app": "gpu-operator"}}
+            assert operator["spec"]["endpoints"][0]["interval"] == "31s"
+            service = await rest.get(SERVICE, "gpu-operator", NAMESPACE)
+            assert service is not None
+            assert service["metadata"]["labels"]["app"] == "gpu-operator"  # it selects
+            await run.settle()
+            assert "PrometheusRule" not in run.operator.owned
+            assert not await rest.api_resource_exists("monitoring.coreos.com/v1", "prometheusrules")
+
+            await rest.apply(_crd("prometheusrules", "PrometheusRule"))
+            await eventually(
+                lambda: rest.api_resource_exists("monitoring.coreos.com/v1", "prometheusrules"),
+                what="PrometheusRule API served",
+            )
+            await rest.apply(_exporter_policy(True, "32s"))
+
+            async def rules() -> set[str] | None:
+                names = {r["metadata"]["name"] for r in await rest.list(RULE, NAMESPACE)}
+                want = {"nvidia-gpu-operator-metrics", "nvidia-node-status-exporter-alerts"}
+                return names if want <= names else None
+
+            await eventually(rules, what="PrometheusRules created")
+            node_rules = await rest.get(RULE, "nvidia-node-status-exporter-alerts", NAMESPACE)
+            assert node_rules is not None
+            alerts = {r["alert"] for g in node_rules["spec"]["groups"] for r in g["rules"]}
+            assert "GPUOperatorNodeDeploymentFailed" in alerts
+
+            # The exporter switched off: its ServiceMonitor and rules go, the operator's stay.
+            await rest.apply(_exporter_policy(False, "32s"))
+
+            async def exporter_pruned() -> bool:
+                return (
+                    await rest.get(MONITOR, "nvidia-node-status-exporter", NAMESPACE) is None
+                    and await rest.get(RULE, "nvidia-node-status-exporter-alerts", NAMESPACE)
+                    is None
+                )
+
+            await eventually(exporter_pruned, what="exporter's monitoring pruned")
+            assert await rest.get(MONITOR, "gpu-operator", NAMESPACE) is not None
+            assert await rest.get(RULE, "nvidia-gpu-operator-metrics", NAMESPACE) is not None
+    finally:
+        for existing in await rest.list(POLICY):
+            await rest.delete(POLICY, existing["metadata"]["name"])
+        await rest.delete(CRD, CRD_NAME)
+        await rest.delete(CRD, RULE_CRD_NAME)
+
+        async def gone() -> bool:
+            return not await rest.api_group_exists("monitoring.coreos.com/v1")
+
+        await eventually(gone, what="monitoring API gone")

@@ -591,11 +591,108 @@ def test_prerequisites_runtime_class_is_cluster_scoped() -> None:
 
 
 def test_operator_metrics_service() -> None:
-    (svc,) = c.component_by_name("operator-metrics").objects(spec(), ctx())
+    (svc,) = c.component_by_name("operator-metrics").objects(
+        spec(), ctx(service_monitor_crd=False, prometheus_rule_crd=False)
+    )
     assert svc["metadata"]["name"] == "gpu-operator"
+    assert svc["metadata"]["labels"]["app"] == "gpu-operator"  # upstream's, and selected
+    assert svc["metadata"]["annotations"] == {"prometheus.io/scrape": "true"}
     assert svc["spec"]["selector"] == {"app": "gpu-operator"}
     assert svc["spec"]["ports"][0]["port"] == 8080
     assert svc["spec"]["ports"][0]["name"] == "gpu-operator-metrics"
+
+
+def _by_kind(objects: list[c.Manifest], kind: str) -> c.Manifest:
+    (found,) = [o for o in objects if o["kind"] == kind]
+    return found
+
+
+def test_operator_service_monitor_and_rules_where_the_crds_are_served() -> None:
+    """As upstream: the operator's ServiceMonitor whenever the CRD is served (the
+    policy's operator.metrics.serviceMonitor only tunes it), selecting the Service."""
+    comp = c.component_by_name("operator-metrics")
+    objects = comp.objects(spec(), ctx())
+    assert [o["kind"] for o in objects] == ["Service", "ServiceMonitor", "PrometheusRule"]
+    svc, monitor, rule = objects
+    assert monitor["metadata"]["name"] == "gpu-operator"
+    assert monitor["metadata"]["namespace"] == NS
+    assert monitor["metadata"]["labels"]["app"] == "gpu-operator"
+    assert monitor["spec"] == {
+        "jobLabel": "operator",
+        "selector": {"matchLabels": {"app": "gpu-operator"}},
+        "namespaceSelector": {"matchNames": [NS]},
+        "endpoints": [{"port": "gpu-operator-metrics", "path": "/metrics"}],
+    }
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    ports = {p["name"] for p in svc["spec"]["ports"]}
+    assert monitor["spec"]["endpoints"][0]["port"] in ports
+
+    assert rule["metadata"]["name"] == "nvidia-gpu-operator-metrics"
+    alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]}
+    assert {"GPUOperatorReconciliationFailed", "GPUOperatorDriverUpgradeHalted"} <= alerts
+    assert "GPUOperatorNodeDeploymentFailed" not in alerts  # the node exporter's
+
+    tuned = spec(
+        operator={
+            "metrics": {
+                "serviceMonitor": {
+                    "enabled": False,  # upstream keeps it regardless
+                    "interval": "30s",
+                    "additionalLabels": {"release": "prom"},
+                    "relabelings": [{"targetLabel": "cluster", "replacement": "a"}],
+                }
+            }
+        }
+    )
+    monitor = _by_kind(comp.objects(tuned, ctx()), "ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    assert monitor["spec"]["endpoints"] == [
+        {
+            "port": "gpu-operator-metrics",
+            "path": "/metrics",
+            "honorLabels": False,
+            "interval": "30s",
+            "relabelings": [{"targetLabel": "cluster", "replacement": "a"}],
+        }
+    ]
+
+    # Each kind only where its CRD is served.
+    kinds = [o["kind"] for o in comp.objects(spec(), ctx(prometheus_rule_crd=False))]
+    assert kinds == ["Service", "ServiceMonitor"]
+    kinds = [o["kind"] for o in comp.objects(spec(), ctx(service_monitor_crd=False))]
+    assert kinds == ["Service", "PrometheusRule"]
+
+
+def test_node_status_exporter_service_monitor_and_rules() -> None:
+    comp = c.component_by_name("node-status-exporter")
+    assert comp.objects(spec(), ctx()) == []  # off by default, as upstream
+    objects = comp.objects(spec(nodeStatusExporter={"enabled": True}), ctx())
+    svc = _by_kind(objects, "Service")
+    monitor = _by_kind(objects, "ServiceMonitor")
+    rule = _by_kind(objects, "PrometheusRule")
+    assert svc["metadata"]["annotations"] == {"prometheus.io/scrape": "true"}
+    assert monitor["metadata"]["name"] == "nvidia-node-status-exporter"
+    assert monitor["metadata"]["labels"]["app"] == "nvidia-node-status-exporter"
+    assert monitor["spec"] == {
+        "jobLabel": "node-status",
+        "selector": {"matchLabels": {"app": "nvidia-node-status-exporter"}},
+        "namespaceSelector": {"matchNames": [NS]},
+        "endpoints": [{"port": "node-status", "path": "/metrics"}],
+    }
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert rule["metadata"]["name"] == "nvidia-node-status-exporter-alerts"
+    alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]}
+    assert alerts == {
+        "GPUOperatorNodeDeploymentFailed",
+        "GPUOperatorNodeDeploymentDriverFailed",
+        "GPUOperatorNodeDeploymentToolkitFailed",
+        "GPUOperatorNodeDeploymentCudaFailed",
+    }
+    plain = comp.objects(
+        spec(nodeStatusExporter={"enabled": True}),
+        ctx(service_monitor_crd=False, prometheus_rule_crd=False),
+    )
+    assert not {"ServiceMonitor", "PrometheusRule"} & {o["kind"] for o in plain}
 
 
 def test_dcgm_exporter_service_and_service_monitor() -> None:
@@ -629,6 +726,8 @@ def test_dcgm_exporter_service_and_service_monitor() -> None:
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     assert monitor["kind"] == "ServiceMonitor"
     assert monitor["metadata"]["labels"]["release"] == "prom"
+    assert monitor["metadata"]["labels"]["app"] == "nvidia-dcgm-exporter"  # upstream's
+    assert monitor["spec"]["jobLabel"] == "app"
     endpoint = monitor["spec"]["endpoints"][0]
     assert endpoint == {
         "port": "gpu-metrics",

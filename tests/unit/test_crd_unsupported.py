@@ -24,9 +24,6 @@ ASKS: dict[str, dict[str, Any]] = {
     "spec.psp.enabled": {"psp": {"enabled": True}},
     "spec.cdi.default": {"cdi": {"default": True}},
     "spec.operator.use_ocp_driver_toolkit": {"operator": {"use_ocp_driver_toolkit": True}},
-    "spec.operator.metrics.serviceMonitor.enabled": {
-        "operator": {"metrics": {"serviceMonitor": {"enabled": True}}}
-    },
     "spec.driver.usePrecompiled": {"driver": {"usePrecompiled": True}},
     "spec.kataSandboxDevicePlugin.hostNetwork": {"kataSandboxDevicePlugin": {"hostNetwork": True}},
     "spec.gds.hostNetwork": {"gds": {"hostNetwork": True}},

@@ -26,7 +26,7 @@ def test_upgrade_diagram_names_every_state_and_trigger() -> None:
         assert f'state "{state.value}" as {state.value.replace("-", "_")}' in text
     for trigger in UPGRADE_DEFINITION.triggers:
         assert f": {trigger} [" in text or f"| {trigger} [" in text, trigger
-    assert "upgrade_required --> cordon_required: start [slot_granted]" in text
+    assert "upgrade_required --> cordon_required: start [cordon_slot]" in text
     assert "drain_required --> upgrade_failed: drain_failed [drain_failed]" in text
     assert ("| pod_deletion_failed [pod_deletion_falls_back_to_drain]") in text
     assert "[*] --> unknown" in text

@@ -15,7 +15,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpuop.nodeagent.devices import DevicePluginDevices, gpu_capacity, nvidia_pci_devices
 from gpuop.nodeagent.exporter import build_registry, make_app, serve
+from gpuop.nodeagent.kube import KubeError
 from gpuop.nodeagent.status import StatusFiles
 from gpuop.nodeagent.xid import XidCounts, XidWatcher
 from gpuop.nvml import EccErrors, RemappedRows, RetiredPages, ThrottleReason, Utilization
@@ -251,3 +253,106 @@ async def test_serve_until_stopped(tmp_path: Path, nvml: FakeNvml) -> None:
     stop.set()
     await asyncio.wait_for(task, 5)
     assert not nvml.initialized
+
+
+# ------------------------------------------------- upstream's device counts
+
+
+class _Capacity:
+    """The node's capacity as the API server would answer, or a failure."""
+
+    def __init__(self, capacity: dict[str, str] | None) -> None:
+        self.capacity = capacity
+        self.error: KubeError | None = None
+        self.calls = 0
+
+    async def get_node_capacity(self, name: str) -> dict[str, str] | None:
+        self.calls += 1
+        assert name == NODE
+        if self.error is not None:
+            raise self.error
+        return self.capacity
+
+
+def _pci(root: Path, devices: dict[str, str]) -> Path:
+    """A sysfs tree whose PCI bus holds ``devices`` (address -> vendor id)."""
+    bus = root / "bus" / "pci" / "devices"
+    bus.mkdir(parents=True)
+    for address, vendor in devices.items():
+        (bus / address).mkdir()
+        (bus / address / "vendor").write_text(f"{vendor}\n")
+    return root
+
+
+def test_nvidia_pci_devices_counts_nvidias_vendor_id(tmp_path: Path) -> None:
+    sysfs = _pci(
+        tmp_path,
+        {
+            "0000:3b:00.0": "0x10de",  # a GPU
+            "0000:3b:00.1": "0x10DE",  # its audio function
+            "0000:00:1f.0": "0x8086",
+            "0000:00:02.0": "0x1af4",
+        },
+    )
+    assert nvidia_pci_devices(sysfs) == 2
+    assert nvidia_pci_devices(tmp_path / "absent") == -1  # as upstream's failed lspci
+
+
+def test_gpu_capacity_sums_full_gpus_and_mig_devices() -> None:
+    capacity = {
+        "cpu": "64",
+        "nvidia.com/gpu": "4",
+        "nvidia.com/mig-1g.10gb": "7",
+        "nvidia.com/mig-2g.20gb": "0",
+        "example.com/gpu": "2",
+    }
+    assert gpu_capacity(capacity) == 11
+    assert gpu_capacity({"cpu": "8"}) == 0
+
+
+async def test_device_plugin_devices_are_served_as_upstream(tmp_path: Path, nvml: FakeNvml) -> None:
+    api = _Capacity({"nvidia.com/gpu": "8"})
+    devices = DevicePluginDevices(api, NODE)
+    sysfs = _pci(tmp_path / "sys", {"0000:3b:00.0": "0x10de"})
+    registry = build_registry(
+        nvml,
+        NODE,
+        StatusFiles(tmp_path),
+        plugin_devices=devices,
+        pci_devices=lambda: nvidia_pci_devices(sysfs),
+    )
+    s = scrape(registry)
+    # Before the first read of the node: no count (a 0 would fire the alert on it).
+    assert ("gpu_operator_node_device_plugin_devices_total", node()) not in s
+    assert s[("gpu_operator_nvidia_pci_devices_total", node())] == 1
+
+    await devices.read()
+    s = scrape(registry)
+    assert s[("gpu_operator_node_device_plugin_devices_total", node())] == 8
+    found_at = s[("gpu_operator_node_device_plugin_validation_last_success_ts_seconds", node())]
+    assert found_at > 0
+
+    api.capacity = {"nvidia.com/gpu": "0"}  # the plugin stopped advertising
+    await devices.read()
+    s = scrape(registry)
+    assert s[("gpu_operator_node_device_plugin_devices_total", node())] == 0
+    last = "gpu_operator_node_device_plugin_validation_last_success_ts_seconds"
+    assert s[(last, node())] == found_at  # the last success stays
+
+    api.error = KubeError("API unreachable: refused")
+    await devices.read()
+    assert scrape(registry)[("gpu_operator_node_device_plugin_devices_total", node())] == -1
+    api.error, api.capacity = None, None  # the node is gone
+    await devices.read()
+    assert scrape(registry)[("gpu_operator_node_device_plugin_devices_total", node())] == -1
+
+
+async def test_device_plugin_poll_runs_until_stopped() -> None:
+    api = _Capacity({"nvidia.com/gpu": "2"})
+    devices = DevicePluginDevices(api, NODE, interval_s=0.01)
+    stop = asyncio.Event()
+    task = asyncio.create_task(devices.run(stop))
+    await _until(lambda: api.calls >= 3)
+    stop.set()
+    await asyncio.wait_for(task, 3)
+    assert devices.count == 2

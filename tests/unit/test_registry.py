@@ -58,11 +58,12 @@ def test_declared_permissions_are_what_the_operand_grants(comp: c.Component) -> 
     assert cluster_roles == list(comp.permissions.cluster)
 
 
-def test_service_monitor_is_owned_but_watched_only_where_served() -> None:
-    monitor = next(k for k in c.OWNED_KINDS if k.kind == "ServiceMonitor")
-    assert monitor.optional
-    assert monitor.group == "monitoring.coreos.com"
-    assert [k.kind for k in c.OWNED_KINDS if k.optional] == ["ServiceMonitor"]
+def test_prometheus_operator_kinds_are_owned_but_watched_only_where_served() -> None:
+    for kind in ("ServiceMonitor", "PrometheusRule"):
+        found = next(k for k in c.OWNED_KINDS if k.kind == kind)
+        assert found.optional
+        assert found.group == "monitoring.coreos.com"
+    assert [k.kind for k in c.OWNED_KINDS if k.optional] == ["ServiceMonitor", "PrometheusRule"]
 
 
 def test_derived_lists() -> None:
@@ -114,7 +115,7 @@ def test_the_check_fails_when_the_chart_lacks_a_permission() -> None:
     without = [r for r in role if r not in monitors]
     lost = rbac.missing(cluster, without, needs)
     assert {(n.resource, n.verb) for n in lost} == {
-        ("servicemonitors", v) for v in rbac.NAMESPACED_VERBS
+        (r, v) for r in ("servicemonitors", "prometheusrules") for v in rbac.NAMESPACED_VERBS
     }
     # A verb on a cluster-scoped object is needed by name: the RuntimeClass's.
     named = [r for r in cluster if r.get("resourceNames") and "runtimeclasses" in r["resources"]]

@@ -4,6 +4,7 @@ its heartbeat, and only changes the planner reads wake the remediation key."""
 from __future__ import annotations
 
 import copy
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import crd
@@ -15,12 +16,15 @@ from gpuop.controller._remediation_views import (
     policy_facts,
     policy_view,
 )
+from gpuop.controller._status import flag_spec_conditions
 from statemachine.remediation import (
+    CONDITION_REMEDIATION_BLIND,
     CORDONED_ANNOTATION,
     QUARANTINED_ANNOTATION,
     RESUME_ANNOTATION,
     Health,
     RemediationAction,
+    blind,
 )
 from statemachine.upgrade_keys import STATE_LABEL
 
@@ -126,3 +130,41 @@ def test_with_remediation_off_only_quarantined_nodes_wake_it() -> None:
     assert not remediation.wants_node(trim_node(plain), trim_node(flipped))
     # A node we still hold must be released even with remediation off.
     assert remediation.wants_node(trim_node(_node()), trim_node(_node(status="True")))
+
+
+def test_remediation_without_the_node_agent_is_blind() -> None:
+    def spec(**sections: Any) -> crd.ClusterPolicySpec:
+        return crd.ClusterPolicySpec.model_validate(sections)
+
+    assert not blind(None)
+    assert not blind(spec())  # remediation off: nothing to see
+    assert blind(spec(healthRemediation={"enabled": True}))  # the exporter is off by default
+    assert blind(spec(healthRemediation={"enabled": True, "dryRun": True}))
+    assert not blind(
+        spec(healthRemediation={"enabled": True}, nodeStatusExporter={"enabled": True})
+    )
+    assert not blind(spec(healthRemediation={"enabled": False}))
+
+
+def test_the_cluster_status_says_when_remediation_is_blind() -> None:
+    def policy(**sections: Any) -> crd.ClusterPolicy:
+        return crd.ClusterPolicy.model_validate(
+            {"metadata": {"name": "cluster-policy"}, "spec": sections}
+        )
+
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    plain = crd.ClusterPolicyStatus(state="ready")
+    blind_policy = policy(healthRemediation={"enabled": True})
+    flagged = flag_spec_conditions(plain, blind_policy, 3, t0)
+    cond = crd.find_condition(flagged.conditions, CONDITION_REMEDIATION_BLIND)
+    assert cond is not None
+    assert (cond.status, cond.reason) == ("True", "NodeStatusExporterDisabled")
+    assert "nodeStatusExporter.enabled is false" in cond.message
+    # Said again later: equal, so nothing is written.
+    assert flag_spec_conditions(flagged, blind_policy, 3, t0 + timedelta(hours=1)) == flagged
+    # The agent switched on, remediation off, or no active policy: the condition goes.
+    seeing = policy(healthRemediation={"enabled": True}, nodeStatusExporter={"enabled": True})
+    for model in (seeing, policy(), None):
+        cleared = flag_spec_conditions(flagged, model, 4, t0)
+        assert crd.find_condition(cleared.conditions, CONDITION_REMEDIATION_BLIND) is None
+    assert flag_spec_conditions(plain, policy(), 4, t0) == plain  # upstream's status
