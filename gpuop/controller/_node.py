@@ -105,9 +105,11 @@ class NodeReconciler:
                 self.fleet_soon()
             self.queue.add(node_key(name))  # again, on the fresh labels
             return
+        owner = labels(node).get(OWNER_LABEL)
+        if self._nvd_unknown(spec, bool(owner)):
+            return  # which policy applies is not known yet: NVIDIADrivers.on_listed
         policy = policy_view(spec) if spec is not None else UpgradePolicyView()
         app = self.nvd.driver_app(name)
-        owner = labels(node).get(OWNER_LABEL)
         if owner:
             # An NVIDIADriver drives this node: its own upgradePolicy applies.
             policy = (self.nvd.upgrade_policies() or {}).get(owner) or UpgradePolicyView(
@@ -132,6 +134,15 @@ class NodeReconciler:
             self.queue.add(node_key(name))  # the next step may already be due
         if decision.changed_state:
             self.fleet_soon()
+
+    def _nvd_unknown(self, spec: ClusterPolicySpec | None, owned: bool) -> bool:
+        """Whether upgrade decisions would read NVIDIADrivers before their cache listed:
+        a node's (or, ``owned``, this node's) driver and upgradePolicy may be a
+        resource's, and reading "no resource" as "auto-upgrade off" uncordons nodes in
+        the middle of their upgrade and forgets it."""
+        if self.nvd.has_listed():
+            return False
+        return owned or (spec is not None and spec.driver.use_nvidia_driver_crd)
 
     async def _enrolment(
         self, node: Obj, changes: Mapping[str, str | None], spec: ClusterPolicySpec | None
@@ -173,6 +184,8 @@ class NodeReconciler:
         if raw is None or model is None or problems:
             return
         spec = model.spec
+        if self._nvd_unknown(spec, bool(self.nvd.owned_nodes())):
+            return  # NVIDIADrivers.on_listed queues this pass again
         # One budget per driver owner: the ClusterPolicy's nodes, and each
         # NVIDIADriver's nodes under that resource's own upgradePolicy.
         groups: dict[str | None, list[Obj]] = {}

@@ -37,7 +37,7 @@ from crd import (
     parse_nvidiadriver,
 )
 from gpuop.controller._apply import owned_by, owner_reference
-from gpuop.controller._keys import CLUSTER_KEY, node_key
+from gpuop.controller._keys import CLUSTER_KEY, UPGRADES_KEY, node_key
 from gpuop.controller._memo import VersionMemo
 from gpuop.controller._nodes import labels
 from gpuop.controller._nvidiadriver_status import StatusWriter, is_policy_driver, nvd_owner
@@ -93,7 +93,21 @@ class NVIDIADrivers:
         async with asyncio.TaskGroup() as group:
             group.create_task(self.drivers.run(), name="watch-nvidiadrivers")
             await self.drivers.synced.wait()
-            self.op.queue.add(NVD_KEY)
+            self.on_listed()
+
+    def has_listed(self) -> bool:
+        """Whether the NVIDIADriver cache has listed: before, which resource drives a
+        node and under which upgradePolicy is unknown, and no pass may act on it."""
+        return self.drivers.synced.is_set()
+
+    def on_listed(self) -> None:
+        """The cache has listed: run the passes that waited for it (this one, the fleet
+        pass and every GPU node's)."""
+        self.op.queue.add(NVD_KEY)
+        self.op.queue.add(UPGRADES_KEY)
+        for name, node in self.op.nodes.store.items():
+            if is_gpu_node(labels(node)):
+                self.op.queue.add(node_key(name))
 
     def _on_driver(self, event: str, old: Obj | None, new: Obj | None) -> None:
         if (
@@ -186,7 +200,7 @@ class NVIDIADrivers:
         """Each resource's own upgradePolicy (upstream defaults when unset); None when the
         ClusterPolicy does not use NVIDIADrivers."""
         spec = self.op.active_spec()
-        if spec is None or not self._enabled() or not self.drivers.synced.is_set():
+        if spec is None or not self._enabled() or not self.has_listed():
             return None
         result = {}
         for raw in self.drivers.values():
@@ -221,7 +235,7 @@ class NVIDIADrivers:
 
     # ----------------------------------------------------------- reconcile
     async def reconcile(self) -> None:
-        if not self.drivers.synced.is_set():
+        if not self.has_listed():
             return
         raws = sorted(self.drivers.values(), key=lambda r: r["metadata"]["name"])
         if not self._enabled():
