@@ -14,6 +14,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 import crd
+from gpuop.cluster import NFD_GPU_LABEL
 from gpuop.informer import Informer, Obj, ResourceSpec
 from gpuop.rest import Rest, by_kind
 from statemachine.upgrade_keys import IN_PROGRESS_STATES, STATE_LABEL, UpgradeState
@@ -386,3 +387,129 @@ async def test_version_change_upgrades_only_that_resources_nodes_within_its_budg
         state == "notReady" and "NVIDIADriver upgrade" in message
         for state, message in watch.policy_messages
     )
+
+
+class CordonWatch:
+    """Every event of one node: each time it is seen mid-upgrade with its state label
+    gone or uncordoned before ``uncordon-required``, that moment is recorded."""
+
+    HOLDING = frozenset(
+        s.value for s in IN_PROGRESS_STATES if s is not UpgradeState.UNCORDON_REQUIRED
+    )
+
+    def __init__(self, rest: Rest, node: str) -> None:
+        self.node = node
+        self.states: list[str] = []
+        self.violations: list[str] = []
+        self._upgrading = False
+        self.informer = Informer(
+            ResourceSpec(
+                "test-cordon-node", rest.lister(NODE), field_selector=f"metadata.name={node}"
+            ),
+            self._on_node,
+        )
+
+    def _on_node(self, event: str, old: Obj | None, new: Obj | None) -> None:
+        if new is None:
+            return
+        state = (new["metadata"].get("labels") or {}).get(STATE_LABEL, "")
+        cordoned = bool(new["spec"].get("unschedulable"))
+        if not self.states or self.states[-1] != state:
+            self.states.append(state)
+        if state in self.HOLDING:
+            self._upgrading = True
+            if not cordoned:
+                self.violations.append(f"uncordoned in {state}")
+        elif self._upgrading and state not in ("uncordon-required", "upgrade-done"):
+            self.violations.append(f"left the upgrade for {state or 'no state'}")
+        if state in ("uncordon-required", "upgrade-done"):
+            self._upgrading = False
+
+
+async def test_restart_during_an_nvidiadriver_upgrade_keeps_its_state_and_cordon(
+    rest: Rest, api_client: client.ApiClient
+) -> None:
+    """The node waits for a job pod (waitForCompletion, no timeout) while the operator is
+    replaced; the new one must carry the upgrade on, not read the resource's policy as
+    absent before its NVIDIADriver cache has listed."""
+    await _cleanup(rest)
+    policy = crd.sample_policy()
+    policy["spec"]["driver"]["useNvidiaDriverCRD"] = True
+    await rest.apply(policy)
+    job = {"app": "nvd-restart-job"}
+    budget = {
+        "autoUpgrade": True,
+        "maxParallelUpgrades": TEST_GPU_NODES,
+        "maxUnavailable": "100%",
+        "waitForCompletion": {"podSelector": "app=nvd-restart-job", "timeoutSeconds": 0},
+    }
+    await rest.apply(_nvd("default", default=True, version="580.95.05", upgradePolicy=budget))
+    gpu = sorted(n for n, lab in (await _labels(rest)).items() if lab.get(NFD_GPU_LABEL) == "true")
+    busy = gpu[0]
+    watch = CordonWatch(rest, busy)
+    watcher = asyncio.create_task(watch.informer.run())
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "nvd-restart-job", "namespace": NAMESPACE, "labels": job},
+        "spec": {
+            "nodeName": busy,
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "job", "image": "cuda-sample"}],
+        },
+    }
+    try:
+        async with Running(api_client):
+
+            async def all_running() -> bool:
+                pods = await _driver_pods(rest)
+                return set(pods) == set(gpu) and await _nvd_state(rest, "default") == (
+                    "ready",
+                    None,
+                )
+
+            assert await eventually(all_running, timeout=120)
+            await rest.create(POD, pod, NAMESPACE)
+            await rest.merge_patch(NVD, "default", {"spec": {"version": "580.105.08"}})
+
+            async def waiting_for_the_job() -> bool:
+                node = await rest.get(NODE, busy) or {}
+                labels = node.get("metadata", {}).get("labels") or {}
+                return labels.get(STATE_LABEL) == "wait-for-jobs-required" and bool(
+                    node["spec"].get("unschedulable")
+                )
+
+            assert await eventually(waiting_for_the_job, timeout=120)
+
+        async with Running(api_client) as second:
+
+            async def listed() -> bool:
+                return second.operator.nvd.drivers.synced.is_set()
+
+            assert await eventually(listed, timeout=30)
+            await rest.delete(POD, "nvd-restart-job", NAMESPACE)
+
+            async def upgraded() -> bool:
+                pods = await _driver_pods(rest)
+                node = await rest.get(NODE, busy) or {}
+                labels = node.get("metadata", {}).get("labels") or {}
+                return (
+                    busy in pods
+                    and pods[busy][1].endswith(":580.105.08-ubuntu22.04")
+                    and labels.get(STATE_LABEL) == "upgrade-done"
+                    and not node["spec"].get("unschedulable")
+                )
+
+            assert await eventually(upgraded, timeout=120)
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+        with contextlib.suppress(ApiException):
+            await rest.delete(POD, "nvd-restart-job", NAMESPACE)
+        await _cleanup(rest)
+        for name in gpu:
+            await rest.merge_patch(NODE, name, {"spec": {"unschedulable": None}})
+    assert watch.violations == [], watch.states
+    assert "wait-for-jobs-required" in watch.states
+    assert watch.states[-1] == "upgrade-done"
