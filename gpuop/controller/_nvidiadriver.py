@@ -47,7 +47,7 @@ from gpuop.informer import Informer, Obj, ResourceSpec
 from gpuop.log import get_logger
 from gpuop.rest import by_kind
 from statemachine import UpgradePolicyView
-from statemachine.driver_owner import DriverResource, assign_owners
+from statemachine.driver_owner import NEXT_OWNER_LABEL, DriverResource, assign_owners
 from statemachine.upgrade_keys import SKIP_LABEL, STATE_LABEL
 
 if TYPE_CHECKING:
@@ -153,14 +153,15 @@ class NVIDIADrivers:
         return bool(self.owned_nodes()) or self._has_foreign_driver_pods()
 
     def owned_nodes(self) -> frozenset[str]:
-        """The nodes an NVIDIADriver owns (they carry its owner label)."""
+        """The nodes an NVIDIADriver owns, or is taking over (they carry its owner or
+        next-owner label)."""
         return self._owned_nodes.get(
             "nodes",
             str(self.op.nodes.version),
             lambda: frozenset(
                 str(n["metadata"]["name"])
                 for n in self.op.nodes.values()
-                if OWNER_LABEL in labels(n)
+                if OWNER_LABEL in labels(n) or NEXT_OWNER_LABEL in labels(n)
             ),
         )
 
@@ -215,14 +216,15 @@ class NVIDIADrivers:
         return sorted(
             n["metadata"]["name"]
             for n in self.op.nodes.values()
-            if labels(n).get(OWNER_LABEL)
+            if (labels(n).get(OWNER_LABEL) or labels(n).get(NEXT_OWNER_LABEL))
             and labels(n).get(SKIP_LABEL) != "true"
             and labels(n).get(STATE_LABEL) not in (None, "", "upgrade-done")
         )
 
     def _held_nodes(self) -> set[str]:
-        """Nodes that may not gain an owner yet: they still run the ClusterPolicy's
-        driver, or (while its DaemonSet exists) might get one again."""
+        """Nodes that may not gain an owner yet: they still run a driver pod (the
+        ClusterPolicy's or a former owner's, terminating ones too), or (while the
+        ClusterPolicy's DaemonSet exists) might get one again."""
         if any(
             is_policy_driver(d["metadata"]["name"]) for d in self.op.owned["DaemonSet"].values()
         ):
@@ -230,7 +232,7 @@ class NVIDIADrivers:
         return {
             str(p["spec"]["nodeName"])
             for p in self.driver_pods.values()
-            if p["spec"].get("nodeName") and is_policy_driver(pod_app(p))
+            if p["spec"].get("nodeName")
         }
 
     # ----------------------------------------------------------- reconcile
@@ -258,13 +260,23 @@ class NVIDIADrivers:
             )
             for name, m in models.items()
         ]
-        assignment = assign_owners(gpu, resources, self._held_nodes())
+        policies = self.upgrade_policies() or {}
+        managed = {name for name, policy in policies.items() if policy.auto_upgrade}
+        assignment = assign_owners(gpu, resources, self._held_nodes(), managed)
         intended = assign_owners(gpu, resources).owners  # once every hand-over is done
-        changes: dict[str, str | None] = dict(assignment.changes)
+        changes: dict[str, dict[str, str | None]] = {}
+        for name, owner in assignment.changes.items():
+            changes.setdefault(name, {})[OWNER_LABEL] = owner
+        for name, next_owner in assignment.moves.items():
+            changes.setdefault(name, {})[NEXT_OWNER_LABEL] = next_owner
         for node in nodes:
             name = node["metadata"]["name"]
-            if name not in gpu and OWNER_LABEL in labels(node):
-                changes[name] = None
+            if name not in gpu:
+                gone: dict[str, str | None] = {
+                    k: None for k in (OWNER_LABEL, NEXT_OWNER_LABEL) if k in labels(node)
+                }
+                if gone:
+                    changes[name] = gone
         await self._label(changes)
 
         for name, model in models.items():
@@ -339,7 +351,9 @@ class NVIDIADrivers:
             if nvd_owner(ds) is not None and not meta.get("deletionTimestamp"):
                 await self.op.rest.delete(DAEMONSET, meta["name"], meta.get("namespace"))
                 log.info("deleted", kind="DaemonSet", name=meta["name"], reason="disabled")
-        await self._label(dict.fromkeys(self.owned_nodes()))
+        await self._label(
+            {n: {OWNER_LABEL: None, NEXT_OWNER_LABEL: None} for n in self.owned_nodes()}
+        )
         for raw in raws:
             if raw["metadata"].get("deletionTimestamp"):
                 continue
@@ -347,18 +361,21 @@ class NVIDIADrivers:
                 raw, "disabled", (False, "Error", ""), (True, REASON_RECONCILED, _DISABLED_MESSAGE)
             )
 
-    async def _label(self, changes: dict[str, str | None]) -> None:
-        for name, value in sorted(changes.items()):
+    async def _label(self, changes: dict[str, dict[str, str | None]]) -> None:
+        """Owner and next-owner label changes, per node."""
+        for name, patch in sorted(changes.items()):
             try:
                 patched = await self.op.rest.merge_patch(
-                    NODE, name, {"metadata": {"labels": {OWNER_LABEL: value}}}
+                    NODE, name, {"metadata": {"labels": patch}}
                 )
             except ApiException as err:
                 if err.status == 404:
                     continue
                 raise
             self.op.nodes.observe(patched)
-            log.info("driver owner", node=name, owner=value)
+            log.info(
+                "driver owner", node=name, **{k.rsplit(".", 1)[-1]: v for k, v in patch.items()}
+            )
         if changes:
             # Our own write may have been cached before its watch event arrives, and the
             # ClusterPolicy's driver waits on owner labels: tell it now.

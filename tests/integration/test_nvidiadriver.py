@@ -513,3 +513,143 @@ async def test_restart_during_an_nvidiadriver_upgrade_keeps_its_state_and_cordon
     assert watch.violations == [], watch.states
     assert "wait-for-jobs-required" in watch.states
     assert watch.states[-1] == "upgrade-done"
+
+
+class MoveWatch:
+    """Driver pods and nodes, checked at every event of either watch: never two driver
+    pods on one node (terminating ones count), a node's driver pod only ever goes or
+    comes while the node is cordoned (once ``armed``), and no more nodes than the
+    budget in an upgrade or cordoned at once."""
+
+    def __init__(self, rest: Rest, budget: int) -> None:
+        self.budget = budget
+        self.armed = False
+        self.pods: dict[str, Obj] = {}
+        self.nodes: dict[str, Obj] = {}
+        self.violations: list[str] = []
+        self.states: dict[str, list[str]] = {}
+        self.events = 0
+        self.pod_informer = Informer(
+            ResourceSpec(
+                "test-move-pods",
+                rest.lister(POD, NAMESPACE),
+                label_selector="app.kubernetes.io/component=nvidia-driver",
+            ),
+            self._on_pod,
+        )
+        self.node_informer = Informer(
+            ResourceSpec("test-move-nodes", rest.lister(NODE)), self._on_node
+        )
+
+    def _on_pod(self, event: str, old: Obj | None, new: Obj | None) -> None:
+        pod = new or old
+        assert pod is not None
+        name = pod["metadata"]["name"]
+        node = (pod.get("spec") or {}).get("nodeName")
+        if event == "DELETED":
+            self.pods.pop(name, None)
+        else:
+            self.pods[name] = pod
+        if node and self.armed and event != "MODIFIED":
+            seen = self.nodes.get(node)
+            if seen is None or not seen["spec"].get("unschedulable"):
+                self.violations.append(f"driver pod {name} {event} on uncordoned {node}")
+        self._check()
+
+    def _on_node(self, event: str, old: Obj | None, new: Obj | None) -> None:
+        node = new or old
+        assert node is not None
+        name = node["metadata"]["name"]
+        self.nodes[name] = node
+        state = (node["metadata"].get("labels") or {}).get(STATE_LABEL, "")
+        seen = self.states.setdefault(name, [])
+        if not seen or seen[-1] != state:
+            seen.append(state)
+        self._check()
+
+    def _check(self) -> None:
+        self.events += 1
+        per_node = Counter(
+            p["spec"]["nodeName"] for p in self.pods.values() if p["spec"].get("nodeName")
+        )
+        crowded = sorted(n for n, count in per_node.items() if count > 1)
+        if crowded:
+            self.violations.append(f"two driver pods on {crowded}")
+        busy = [
+            n
+            for n, node in self.nodes.items()
+            if UpgradeState((node["metadata"].get("labels") or {}).get(STATE_LABEL) or "unknown")
+            in IN_PROGRESS_STATES
+        ]
+        if len(busy) > self.budget:
+            self.violations.append(f"{len(busy)} nodes upgrading at once: {sorted(busy)}")
+        cordoned = [n for n, node in self.nodes.items() if node["spec"].get("unschedulable")]
+        if len(cordoned) > self.budget:
+            self.violations.append(f"{len(cordoned)} nodes cordoned at once: {sorted(cordoned)}")
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self.pod_informer.run())
+            group.create_task(self.node_informer.run())
+
+
+async def test_nodes_move_between_nvidiadrivers_one_at_a_time_cordoned_and_drained(
+    rest: Rest, api_client: client.ApiClient
+) -> None:
+    """A new, more specific resource takes every GPU node from the default one: each
+    node is handed over through the upgrade machine under the new owner's budget (one
+    at a time, cordoned, drained), the old driver pod gone before the new one comes."""
+    await _cleanup(rest)
+    policy = crd.sample_policy()
+    policy["spec"]["driver"]["useNvidiaDriverCRD"] = True
+    await rest.apply(policy)
+    one = {"autoUpgrade": True, "maxParallelUpgrades": 1, "maxUnavailable": 1}
+    await rest.apply(_nvd("default", default=True, version="580.95.05", upgradePolicy=one))
+    watch = MoveWatch(rest, budget=1)
+    watcher = asyncio.create_task(watch.run())
+    gpu: set[str] = set()
+    try:
+        async with Running(api_client):
+            gpu = {
+                n for n, lab in (await _labels(rest)).items() if lab.get(NFD_GPU_LABEL) == "true"
+            }
+
+            async def driven_by(name: str) -> dict[str, tuple[str, str, str]] | None:
+                pods = await _driver_pods(rest)
+                labels = await _labels(rest)
+                ok = (
+                    set(pods) == gpu
+                    and all(labels[n].get(crd.OWNER_LABEL) == name for n in gpu)
+                    and all(labels[n].get(STATE_LABEL) == "upgrade-done" for n in gpu)
+                    and await _nvd_state(rest, name) == ("ready", None)
+                    and all(not watch.nodes[n]["spec"].get("unschedulable") for n in gpu)
+                )
+                return pods if ok else None
+
+            before = await eventually(lambda: driven_by("default"), timeout=120)
+            watch.armed = True
+            drain = {**one, "drain": {"enable": True, "timeoutSeconds": 0}}
+            await rest.apply(
+                _nvd(
+                    "every-gpu",
+                    nodeSelector={"nvidia.com/gpu.present": "true"},
+                    version="590.48.01",
+                    upgradePolicy=drain,
+                )
+            )
+            after = await eventually(lambda: driven_by("every-gpu"), timeout=240)
+            watch.armed = False
+            labels = await _labels(rest)
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+        await _cleanup(rest)
+        for name in gpu:
+            await rest.merge_patch(NODE, name, {"spec": {"unschedulable": None}})
+    assert watch.violations == [], watch.violations[:5]
+    for node in gpu:
+        assert after[node][0] != before[node][0]
+        assert after[node][1].endswith(":590.48.01-ubuntu22.04")
+        assert "drain-required" in watch.states[node], watch.states[node]
+        assert not any(k.startswith("nvidia.com/gpu-operator.driver.next") for k in labels[node])
