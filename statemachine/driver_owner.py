@@ -63,6 +63,8 @@ class Assignment:
     problems: dict[str, Problem]
     moves: dict[str, str | None] = field(default_factory=dict)
     """``NEXT_OWNER_LABEL`` changes (None removes the label)."""
+    targets: dict[str, str] = field(default_factory=dict)
+    """Node -> owner once every hand-over is done (nodes without one left out)."""
 
 
 def assign_owners(
@@ -105,6 +107,7 @@ def assign_owners(
     changes: dict[str, str | None] = {}
     owners: dict[str, str] = {}
     moves: dict[str, str | None] = {}
+    targets: dict[str, str] = {}
     for node, labels in nodes.items():
         current = labels.get(OWNER_LABEL)
         pending = labels.get(NEXT_OWNER_LABEL)
@@ -117,13 +120,16 @@ def assign_owners(
         else:
             target = matches[node][0] if matches[node] else fallback
             wanted, after_move = _step(current, pending, target, node in held, managed)
+            if target is not None:
+                targets[node] = target
         if wanted != current:
             changes[node] = wanted
         if after_move != pending:
             moves[node] = after_move
         if wanted is not None:
             owners[node] = wanted
-    return Assignment(changes=changes, owners=owners, problems=problems, moves=moves)
+            targets.setdefault(node, wanted)  # ambiguous: it stays
+    return Assignment(changes, owners, problems, moves, targets)
 
 
 def _step(

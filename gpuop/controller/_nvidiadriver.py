@@ -263,7 +263,7 @@ class NVIDIADrivers:
         policies = self.upgrade_policies() or {}
         managed = {name for name, policy in policies.items() if policy.auto_upgrade}
         assignment = assign_owners(gpu, resources, self._held_nodes(), managed)
-        intended = assign_owners(gpu, resources).owners  # once every hand-over is done
+        intended = assignment.targets  # once every hand-over is done
         changes: dict[str, dict[str, str | None]] = {}
         for name, owner in assignment.changes.items():
             changes.setdefault(name, {})[OWNER_LABEL] = owner
@@ -373,6 +373,9 @@ class NVIDIADrivers:
                     continue
                 raise
             self.op.nodes.observe(patched)
+            # Cached before its watch event, which then changes nothing: the node's
+            # upgrade (a move starts, or is handed over) is woken here.
+            self.op.queue.add(node_key(name))
             log.info(
                 "driver owner", node=name, **{k.rsplit(".", 1)[-1]: v for k, v in patch.items()}
             )
@@ -380,6 +383,7 @@ class NVIDIADrivers:
             # Our own write may have been cached before its watch event arrives, and the
             # ClusterPolicy's driver waits on owner labels: tell it now.
             self.op.queue.add(CLUSTER_KEY)
+            self.op.node_passes.fleet_soon()
 
     async def _fail(self, raw: Obj, reason: str, message: str) -> None:
         await self.status.write(

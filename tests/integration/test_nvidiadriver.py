@@ -515,6 +515,27 @@ async def test_restart_during_an_nvidiadriver_upgrade_keeps_its_state_and_cordon
     assert watch.states[-1] == "upgrade-done"
 
 
+MOVE_WORK = "nvd-move-work"
+
+
+def _work_pod(node: str) -> dict[str, Any]:
+    """A bare pod (drain needs ``force`` for it) pinned to ``node``."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"{MOVE_WORK}-{node}",
+            "namespace": NAMESPACE,
+            "labels": {"app": MOVE_WORK},
+        },
+        "spec": {
+            "nodeName": node,
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "work", "image": "cuda-sample"}],
+        },
+    }
+
+
 class MoveWatch:
     """Driver pods and nodes, checked at every event of either watch: never two driver
     pods on one node (terminating ones count), a node's driver pod only ever goes or
@@ -540,6 +561,23 @@ class MoveWatch:
         self.node_informer = Informer(
             ResourceSpec("test-move-nodes", rest.lister(NODE)), self._on_node
         )
+        #: Per node, the event number at which its workload pod went (and whether the
+        #: node was cordoned then), and at which its first driver pod went.
+        self.evicted: dict[str, tuple[int, bool]] = {}
+        self.driver_gone: dict[str, int] = {}
+        self.work_informer = Informer(
+            ResourceSpec(
+                "test-move-work", rest.lister(POD, NAMESPACE), label_selector=f"app={MOVE_WORK}"
+            ),
+            self._on_work,
+        )
+
+    def _on_work(self, event: str, old: Obj | None, new: Obj | None) -> None:
+        if event == "DELETED" and old is not None:
+            node = old["spec"]["nodeName"]
+            cordoned = bool(self.nodes.get(node, {}).get("spec", {}).get("unschedulable"))
+            self.evicted[node] = (self.events, cordoned)
+        self._check()
 
     def _on_pod(self, event: str, old: Obj | None, new: Obj | None) -> None:
         pod = new or old
@@ -548,6 +586,8 @@ class MoveWatch:
         node = (pod.get("spec") or {}).get("nodeName")
         if event == "DELETED":
             self.pods.pop(name, None)
+            if node and self.armed:
+                self.driver_gone.setdefault(node, self.events)
         else:
             self.pods[name] = pod
         if node and self.armed and event != "MODIFIED":
@@ -591,6 +631,7 @@ class MoveWatch:
         async with asyncio.TaskGroup() as group:
             group.create_task(self.pod_informer.run())
             group.create_task(self.node_informer.run())
+            group.create_task(self.work_informer.run())
 
 
 async def test_nodes_move_between_nvidiadrivers_one_at_a_time_cordoned_and_drained(
@@ -627,8 +668,16 @@ async def test_nodes_move_between_nvidiadrivers_one_at_a_time_cordoned_and_drain
                 return pods if ok else None
 
             before = await eventually(lambda: driven_by("default"), timeout=120)
+            for node in gpu:
+                await rest.create(POD, _work_pod(node), NAMESPACE)
+
+            async def working() -> bool:
+                pods = await rest.list(POD, NAMESPACE, label_selector=f"app={MOVE_WORK}")
+                return sum(p["status"].get("phase") == "Running" for p in pods) == len(gpu)
+
+            assert await eventually(working, timeout=60)
             watch.armed = True
-            drain = {**one, "drain": {"enable": True, "timeoutSeconds": 0}}
+            drain = {**one, "drain": {"enable": True, "force": True, "timeoutSeconds": 0}}
             await rest.apply(
                 _nvd(
                     "every-gpu",
@@ -647,9 +696,15 @@ async def test_nodes_move_between_nvidiadrivers_one_at_a_time_cordoned_and_drain
         await _cleanup(rest)
         for name in gpu:
             await rest.merge_patch(NODE, name, {"spec": {"unschedulable": None}})
+            with contextlib.suppress(ApiException):
+                await rest.delete(POD, f"{MOVE_WORK}-{name}", NAMESPACE)
     assert watch.violations == [], watch.violations[:5]
     for node in gpu:
         assert after[node][0] != before[node][0]
         assert after[node][1].endswith(":590.48.01-ubuntu22.04")
-        assert "drain-required" in watch.states[node], watch.states[node]
+        assert "cordon-required" in watch.states[node], watch.states[node]
+        # drained (by the new owner's policy) while cordoned, before the driver left
+        at, cordoned = watch.evicted[node]
+        assert cordoned
+        assert at < watch.driver_gone[node]
         assert not any(k.startswith("nvidia.com/gpu-operator.driver.next") for k in labels[node])
