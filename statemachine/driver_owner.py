@@ -72,12 +72,15 @@ def assign_owners(
     resources: Sequence[DriverResource],
     held: Collection[str] = (),
     managed: Collection[str] = (),
+    busy: Collection[str] = (),
 ) -> Assignment:
     """Owner of every GPU node in ``nodes`` (name -> labels).
 
     Nodes not in ``nodes`` are not looked at; callers pass GPU nodes only, and remove
     the label from the others themselves. ``managed``: the resources whose
-    upgradePolicy upgrades automatically (nodes move to them through the upgrades).
+    upgradePolicy upgrades automatically (nodes move to them through the upgrades);
+    ``busy``: nodes in the middle of their current owner's upgrade, which a move to such
+    a resource waits for (its budget would otherwise count a node the other one holds).
     """
     live = sorted((r for r in resources if not r.deleting), key=lambda r: r.name)
     specific = [r for r in live if not r.default]
@@ -120,6 +123,8 @@ def assign_owners(
         else:
             target = matches[node][0] if matches[node] else fallback
             wanted, after_move = _step(current, pending, target, node in held, managed)
+            if pending is None and after_move is not None and node in busy:
+                after_move = None  # the current owner's upgrade finishes first
             if target is not None:
                 targets[node] = target
         if wanted != current:

@@ -42,13 +42,13 @@ from gpuop.controller._memo import VersionMemo
 from gpuop.controller._nodes import labels
 from gpuop.controller._nvidiadriver_status import StatusWriter, is_policy_driver, nvd_owner
 from gpuop.controller._pods import PodSubset, pod_app
-from gpuop.controller._upgrade_inputs import policy_view
+from gpuop.controller._upgrade_inputs import policy_view, state_of
 from gpuop.informer import Informer, Obj, ResourceSpec
 from gpuop.log import get_logger
 from gpuop.rest import by_kind
 from statemachine import UpgradePolicyView
 from statemachine.driver_owner import NEXT_OWNER_LABEL, DriverResource, assign_owners
-from statemachine.upgrade_keys import SKIP_LABEL, STATE_LABEL
+from statemachine.upgrade_keys import IN_PROGRESS_STATES, SKIP_LABEL, STATE_LABEL, UpgradeState
 
 if TYPE_CHECKING:
     from gpuop.controller._operator import Operator
@@ -262,7 +262,13 @@ class NVIDIADrivers:
         ]
         policies = self.upgrade_policies() or {}
         managed = {name for name, policy in policies.items() if policy.auto_upgrade}
-        assignment = assign_owners(gpu, resources, self._held_nodes(), managed)
+        busy = {
+            name
+            for name, node_labels in gpu.items()
+            if NEXT_OWNER_LABEL not in node_labels
+            and state_of(node_labels) in (*IN_PROGRESS_STATES, UpgradeState.UPGRADE_FAILED)
+        }
+        assignment = assign_owners(gpu, resources, self._held_nodes(), managed, busy)
         intended = assignment.targets  # once every hand-over is done
         changes: dict[str, dict[str, str | None]] = {}
         for name, owner in assignment.changes.items():

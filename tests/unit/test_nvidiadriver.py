@@ -188,6 +188,8 @@ def test_a_move_to_an_upgrading_resource_waits_for_the_upgrade_machine() -> None
     assert moving.moves == {"a": "h100"}
     assert moving.owners == {"a": "default"}
     assert moving.targets == {"a": "h100"}  # h100 is not ready while it waits for "a"
+    # A node in the middle of its current owner's upgrade finishes that first.
+    assert assign_owners(owned, resources, managed={"h100"}, busy={"a"}).moves == {}
     # The upgrade machine removed the owner label; the old pod is still there.
     handing = {"a": {PRODUCT: "H100", NEXT_OWNER_LABEL: "h100"}}
     held = assign_owners(handing, resources, held={"a"}, managed={"h100"})
