@@ -368,7 +368,10 @@ def test_resource_settings_reach_the_pod() -> None:
     assert pod["spec"]["priorityClassName"] == "high"
     assert pod["spec"]["hostNetwork"] is True
     assert {"key": "dedicated", "operator": "Exists"} in pod["spec"]["tolerations"]
-    assert pod["spec"]["nodeSelector"][PRODUCT] == "H100"
+    # The owner label, not the resource's nodeSelector: a node whose labels stop
+    # matching keeps its driver until it is handed over.
+    assert pod["spec"]["nodeSelector"][OWNER_LABEL] == "h100"
+    assert PRODUCT not in pod["spec"]["nodeSelector"]
 
 
 def test_sample_manifest_parses() -> None:
