@@ -633,7 +633,6 @@ async def test_sigkilled_operator_upgrades_and_moves_nvidiadriver_nodes_within_b
         await eventually(seen, 30, interval=0.5, what="watcher synced")
         watcher.check("baseline")
 
-        upgrades = iter(DEFAULT_VERSIONS)
         rounds = 0
 
         async def next_round() -> None:
@@ -641,9 +640,10 @@ async def test_sigkilled_operator_upgrades_and_moves_nvidiadriver_nodes_within_b
             pool resource, or back to the default one."""
             nonlocal rounds
             rounds += 1
-            versions["default"] = next(upgrades)
+            versions["default"] = DEFAULT_VERSIONS[rounds % len(DEFAULT_VERSIONS)]
             await rest.merge_patch(NVD, "default", {"spec": {"version": versions["default"]}})
-            movers = names[MOVERS * rounds : MOVERS * (rounds + 1)] or names[:MOVERS]
+            start = MOVERS * (rounds % (GPU_NODES // MOVERS))
+            movers = names[start : start + MOVERS]
             for name in movers:
                 joining = name not in pool
                 (pool.add if joining else pool.discard)(name)
