@@ -496,9 +496,13 @@ def _target(node: dict[str, Any]) -> str:
 @dataclass
 class DriverWatcher(Watcher):
     """Nodes and driver pods; at every event: each resource's budget, every cordoned
-    node recorded as the upgrade machine's, and never two driver pods on one node."""
+    node recorded as the upgrade machine's, never two driver pods on one node, and
+    (once ``armed``) a driver pod comes or goes only on a cordoned node."""
 
     peak_driver_pods: int = 0
+    armed: bool = False
+    #: Driver pod -> its node, as of the last check.
+    _where: dict[str, str] = field(default_factory=dict)
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as group:
@@ -508,6 +512,19 @@ class DriverWatcher(Watcher):
     def check(self, what: str) -> None:
         self.observations += 1
         gpu = [n for n in self.nodes.values() if _labels(n).get(NFD_GPU_LABEL) == "true"]
+        placed = {
+            name: str(p["spec"]["nodeName"])
+            for name, p in self.pods.items()
+            if p.get("spec", {}).get("nodeName")
+        }
+        changed = {n: placed[n] for n in placed.keys() - self._where.keys()}
+        changed.update({n: self._where[n] for n in self._where.keys() - placed.keys()})
+        for name, node_name in sorted(changed.items()):
+            node = self.nodes.get(node_name)
+            if self.armed and node is not None and not node.get("spec", {}).get("unschedulable"):
+                came = "came" if name in placed else "went"
+                self.violations.append(f"{what}: driver pod {came} on uncordoned {node_name}")
+        self._where = placed
         groups: dict[str, list[dict[str, Any]]] = {}
         for node in gpu:
             groups.setdefault(_target(node), []).append(node)
@@ -632,6 +649,7 @@ async def test_sigkilled_operator_upgrades_and_moves_nvidiadriver_nodes_within_b
 
         await eventually(seen, 30, interval=0.5, what="watcher synced")
         watcher.check("baseline")
+        watcher.armed = True
 
         rounds = 0
 
