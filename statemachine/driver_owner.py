@@ -83,6 +83,7 @@ def assign_owners(
     a resource waits for (its budget would otherwise count a node the other one holds).
     """
     live = sorted((r for r in resources if not r.deleting), key=lambda r: r.name)
+    live_names = {r.name for r in live}
     specific = [r for r in live if not r.default]
     defaults = [r for r in live if r.default]
     problems: dict[str, Problem] = {}
@@ -122,7 +123,9 @@ def assign_owners(
             wanted = current
         else:
             target = matches[node][0] if matches[node] else fallback
-            wanted, after_move = _step(current, pending, target, node in held, managed)
+            # From a resource that is gone or going there is no driver to hand over.
+            gradual = managed if current is None or current in live_names else ()
+            wanted, after_move = _step(current, pending, target, node in held, gradual)
             if pending is None and after_move is not None and node in busy:
                 after_move = None  # the current owner's upgrade finishes first
             if target is not None:

@@ -171,6 +171,9 @@ def test_deleted_resource_takes_part_in_nothing() -> None:
     )
     # Never from one owner straight to another: the old driver lets go first.
     assert result.changes == {"a": None}
+    # Nothing of the old resource's is left to hand over through an upgrade.
+    deleting = [DriverResource("default", default=True)]
+    assert assign_owners(nodes, deleting, managed={"default"}).changes == {"a": None}
     nodes = {"a": {PRODUCT: "H100"}}
     assert assign_owners(nodes, [DriverResource("default", default=True)]).changes == {
         "a": "default"
@@ -242,6 +245,7 @@ def test_assignment_properties(
     if has_default:
         resources.append(DriverResource("default", default=True))
     result = assign_owners(nodes, resources, held, managed)
+    live = {r.name for r in resources}
     conflicting = {n for n, p in result.problems.items() if p.reason == REASON_CONFLICT}
     for node, labels in nodes.items():
         current = labels.get(OWNER_LABEL)
@@ -260,8 +264,9 @@ def test_assignment_properties(
         assert after in (current, None) or node not in held
         if after is None and intended is not None and not (current is None and node in held):
             assert current not in (None, intended)
-            assert intended not in managed
-        if current is not None and intended not in (None, current) and intended in managed:
+            assert intended not in managed or current not in live  # nothing to hand over
+        gradual = current in live and intended in managed
+        if current is not None and intended not in (None, current) and gradual:
             assert after == current
             assert result.moves.get(node, labels.get(NEXT_OWNER_LABEL)) == intended
         elif after == intended and current is None and node not in held:
