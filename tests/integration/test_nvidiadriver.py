@@ -649,20 +649,28 @@ async def test_nodes_move_between_nvidiadrivers_one_at_a_time_cordoned_and_drain
     watch = MoveWatch(rest, budget=1)
     watcher = asyncio.create_task(watch.run())
     gpu: set[str] = set()
+    h100: set[str] = set()
     try:
         async with Running(api_client):
             gpu = {
                 n for n, lab in (await _labels(rest)).items() if lab.get(NFD_GPU_LABEL) == "true"
             }
 
-            async def driven_by(name: str) -> dict[str, tuple[str, str, str]] | None:
+            async def driven_by(
+                name: str, others: set[str] = frozenset(), other: str = ""
+            ) -> dict[str, tuple[str, str, str]] | None:
+                """Every GPU node on ``name``'s driver (``others`` on ``other``'s), done."""
                 pods = await _driver_pods(rest)
                 labels = await _labels(rest)
                 ok = (
                     set(pods) == gpu
-                    and all(labels[n].get(crd.OWNER_LABEL) == name for n in gpu)
+                    and all(
+                        labels[n].get(crd.OWNER_LABEL) == (other if n in others else name)
+                        for n in gpu
+                    )
                     and all(labels[n].get(STATE_LABEL) == "upgrade-done" for n in gpu)
-                    and await _nvd_state(rest, name) == ("ready", None)
+                    and [await _nvd_state(rest, r) for r in {name, other} - {""}]
+                    == [("ready", None)] * len({name, other} - {""})
                     and all(not watch.nodes[n]["spec"].get("unschedulable") for n in gpu)
                 )
                 return pods if ok else None
@@ -687,8 +695,16 @@ async def test_nodes_move_between_nvidiadrivers_one_at_a_time_cordoned_and_drain
                 )
             )
             after = await eventually(lambda: driven_by("every-gpu"), timeout=240)
-            watch.armed = False
             labels = await _labels(rest)
+            assert watch.violations == [], watch.violations[:5]
+
+            # Narrowed to the H100 nodes: the others move back, by the same rules.
+            h100 = {n for n in gpu if labels[n].get(PRODUCT) == H100}
+            assert h100
+            assert gpu - h100
+            await rest.merge_patch(NVD, "every-gpu", {"spec": {"nodeSelector": {PRODUCT: H100}}})
+            back = await eventually(lambda: driven_by("default", h100, "every-gpu"), timeout=240)
+            watch.armed = False
     finally:
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -708,3 +724,8 @@ async def test_nodes_move_between_nvidiadrivers_one_at_a_time_cordoned_and_drain
         assert cordoned
         assert at < watch.driver_gone[node]
         assert not any(k.startswith("nvidia.com/gpu-operator.driver.next") for k in labels[node])
+        if node in h100:
+            assert back[node] == after[node]  # its driver never moved again
+        else:
+            assert back[node][1].endswith(":580.95.05-ubuntu22.04")
+            assert watch.states[node].count("cordon-required") == 2, watch.states[node]
