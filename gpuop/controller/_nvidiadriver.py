@@ -10,7 +10,10 @@ Hand-over between the ClusterPolicy's driver and the resources is exclusive by
 construction: a node gets an owner label (which the resources' DaemonSets select) only
 once no ClusterPolicy driver DaemonSet exists and its pod has left the node, and the
 ClusterPolicy's driver DaemonSet is held back (:meth:`NVIDIADrivers.holds_policy_driver`)
-while any node carries an owner label or any resource's driver pod remains.
+while any node carries an owner label or any resource's driver pod remains. Between two
+resources likewise: a node loses its owner label before it gets the next one, and gets
+it only once no driver pod is left on it; a move to a resource that upgrades
+automatically is recorded (next-owner label) and carried out by the upgrade machine.
 """
 
 from __future__ import annotations
