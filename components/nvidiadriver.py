@@ -7,7 +7,9 @@ driver section is the resource's: one pod definition, two ways to ask for it.
 
 Each DaemonSet selects ``nvidia.com/gpu.deploy.driver=true``, the owner label naming its
 resource and the pool's NFD OS labels, so a node moves between resources only by its
-owner label changing.
+owner label changing. Not the resource's own ``nodeSelector``: the owner label already
+says the resource selected the node, and a node whose labels stop matching must keep
+its driver until the hand-over (``statemachine.driver_owner``) takes it away.
 """
 
 from __future__ import annotations
@@ -100,7 +102,7 @@ def node_pools(
 ) -> list[NodePool]:
     """The pools of the nodes labelled as owned by ``owner``; nodes without NFD's OS
     labels (or, precompiled, kernel label) cannot be given an image and are left out."""
-    base = {**(spec.node_selector or {}), GPU_PRESENT_LABEL: TRUE, OWNER_LABEL: owner}
+    base = {GPU_PRESENT_LABEL: TRUE, OWNER_LABEL: owner}
     pools: dict[str, NodePool] = {}
     for node in nodes:
         labels: Mapping[str, str] = (node.get("metadata") or {}).get("labels") or {}

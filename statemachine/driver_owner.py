@@ -10,8 +10,17 @@ and no node any of them matches changes its label; with two default resources
 being deleted take part in nothing.
 
 The owner label is also the hand-over token between drivers: a node in ``held`` (it still
-runs a driver pod of someone the new owner is not, e.g. the ClusterPolicy's) gets no
-owner label until that pod is gone, so two driver pods never share a node.
+runs a driver pod, e.g. the ClusterPolicy's or a former owner's) gets no owner label
+until that pod is gone, so two driver pods never share a node. A node never goes from
+one owner straight to another: its label is removed first (the old DaemonSet lets go
+of it), and given to the new owner once the old pod has left.
+
+When the new owner upgrades automatically (``managed``), a move is a driver upgrade:
+the node keeps its owner and carries the new one in ``NEXT_OWNER_LABEL``; the upgrade
+machine, under the new owner's budget, cordons and drains it and only then removes the
+owner label (``statemachine.upgrade_views.NodeUpgradeView.moving``). The next owner
+stays recorded through the hand-over, so a restarted operator knows the node is still
+the new owner's upgrade.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 OWNER_LABEL = "nvidia.com/gpu-operator.driver.owner"
+NEXT_OWNER_LABEL = "nvidia.com/gpu-operator.driver.next-owner"
 REASON_CONFLICT = "ConflictingNodeSelector"
 REASON_FAILED = "ReconcileFailed"
 
@@ -51,19 +61,29 @@ class Assignment:
     owners: dict[str, str]
     """Node -> owner after the changes (nodes without an owner left out)."""
     problems: dict[str, Problem]
+    moves: dict[str, str | None] = field(default_factory=dict)
+    """``NEXT_OWNER_LABEL`` changes (None removes the label)."""
+    targets: dict[str, str] = field(default_factory=dict)
+    """Node -> owner once every hand-over is done (nodes without one left out)."""
 
 
 def assign_owners(
     nodes: Mapping[str, Mapping[str, str]],
     resources: Sequence[DriverResource],
     held: Collection[str] = (),
+    managed: Collection[str] = (),
+    busy: Collection[str] = (),
 ) -> Assignment:
     """Owner of every GPU node in ``nodes`` (name -> labels).
 
     Nodes not in ``nodes`` are not looked at; callers pass GPU nodes only, and remove
-    the label from the others themselves.
+    the label from the others themselves. ``managed``: the resources whose
+    upgradePolicy upgrades automatically (nodes move to them through the upgrades);
+    ``busy``: nodes in the middle of their current owner's upgrade, which a move to such
+    a resource waits for (its budget would otherwise count a node the other one holds).
     """
     live = sorted((r for r in resources if not r.deleting), key=lambda r: r.name)
+    live_names = {r.name for r in live}
     specific = [r for r in live if not r.default]
     defaults = [r for r in live if r.default]
     problems: dict[str, Problem] = {}
@@ -90,21 +110,49 @@ def assign_owners(
 
     changes: dict[str, str | None] = {}
     owners: dict[str, str] = {}
+    moves: dict[str, str | None] = {}
+    targets: dict[str, str] = {}
     for node, labels in nodes.items():
         current = labels.get(OWNER_LABEL)
+        pending = labels.get(NEXT_OWNER_LABEL)
         wanted: str | None
+        after_move = pending
         if any(name in conflicting for name in matches[node]):
-            wanted = current  # ambiguous: leave it as it is
-        elif matches[node]:
-            wanted = matches[node][0]
-        elif len(defaults) > 1:
+            wanted = current  # ambiguous: leave it (and a move under way) as it is
+        elif not matches[node] and len(defaults) > 1:
             wanted = current
         else:
-            wanted = fallback
-        if node in held and wanted is not None and wanted != current:
-            wanted = current
+            target = matches[node][0] if matches[node] else fallback
+            # From a resource that is gone or going there is no driver to hand over.
+            gradual = managed if current is None or current in live_names else ()
+            wanted, after_move = _step(current, pending, target, node in held, gradual)
+            if pending is None and after_move is not None and node in busy:
+                after_move = None  # the current owner's upgrade finishes first
+            if target is not None:
+                targets[node] = target
         if wanted != current:
             changes[node] = wanted
+        if after_move != pending:
+            moves[node] = after_move
         if wanted is not None:
             owners[node] = wanted
-    return Assignment(changes=changes, owners=owners, problems=problems)
+            targets.setdefault(node, wanted)  # ambiguous: it stays
+    return Assignment(changes, owners, problems, moves, targets)
+
+
+def _step(
+    current: str | None,
+    pending: str | None,
+    wanted: str | None,
+    held: bool,
+    managed: Collection[str],
+) -> tuple[str | None, str | None]:
+    """The owner label and the next-owner label one pass may write, towards ``wanted``."""
+    if current is not None and wanted is not None and wanted != current:
+        if wanted in managed:
+            return current, wanted  # the upgrade machine hands it over
+        return None, None  # the old driver leaves first
+    if current is None and wanted is not None and held:
+        # Still the old pod on the node: wait; a move under way keeps its record.
+        return None, (wanted if pending is not None and wanted in managed else None)
+    return wanted, None

@@ -54,11 +54,11 @@ def driver_outdated(ctx: GuardContext) -> bool:
 
 
 def needs_upgrade(ctx: GuardContext) -> bool:
-    return driver_outdated(ctx) or ctx.view.upgrade_requested
+    return driver_outdated(ctx) or ctx.view.upgrade_requested or ctx.view.moving
 
 
 def up_to_date(ctx: GuardContext) -> bool:
-    return driver_current(ctx) and not ctx.view.upgrade_requested
+    return driver_current(ctx) and not ctx.view.upgrade_requested and not ctx.view.moving
 
 
 def enrolled(ctx: GuardContext) -> bool:
@@ -183,13 +183,14 @@ def upgrade_cancelled(ctx: GuardContext) -> bool:
 def restart_only(ctx: GuardContext) -> bool:
     """Only the pod changed, not the driver (same config digest, as upstream 26.7
     compares DRIVER_CONFIG_DIGEST): restart the pod without emptying the node. An
-    upgrade an administrator asked for always takes the full way."""
+    upgrade an administrator asked for, or a move to another NVIDIADriver, always takes
+    the full way."""
     view = ctx.view
     pod = view.driver_pod
     if pod is None or not pod.config_digest:
         return False
     same = pod.config_digest == view.newest_config_digest
-    return same and driver_outdated(ctx) and not view.upgrade_requested
+    return same and driver_outdated(ctx) and not view.upgrade_requested and not view.moving
 
 
 def restart_slot(ctx: GuardContext) -> bool:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from statemachine.driver_owner import NEXT_OWNER_LABEL, OWNER_LABEL
 from statemachine.upgrade_keys import (
     INITIAL_UNSCHEDULABLE_ANNOTATION,
     REPLACE_POD_ANNOTATION,
@@ -84,6 +85,13 @@ class NodeUpgradeView:
     enrolling: bool = False
     """The node gets its deploy labels in the same write: with no driver pod yet, the
     DaemonSet will create one at its newest revision, so nothing is to upgrade."""
+
+    @property
+    def moving(self) -> bool:
+        """The node is to change NVIDIADriver (``statemachine.driver_owner``): an upgrade
+        the whole way, whatever the revisions say, handed over at the driver restart."""
+        pending = self.labels.get(NEXT_OWNER_LABEL)
+        return pending is not None and pending != self.labels.get(OWNER_LABEL)
 
     @property
     def state_label(self) -> str | None:

@@ -34,6 +34,7 @@ from gpuop.informer import Informer, Obj
 from gpuop.log import get_logger
 from gpuop.rest import Rest, by_kind
 from statemachine import Action, Decision, UpgradePolicyView
+from statemachine.driver_owner import NEXT_OWNER_LABEL
 from statemachine.upgrade import next_step
 from statemachine.upgrade_keys import STATE_LABEL, UpgradeState
 
@@ -108,11 +109,13 @@ class NodeReconciler:
                 self.fleet_soon()
             self.queue.add(node_key(name))  # again, on the fresh labels
             return
+        owner = target_owner(labels(node))
+        if self._nvd_unknown(spec, bool(owner)):
+            return  # which policy applies is not known yet: NVIDIADrivers.on_listed
         policy = policy_view(spec) if spec is not None else UpgradePolicyView()
         app = self.nvd.driver_app(name)
-        owner = labels(node).get(OWNER_LABEL)
         if owner:
-            # An NVIDIADriver drives this node: its own upgradePolicy applies.
+            # An NVIDIADriver drives this node (or is to): its own upgradePolicy applies.
             policy = (self.nvd.upgrade_policies() or {}).get(owner) or UpgradePolicyView(
                 auto_upgrade=False
             )
@@ -136,6 +139,15 @@ class NodeReconciler:
         if decision.changed_state:
             self.fleet_soon()
 
+    def _nvd_unknown(self, spec: ClusterPolicySpec | None, owned: bool) -> bool:
+        """Whether upgrade decisions would read NVIDIADrivers before their cache listed:
+        a node's (or, ``owned``, this node's) driver and upgradePolicy may be a
+        resource's, and reading "no resource" as "auto-upgrade off" uncordons nodes in
+        the middle of their upgrade and forgets it."""
+        if self.nvd.has_listed():
+            return False
+        return owned or (spec is not None and spec.driver.use_nvidia_driver_crd)
+
     async def _enrolment(
         self, node: Obj, changes: Mapping[str, str | None], spec: ClusterPolicySpec | None
     ) -> Decision | None:
@@ -149,7 +161,7 @@ class NodeReconciler:
         if spec is None or not spec.driver.enabled or spec.driver.use_nvidia_driver_crd:
             return None
         after = apply_label_changes(labels(node), changes)
-        if after.get(DEPLOY_DRIVER_LABEL) != TRUE or OWNER_LABEL in after:
+        if after.get(DEPLOY_DRIVER_LABEL) != TRUE or target_owner(after):
             return None
         policy = policy_view(spec)
         if not (policy.auto_upgrade and is_gpu_node(after)) or STATE_LABEL in after:
@@ -176,11 +188,13 @@ class NodeReconciler:
         if raw is None or model is None or problems:
             return
         spec = model.spec
+        if self._nvd_unknown(spec, bool(self.nvd.owned_nodes())):
+            return  # NVIDIADrivers.on_listed queues this pass again
         # One budget per driver owner: the ClusterPolicy's nodes, and each
         # NVIDIADriver's nodes under that resource's own upgradePolicy.
         groups: dict[str | None, list[Obj]] = {}
         for node in self.nodes.values():
-            groups.setdefault(labels(node).get(OWNER_LABEL), []).append(node)
+            groups.setdefault(target_owner(labels(node)), []).append(node)
         policies: dict[str | None, UpgradePolicyView] = {None: policy_view(spec)}
         policies.update(self.nvd.upgrade_policies() or {})
         newest = self.upgrades.newest_driver_revision()
@@ -204,3 +218,9 @@ class NodeReconciler:
     def _revision_of(self, node: str) -> str | None:
         pod = self.upgrades.driver_pod(node)
         return pod.revision_hash if pod is not None else None
+
+
+def target_owner(node_labels: Mapping[str, str]) -> str | None:
+    """The NVIDIADriver whose upgradePolicy and budget a node is under: the one it moves
+    to while a move is recorded, else its owner (None: the ClusterPolicy's)."""
+    return node_labels.get(NEXT_OWNER_LABEL) or node_labels.get(OWNER_LABEL)

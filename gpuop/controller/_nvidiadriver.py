@@ -10,7 +10,10 @@ Hand-over between the ClusterPolicy's driver and the resources is exclusive by
 construction: a node gets an owner label (which the resources' DaemonSets select) only
 once no ClusterPolicy driver DaemonSet exists and its pod has left the node, and the
 ClusterPolicy's driver DaemonSet is held back (:meth:`NVIDIADrivers.holds_policy_driver`)
-while any node carries an owner label or any resource's driver pod remains.
+while any node carries an owner label or any resource's driver pod remains. Between two
+resources likewise: a node loses its owner label before it gets the next one, and gets
+it only once no driver pod is left on it; a move to a resource that upgrades
+automatically is recorded (next-owner label) and carried out by the upgrade machine.
 """
 
 from __future__ import annotations
@@ -38,18 +41,18 @@ from crd import (
     parse_nvidiadriver,
 )
 from gpuop.controller._apply import owned_by, owner_reference
-from gpuop.controller._keys import CLUSTER_KEY, node_key
+from gpuop.controller._keys import CLUSTER_KEY, UPGRADES_KEY, node_key
 from gpuop.controller._memo import VersionMemo
 from gpuop.controller._nodes import labels
 from gpuop.controller._nvidiadriver_status import StatusWriter, is_policy_driver, nvd_owner
 from gpuop.controller._pods import PodSubset, pod_app
-from gpuop.controller._upgrade_inputs import policy_view
+from gpuop.controller._upgrade_inputs import policy_view, state_of
 from gpuop.informer import Informer, Obj, ResourceSpec
 from gpuop.log import get_logger
 from gpuop.rest import by_kind
 from statemachine import UpgradePolicyView
-from statemachine.driver_owner import DriverResource, assign_owners
-from statemachine.upgrade_keys import SKIP_LABEL, STATE_LABEL
+from statemachine.driver_owner import NEXT_OWNER_LABEL, DriverResource, assign_owners
+from statemachine.upgrade_keys import IN_PROGRESS_STATES, SKIP_LABEL, STATE_LABEL, UpgradeState
 
 if TYPE_CHECKING:
     from gpuop.controller._driver_host import DriverHost
@@ -95,7 +98,21 @@ class NVIDIADrivers:
         async with asyncio.TaskGroup() as group:
             group.create_task(self.drivers.run(), name="watch-nvidiadrivers")
             await self.drivers.synced.wait()
-            self.op.queue.add(NVD_KEY)
+            self.on_listed()
+
+    def has_listed(self) -> bool:
+        """Whether the NVIDIADriver cache has listed: before, which resource drives a
+        node and under which upgradePolicy is unknown, and no pass may act on it."""
+        return self.drivers.synced.is_set()
+
+    def on_listed(self) -> None:
+        """The cache has listed: run the passes that waited for it (this one, the fleet
+        pass and every GPU node's)."""
+        self.op.queue.add(NVD_KEY)
+        self.op.queue.add(UPGRADES_KEY)
+        for name, node in self.op.nodes.store.items():
+            if is_gpu_node(labels(node)):
+                self.op.queue.add(node_key(name))
 
     def _on_driver(self, event: str, old: Obj | None, new: Obj | None) -> None:
         if (
@@ -141,14 +158,15 @@ class NVIDIADrivers:
         return bool(self.owned_nodes()) or self._has_foreign_driver_pods()
 
     def owned_nodes(self) -> frozenset[str]:
-        """The nodes an NVIDIADriver owns (they carry its owner label)."""
+        """The nodes an NVIDIADriver owns, or is taking over (they carry its owner or
+        next-owner label)."""
         return self._owned_nodes.get(
             "nodes",
             str(self.op.nodes.version),
             lambda: frozenset(
                 str(n["metadata"]["name"])
                 for n in self.op.nodes.values()
-                if OWNER_LABEL in labels(n)
+                if OWNER_LABEL in labels(n) or NEXT_OWNER_LABEL in labels(n)
             ),
         )
 
@@ -188,7 +206,7 @@ class NVIDIADrivers:
         """Each resource's own upgradePolicy (upstream defaults when unset); None when the
         ClusterPolicy does not use NVIDIADrivers."""
         spec = self.op.active_spec()
-        if spec is None or not self._enabled() or not self.drivers.synced.is_set():
+        if spec is None or not self._enabled() or not self.has_listed():
             return None
         result = {}
         for raw in self.drivers.values():
@@ -203,14 +221,15 @@ class NVIDIADrivers:
         return sorted(
             n["metadata"]["name"]
             for n in self.op.nodes.values()
-            if labels(n).get(OWNER_LABEL)
+            if (labels(n).get(OWNER_LABEL) or labels(n).get(NEXT_OWNER_LABEL))
             and labels(n).get(SKIP_LABEL) != "true"
             and labels(n).get(STATE_LABEL) not in (None, "", "upgrade-done")
         )
 
     def _held_nodes(self) -> set[str]:
-        """Nodes that may not gain an owner yet: they still run the ClusterPolicy's
-        driver, or (while its DaemonSet exists) might get one again."""
+        """Nodes that may not gain an owner yet: they still run a driver pod (the
+        ClusterPolicy's or a former owner's, terminating ones too), or (while the
+        ClusterPolicy's DaemonSet exists) might get one again."""
         if any(
             is_policy_driver(d["metadata"]["name"]) for d in self.op.owned["DaemonSet"].values()
         ):
@@ -218,12 +237,12 @@ class NVIDIADrivers:
         return {
             str(p["spec"]["nodeName"])
             for p in self.driver_pods.values()
-            if p["spec"].get("nodeName") and is_policy_driver(pod_app(p))
+            if p["spec"].get("nodeName")
         }
 
     # ----------------------------------------------------------- reconcile
     async def reconcile(self) -> None:
-        if not self.drivers.synced.is_set():
+        if not self.has_listed():
             return
         raws = sorted(self.drivers.values(), key=lambda r: r["metadata"]["name"])
         if not self._enabled():
@@ -246,13 +265,29 @@ class NVIDIADrivers:
             )
             for name, m in models.items()
         ]
-        assignment = assign_owners(gpu, resources, self._held_nodes())
-        intended = assign_owners(gpu, resources).owners  # once every hand-over is done
-        changes: dict[str, str | None] = dict(assignment.changes)
+        policies = self.upgrade_policies() or {}
+        managed = {name for name, policy in policies.items() if policy.auto_upgrade}
+        busy = {
+            name
+            for name, node_labels in gpu.items()
+            if NEXT_OWNER_LABEL not in node_labels
+            and state_of(node_labels) in (*IN_PROGRESS_STATES, UpgradeState.UPGRADE_FAILED)
+        }
+        assignment = assign_owners(gpu, resources, self._held_nodes(), managed, busy)
+        intended = assignment.targets  # once every hand-over is done
+        changes: dict[str, dict[str, str | None]] = {}
+        for name, owner in assignment.changes.items():
+            changes.setdefault(name, {})[OWNER_LABEL] = owner
+        for name, next_owner in assignment.moves.items():
+            changes.setdefault(name, {})[NEXT_OWNER_LABEL] = next_owner
         for node in nodes:
             name = node["metadata"]["name"]
-            if name not in gpu and OWNER_LABEL in labels(node):
-                changes[name] = None
+            if name not in gpu:
+                gone: dict[str, str | None] = {
+                    k: None for k in (OWNER_LABEL, NEXT_OWNER_LABEL) if k in labels(node)
+                }
+                if gone:
+                    changes[name] = gone
         await self._label(changes)
 
         for name, model in models.items():
@@ -330,7 +365,9 @@ class NVIDIADrivers:
             if nvd_owner(ds) is not None and not meta.get("deletionTimestamp"):
                 await self.op.rest.delete(DAEMONSET, meta["name"], meta.get("namespace"))
                 log.info("deleted", kind="DaemonSet", name=meta["name"], reason="disabled")
-        await self._label(dict.fromkeys(self.owned_nodes()))
+        await self._label(
+            {n: {OWNER_LABEL: None, NEXT_OWNER_LABEL: None} for n in self.owned_nodes()}
+        )
         for raw in raws:
             if raw["metadata"].get("deletionTimestamp"):
                 continue
@@ -338,22 +375,29 @@ class NVIDIADrivers:
                 raw, "disabled", (False, "Error", ""), (True, REASON_RECONCILED, _DISABLED_MESSAGE)
             )
 
-    async def _label(self, changes: dict[str, str | None]) -> None:
-        for name, value in sorted(changes.items()):
+    async def _label(self, changes: dict[str, dict[str, str | None]]) -> None:
+        """Owner and next-owner label changes, per node."""
+        for name, patch in sorted(changes.items()):
             try:
                 patched = await self.op.rest.merge_patch(
-                    NODE, name, {"metadata": {"labels": {OWNER_LABEL: value}}}
+                    NODE, name, {"metadata": {"labels": patch}}
                 )
             except ApiException as err:
                 if err.status == 404:
                     continue
                 raise
             self.op.nodes.observe(patched)
-            log.info("driver owner", node=name, owner=value)
+            # Cached before its watch event, which then changes nothing: the node's
+            # upgrade (a move starts, or is handed over) is woken here.
+            self.op.queue.add(node_key(name))
+            log.info(
+                "driver owner", node=name, **{k.rsplit(".", 1)[-1]: v for k, v in patch.items()}
+            )
         if changes:
             # Our own write may have been cached before its watch event arrives, and the
             # ClusterPolicy's driver waits on owner labels: tell it now.
             self.op.queue.add(CLUSTER_KEY)
+            self.op.node_passes.fleet_soon()
 
     async def _fail(self, raw: Obj, reason: str, message: str) -> None:
         await self.status.write(

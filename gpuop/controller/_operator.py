@@ -54,6 +54,7 @@ from gpuop.informer import Handler, Informer, Obj, ResourceSpec
 from gpuop.log import get_logger
 from gpuop.metrics import OperatorMetrics
 from gpuop.rest import Kind, Rest, by_kind
+from statemachine.driver_owner import NEXT_OWNER_LABEL
 from statemachine.upgrade_keys import SKIP_LABEL, STATE_LABEL
 
 log = get_logger(__name__)
@@ -379,6 +380,7 @@ def _budget_facts(node: Obj | None) -> Any:
     return (
         node_labels.get(STATE_LABEL),
         node_labels.get(OWNER_LABEL),  # which budget the node counts in
+        node_labels.get(NEXT_OWNER_LABEL),
         node_labels.get(SKIP_LABEL),
         is_gpu_node(node_labels),
         node["spec"].get("unschedulable", False),

@@ -26,6 +26,7 @@ from components.driver import DAEMONSET_NAME as DRIVER_DS
 from components.driver import digest_in
 from components.labels import is_gpu_node
 from components.validator import DAEMONSET_NAME as VALIDATOR_DS
+from crd import OWNER_LABEL
 from gpuop.controller._eviction import Emptying
 from gpuop.controller._nodes import is_ready, labels
 from gpuop.controller._upgrade_inputs import (
@@ -349,8 +350,16 @@ class Upgrades:
         elif action is Action.DRAIN:
             await self.emptying.drain(view.name, policy)
         elif action is Action.RESTART_DRIVER_POD:
-            # Our own DaemonSet's pod: deleted, as upstream does; it comes straight back.
-            for pod in self._driver_pods_on(view.name):
+            # Our own DaemonSet's pod: deleted, as upstream does; it comes straight back,
+            # unless the node moves to another NVIDIADriver: then the owner label goes
+            # first, so the old DaemonSet lets go of the node, and the new owner gets it
+            # once the pod has left (NVIDIADrivers.reconcile).
+            pods = self._driver_pods_on(view.name)
+            if view.moving and OWNER_LABEL in view.labels:
+                patch = {"metadata": {"labels": {OWNER_LABEL: None}}}
+                self._nodes.observe(await self.rest.merge_patch(NODE, view.name, patch))
+                log.info("driver owner", node=view.name, owner=None, reason="moving")
+            for pod in pods:
                 meta = pod["metadata"]
                 await self.rest.delete(POD, meta["name"], meta["namespace"])
 

@@ -22,6 +22,7 @@ from statemachine import (
     UpgradeState,
     WaitForCompletionView,
 )
+from statemachine.driver_owner import NEXT_OWNER_LABEL, OWNER_LABEL
 from statemachine.upgrade_keys import DRIVER_REVISION_LABEL, SKIP_LABEL, STATE_LABEL
 
 
@@ -124,13 +125,18 @@ def budget_node(node: Obj, has_driver_pod: Callable[[str], bool]) -> BudgetNode:
     node_labels = labels(node)
     name = node["metadata"]["name"]
     state = state_of(node_labels)
+    # A node moving to another NVIDIADriver gets the new owner's pod whether or not the
+    # old one runs: it is never passed over for lack of one.
+    moving = node_labels.get(NEXT_OWNER_LABEL) not in (None, node_labels.get(OWNER_LABEL))
     return BudgetNode(
         name=name,
         state=state,
         ready=is_ready(node),
         unschedulable=bool(node["spec"].get("unschedulable")),
         skip=node_labels.get(SKIP_LABEL) == "true",
-        driver_pod_present=state is not UpgradeState.UPGRADE_REQUIRED or has_driver_pod(name),
+        driver_pod_present=state is not UpgradeState.UPGRADE_REQUIRED
+        or moving
+        or has_driver_pod(name),
     )
 
 

@@ -36,7 +36,13 @@ from gpuop.cluster import NFD_GPU_LABEL, ClusterInfo
 from gpuop.install import ensure_namespace, install_crd
 from gpuop.kube import api_client as make_api_client
 from gpuop.rest import Kind, Rest, by_kind
-from statemachine.upgrade_keys import IN_PROGRESS_STATES, STATE_LABEL, UpgradeState
+from statemachine.driver_owner import NEXT_OWNER_LABEL
+from statemachine.upgrade_keys import (
+    IN_PROGRESS_STATES,
+    STATE_LABEL,
+    STATE_SINCE_ANNOTATION,
+    UpgradeState,
+)
 from tests.integration.harness import eventually, own_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
@@ -449,3 +455,263 @@ async def _upgrade_progress(rest: Rest, before: dict[str, str]) -> tuple[bool, i
     failed = sorted(n for n, s in states.items() if s == "upgrade-failed")
     assert not failed, f"upgrade failed on {failed}: {states}"
     return done, upgraded, f"states={states} cordoned={cordoned}"
+
+
+# ------------------------------------------------- NVIDIADriver upgrade and moves
+NVD = by_kind("nvidia.com/v1alpha1", "NVIDIADriver")
+POOL_LABEL = "nvidia.com/chaos-pool"  # nvidia.com/: a label the operator's cache keeps
+NVD_PARALLEL = 2
+NVD_UNAVAILABLE = 2
+DEFAULT_VERSIONS = ("580.105.08", "580.126.09", "580.65.06", "580.82.07", "580.95.05")
+#: Nodes that move to the pool resource in each round (and back in the next).
+MOVERS = 3
+DRIVER_COMPONENT = "app.kubernetes.io/component=nvidia-driver"
+
+
+def _nvd(name: str, version: str, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "nvidia.com/v1alpha1",
+        "kind": "NVIDIADriver",
+        "metadata": {"name": name},
+        "spec": {
+            "version": version,
+            "upgradePolicy": {
+                "autoUpgrade": True,
+                "maxParallelUpgrades": NVD_PARALLEL,
+                "maxUnavailable": NVD_UNAVAILABLE,
+                "podDeletion": {"timeoutSeconds": 0},
+                "drain": {"enable": True, "force": True, "timeoutSeconds": 0},
+            },
+            **spec,
+        },
+    }
+
+
+def _target(node: dict[str, Any]) -> str:
+    """The resource whose budget the node counts in: the one it moves to, or its owner."""
+    labels = _labels(node)
+    return labels.get(NEXT_OWNER_LABEL) or labels.get(crd.OWNER_LABEL) or ""
+
+
+@dataclass
+class DriverWatcher(Watcher):
+    """Nodes and driver pods; at every event: each resource's budget, every cordoned
+    node recorded as the upgrade machine's, never two driver pods on one node, and
+    (once ``armed``) a driver pod comes or goes only on a cordoned node."""
+
+    peak_driver_pods: int = 0
+    armed: bool = False
+    #: Driver pod -> its node, as of the last check.
+    _where: dict[str, str] = field(default_factory=dict)
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self._watch(NODE, None, self.nodes, ""))
+            group.create_task(self._watch(POD, OPERATOR_NS, self.pods, DRIVER_COMPONENT))
+
+    def check(self, what: str) -> None:
+        self.observations += 1
+        gpu = [n for n in self.nodes.values() if _labels(n).get(NFD_GPU_LABEL) == "true"]
+        placed = {
+            name: str(p["spec"]["nodeName"])
+            for name, p in self.pods.items()
+            if p.get("spec", {}).get("nodeName")
+        }
+        changed = {n: placed[n] for n in placed.keys() - self._where.keys()}
+        changed.update({n: self._where[n] for n in self._where.keys() - placed.keys()})
+        for name, node_name in sorted(changed.items()):
+            node = self.nodes.get(node_name)
+            if self.armed and node is not None and not node.get("spec", {}).get("unschedulable"):
+                came = "came" if name in placed else "went"
+                self.violations.append(f"{what}: driver pod {came} on uncordoned {node_name}")
+        self._where = placed
+        groups: dict[str, list[dict[str, Any]]] = {}
+        for node in gpu:
+            groups.setdefault(_target(node), []).append(node)
+        for owner, nodes in groups.items():
+            in_progress = sorted(n["metadata"]["name"] for n in nodes if _in_progress(n))
+            unavailable = sorted(
+                n["metadata"]["name"]
+                for n in nodes
+                if _in_progress(n) or n.get("spec", {}).get("unschedulable")
+            )
+            self.peak_in_progress = max(self.peak_in_progress, len(in_progress))
+            self.peak_unavailable = max(self.peak_unavailable, len(unavailable))
+            if len(in_progress) > NVD_PARALLEL:
+                self.violations.append(f"{what}: {owner}: {len(in_progress)} in progress")
+            if len(unavailable) > NVD_UNAVAILABLE:
+                self.violations.append(f"{what}: {owner}: {unavailable} unavailable")
+        for node in gpu:
+            if not node.get("spec", {}).get("unschedulable"):
+                continue
+            state = _labels(node).get(STATE_LABEL, "")
+            since = (node["metadata"].get("annotations") or {}).get(STATE_SINCE_ANNOTATION)
+            ours = state == UpgradeState.UPGRADE_FAILED.value or _in_progress(node)
+            if not ours or since is None:
+                name = node["metadata"]["name"]
+                self.violations.append(f"{what}: {name} cordoned with no record ({state!r})")
+        per_node: dict[str, int] = {}
+        for pod in self.pods.values():
+            node_name = pod.get("spec", {}).get("nodeName")
+            if node_name:
+                per_node[node_name] = per_node.get(node_name, 0) + 1
+        most = max(per_node.values(), default=0)
+        self.peak_driver_pods = max(self.peak_driver_pods, most)
+        if most > 1:
+            crowded = sorted(n for n, c in per_node.items() if c > 1)
+            self.violations.append(f"{what}: two driver pods on {crowded}")
+
+
+async def _nvd_driver_pods(rest: Rest) -> dict[str, tuple[str, str]]:
+    """node -> (owning resource, image) of the live NVIDIADriver driver pods."""
+    pods = await rest.list(POD, OPERATOR_NS, label_selector=DRIVER_COMPONENT)
+    daemonsets = {
+        d["metadata"]["name"]: d
+        for d in await rest.list(by_kind("apps/v1", "DaemonSet"), OPERATOR_NS)
+    }
+    result = {}
+    for pod in pods:
+        if pod["metadata"].get("deletionTimestamp") or not pod["spec"].get("nodeName"):
+            continue
+        ds = daemonsets.get(pod["metadata"]["ownerReferences"][0]["name"]) or {}
+        refs = (ds.get("metadata") or {}).get("ownerReferences") or [{}]
+        owner = refs[0].get("name", "") if refs[0].get("kind") == "NVIDIADriver" else ""
+        result[pod["spec"]["nodeName"]] = (owner, pod["spec"]["containers"][0]["image"])
+    return result
+
+
+async def _nvd_progress(rest: Rest, pool: set[str], versions: dict[str, str]) -> tuple[bool, str]:
+    """Whether every GPU node runs its resource's driver at that resource's version, is
+    upgrade-done, uncordoned and carries no move; what is left, for messages."""
+    nodes = await _gpu_nodes(rest)
+    pods = await _nvd_driver_pods(rest)
+    left = []
+    for name, node in nodes.items():
+        owner = "pool" if name in pool else "default"
+        labels = _labels(node)
+        want = (owner, f"{versions[owner]}-ubuntu22.04")
+        got = pods.get(name)
+        if labels.get(STATE_LABEL) == "upgrade-failed":
+            raise AssertionError(f"upgrade failed on {name}: {node['metadata']['annotations']}")
+        if (
+            got is None
+            or got[0] != want[0]
+            or not got[1].endswith(want[1])
+            or labels.get(crd.OWNER_LABEL) != owner
+            or NEXT_OWNER_LABEL in labels
+            or labels.get(STATE_LABEL) != "upgrade-done"
+            or node["spec"].get("unschedulable")
+        ):
+            left.append(f"{name}: {got} {labels.get(crd.OWNER_LABEL)}/{labels.get(STATE_LABEL)}")
+    return not left, "; ".join(left)
+
+
+async def test_sigkilled_operator_upgrades_and_moves_nvidiadriver_nodes_within_budgets(
+    chaos_cluster: ClusterInfo, chaos_rest: Rest, tmp_path: Path
+) -> None:
+    """Ten SIGKILLs while one NVIDIADriver upgrades its nodes and nodes move between it
+    and a second one: every hand-over keeps each resource's budget, every cordon is on
+    record, and a node never has two driver pods."""
+    rest = chaos_rest
+    seed = int(os.environ.get("GPUOP_CHAOS_SEED") or random.SystemRandom().randrange(2**32))
+    rng = random.Random(seed)
+    print(f"chaos seed: {seed} (replay with GPUOP_CHAOS_SEED={seed})")
+    # The ClusterPolicy test's workload would hold every drain for minutes.
+    await rest.delete(DEPLOYMENT, APP, WORKLOAD_NS)
+    with contextlib.suppress(Exception):
+        await client.PolicyV1Api(rest.api).delete_namespaced_pod_disruption_budget(APP, WORKLOAD_NS)
+    names = sorted(await _gpu_nodes(rest))
+    pool = set(names[:MOVERS])
+    for name in names:
+        value = "pool" if name in pool else None
+        await rest.merge_patch(NODE, name, {"metadata": {"labels": {POOL_LABEL: value}}})
+    versions = {"default": "580.95.05", "pool": "590.48.01"}
+    policy = _policy("595.91.07")
+    policy["spec"]["driver"]["useNvidiaDriverCRD"] = True
+    operator = OperatorProcess(chaos_cluster.kubeconfig, tmp_path)
+    watcher = DriverWatcher(rest)
+    watching: asyncio.Task[None] | None = None
+    try:
+        await rest.apply(policy)
+        await rest.apply(_nvd("default", versions["default"], default=True))
+        await rest.apply(_nvd("pool", versions["pool"], nodeSelector={POOL_LABEL: "pool"}))
+        operator.start()
+
+        async def settled() -> bool:
+            return (await _nvd_progress(rest, pool, versions))[0]
+
+        await eventually(settled, ROLLOUT_TIMEOUT, interval=0.5, what="initial rollout")
+        watching = asyncio.create_task(watcher.run())
+
+        async def seen() -> bool:
+            gpu = [n for n in watcher.nodes.values() if _labels(n).get(NFD_GPU_LABEL) == "true"]
+            return len(gpu) == GPU_NODES and len(watcher.pods) >= GPU_NODES
+
+        await eventually(seen, 30, interval=0.5, what="watcher synced")
+        watcher.check("baseline")
+        watcher.armed = True
+
+        rounds = 0
+
+        async def next_round() -> None:
+            """The default resource's next version, and the next nodes moving: into the
+            pool resource, or back to the default one."""
+            nonlocal rounds
+            rounds += 1
+            versions["default"] = DEFAULT_VERSIONS[rounds % len(DEFAULT_VERSIONS)]
+            await rest.merge_patch(NVD, "default", {"spec": {"version": versions["default"]}})
+            start = MOVERS * (rounds % (GPU_NODES // MOVERS))
+            movers = names[start : start + MOVERS]
+            for name in movers:
+                joining = name not in pool
+                (pool.add if joining else pool.discard)(name)
+                patch = {POOL_LABEL: "pool" if joining else None}
+                await rest.merge_patch(NODE, name, {"metadata": {"labels": patch}})
+
+        await next_round()
+        kills: list[tuple[float, int]] = []
+        began = time.monotonic()
+        while len(kills) < KILLS:
+            await asyncio.sleep(rng.uniform(0.3, 3.0))
+            if watching.done():
+                watching.result()
+            assert operator.alive(), f"operator exited by itself:\n{operator.tail()}"
+            if (await _nvd_progress(rest, pool, versions))[0]:
+                await next_round()
+                continue
+            operator.kill()
+            kills.append((round(time.monotonic() - began, 1), rounds))
+            operator.start()
+
+        async def finished() -> bool:
+            if watching is not None and watching.done():
+                watching.result()
+            return (await _nvd_progress(rest, pool, versions))[0]
+
+        try:
+            await eventually(finished, UPGRADE_TIMEOUT, interval=1.0, what="after the kills")
+        except AssertionError as err:
+            _, left = await _nvd_progress(rest, pool, versions)
+            raise AssertionError(
+                f"{err}\nseed {seed}; kills {kills}; left {left}; "
+                f"violations {watcher.violations[:5]}\n{operator.tail()}"
+            ) from err
+        assert operator.alive(), operator.tail()
+        if watcher.violations:
+            raise AssertionError(
+                f"seed {seed}, (s, round) at kills {kills}; {len(watcher.violations)} "
+                "violations, first:\n" + "\n".join(watcher.violations[:8])
+            )
+        assert watcher.peak_in_progress >= 1
+        assert watcher.peak_driver_pods == 1
+        print(
+            f"chaos (NVIDIADriver): seed {seed}, {rounds} round(s), (s, round) at kills "
+            f"{kills}, {watcher.observations} observations, peak in progress "
+            f"{watcher.peak_in_progress}, peak unavailable {watcher.peak_unavailable}"
+        )
+    finally:
+        operator.stop()
+        if watching is not None:
+            watching.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await watching

@@ -14,6 +14,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 import crd
+from gpuop.cluster import NFD_GPU_LABEL
 from gpuop.informer import Informer, Obj, ResourceSpec
 from gpuop.rest import Rest, by_kind
 from statemachine.upgrade_keys import IN_PROGRESS_STATES, STATE_LABEL, UpgradeState
@@ -386,3 +387,345 @@ async def test_version_change_upgrades_only_that_resources_nodes_within_its_budg
         state == "notReady" and "NVIDIADriver upgrade" in message
         for state, message in watch.policy_messages
     )
+
+
+class CordonWatch:
+    """Every event of one node: each time it is seen mid-upgrade with its state label
+    gone or uncordoned before ``uncordon-required``, that moment is recorded."""
+
+    HOLDING = frozenset(
+        s.value for s in IN_PROGRESS_STATES if s is not UpgradeState.UNCORDON_REQUIRED
+    )
+
+    def __init__(self, rest: Rest, node: str) -> None:
+        self.node = node
+        self.states: list[str] = []
+        self.violations: list[str] = []
+        self._upgrading = False
+        self.informer = Informer(
+            ResourceSpec(
+                "test-cordon-node", rest.lister(NODE), field_selector=f"metadata.name={node}"
+            ),
+            self._on_node,
+        )
+
+    def _on_node(self, event: str, old: Obj | None, new: Obj | None) -> None:
+        if new is None:
+            return
+        state = (new["metadata"].get("labels") or {}).get(STATE_LABEL, "")
+        cordoned = bool(new["spec"].get("unschedulable"))
+        if not self.states or self.states[-1] != state:
+            self.states.append(state)
+        if state in self.HOLDING:
+            self._upgrading = True
+            if not cordoned:
+                self.violations.append(f"uncordoned in {state}")
+        elif self._upgrading and state not in ("uncordon-required", "upgrade-done"):
+            self.violations.append(f"left the upgrade for {state or 'no state'}")
+        if state in ("uncordon-required", "upgrade-done"):
+            self._upgrading = False
+
+
+async def test_restart_during_an_nvidiadriver_upgrade_keeps_its_state_and_cordon(
+    rest: Rest, api_client: client.ApiClient
+) -> None:
+    """The node waits for a job pod (waitForCompletion, no timeout) while the operator is
+    replaced; the new one must carry the upgrade on, not read the resource's policy as
+    absent before its NVIDIADriver cache has listed."""
+    await _cleanup(rest)
+    policy = crd.sample_policy()
+    policy["spec"]["driver"]["useNvidiaDriverCRD"] = True
+    await rest.apply(policy)
+    job = {"app": "nvd-restart-job"}
+    budget = {
+        "autoUpgrade": True,
+        "maxParallelUpgrades": TEST_GPU_NODES,
+        "maxUnavailable": "100%",
+        "waitForCompletion": {"podSelector": "app=nvd-restart-job", "timeoutSeconds": 0},
+    }
+    await rest.apply(_nvd("default", default=True, version="580.95.05", upgradePolicy=budget))
+    gpu = sorted(n for n, lab in (await _labels(rest)).items() if lab.get(NFD_GPU_LABEL) == "true")
+    busy = gpu[0]
+    watch = CordonWatch(rest, busy)
+    watcher = asyncio.create_task(watch.informer.run())
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "nvd-restart-job", "namespace": NAMESPACE, "labels": job},
+        "spec": {
+            "nodeName": busy,
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "job", "image": "cuda-sample"}],
+        },
+    }
+    try:
+        async with Running(api_client):
+
+            async def all_running() -> bool:
+                pods = await _driver_pods(rest)
+                return set(pods) == set(gpu) and await _nvd_state(rest, "default") == (
+                    "ready",
+                    None,
+                )
+
+            assert await eventually(all_running, timeout=120)
+            await rest.create(POD, pod, NAMESPACE)
+            await rest.merge_patch(NVD, "default", {"spec": {"version": "580.105.08"}})
+
+            async def waiting_for_the_job() -> bool:
+                node = await rest.get(NODE, busy) or {}
+                labels = node.get("metadata", {}).get("labels") or {}
+                return labels.get(STATE_LABEL) == "wait-for-jobs-required" and bool(
+                    node["spec"].get("unschedulable")
+                )
+
+            assert await eventually(waiting_for_the_job, timeout=120)
+
+        async with Running(api_client) as second:
+
+            async def listed() -> bool:
+                return second.operator.nvd.drivers.synced.is_set()
+
+            assert await eventually(listed, timeout=30)
+            await rest.delete(POD, "nvd-restart-job", NAMESPACE)
+
+            async def upgraded() -> bool:
+                pods = await _driver_pods(rest)
+                node = await rest.get(NODE, busy) or {}
+                labels = node.get("metadata", {}).get("labels") or {}
+                return (
+                    busy in pods
+                    and pods[busy][1].endswith(":580.105.08-ubuntu22.04")
+                    and labels.get(STATE_LABEL) == "upgrade-done"
+                    and not node["spec"].get("unschedulable")
+                )
+
+            assert await eventually(upgraded, timeout=120)
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+        with contextlib.suppress(ApiException):
+            await rest.delete(POD, "nvd-restart-job", NAMESPACE)
+        await _cleanup(rest)
+        for name in gpu:
+            await rest.merge_patch(NODE, name, {"spec": {"unschedulable": None}})
+    assert watch.violations == [], watch.states
+    assert "wait-for-jobs-required" in watch.states
+    assert watch.states[-1] == "upgrade-done"
+
+
+MOVE_WORK = "nvd-move-work"
+
+
+def _work_pod(node: str) -> dict[str, Any]:
+    """A bare pod (drain needs ``force`` for it) pinned to ``node``."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"{MOVE_WORK}-{node}",
+            "namespace": NAMESPACE,
+            "labels": {"app": MOVE_WORK},
+        },
+        "spec": {
+            "nodeName": node,
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "work", "image": "cuda-sample"}],
+        },
+    }
+
+
+class MoveWatch:
+    """Driver pods and nodes, checked at every event of either watch: never two driver
+    pods on one node (terminating ones count), a node's driver pod only ever goes or
+    comes while the node is cordoned (once ``armed``), and no more nodes than the
+    budget in an upgrade or cordoned at once."""
+
+    def __init__(self, rest: Rest, budget: int) -> None:
+        self.budget = budget
+        self.armed = False
+        self.pods: dict[str, Obj] = {}
+        self.nodes: dict[str, Obj] = {}
+        self.violations: list[str] = []
+        self.states: dict[str, list[str]] = {}
+        self.events = 0
+        self.pod_informer = Informer(
+            ResourceSpec(
+                "test-move-pods",
+                rest.lister(POD, NAMESPACE),
+                label_selector="app.kubernetes.io/component=nvidia-driver",
+            ),
+            self._on_pod,
+        )
+        self.node_informer = Informer(
+            ResourceSpec("test-move-nodes", rest.lister(NODE)), self._on_node
+        )
+        #: Per node, the event number at which its workload pod went (and whether the
+        #: node was cordoned then), and at which its first driver pod went.
+        self.evicted: dict[str, tuple[int, bool]] = {}
+        self.driver_gone: dict[str, int] = {}
+        self.work_informer = Informer(
+            ResourceSpec(
+                "test-move-work", rest.lister(POD, NAMESPACE), label_selector=f"app={MOVE_WORK}"
+            ),
+            self._on_work,
+        )
+
+    def _on_work(self, event: str, old: Obj | None, new: Obj | None) -> None:
+        if event == "DELETED" and old is not None:
+            node = old["spec"]["nodeName"]
+            cordoned = bool(self.nodes.get(node, {}).get("spec", {}).get("unschedulable"))
+            self.evicted[node] = (self.events, cordoned)
+        self._check()
+
+    def _on_pod(self, event: str, old: Obj | None, new: Obj | None) -> None:
+        pod = new or old
+        assert pod is not None
+        name = pod["metadata"]["name"]
+        node = (pod.get("spec") or {}).get("nodeName")
+        if event == "DELETED":
+            self.pods.pop(name, None)
+            if node and self.armed:
+                self.driver_gone.setdefault(node, self.events)
+        else:
+            self.pods[name] = pod
+        if node and self.armed and event != "MODIFIED":
+            seen = self.nodes.get(node)
+            if seen is None or not seen["spec"].get("unschedulable"):
+                self.violations.append(f"driver pod {name} {event} on uncordoned {node}")
+        self._check()
+
+    def _on_node(self, event: str, old: Obj | None, new: Obj | None) -> None:
+        node = new or old
+        assert node is not None
+        name = node["metadata"]["name"]
+        self.nodes[name] = node
+        state = (node["metadata"].get("labels") or {}).get(STATE_LABEL, "")
+        seen = self.states.setdefault(name, [])
+        if not seen or seen[-1] != state:
+            seen.append(state)
+        self._check()
+
+    def _check(self) -> None:
+        self.events += 1
+        per_node = Counter(
+            p["spec"]["nodeName"] for p in self.pods.values() if p["spec"].get("nodeName")
+        )
+        crowded = sorted(n for n, count in per_node.items() if count > 1)
+        if crowded:
+            self.violations.append(f"two driver pods on {crowded}")
+        busy = [
+            n
+            for n, node in self.nodes.items()
+            if UpgradeState((node["metadata"].get("labels") or {}).get(STATE_LABEL) or "unknown")
+            in IN_PROGRESS_STATES
+        ]
+        if len(busy) > self.budget:
+            self.violations.append(f"{len(busy)} nodes upgrading at once: {sorted(busy)}")
+        cordoned = [n for n, node in self.nodes.items() if node["spec"].get("unschedulable")]
+        if len(cordoned) > self.budget:
+            self.violations.append(f"{len(cordoned)} nodes cordoned at once: {sorted(cordoned)}")
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self.pod_informer.run())
+            group.create_task(self.node_informer.run())
+            group.create_task(self.work_informer.run())
+
+
+async def test_nodes_move_between_nvidiadrivers_one_at_a_time_cordoned_and_drained(
+    rest: Rest, api_client: client.ApiClient
+) -> None:
+    """A new, more specific resource takes every GPU node from the default one: each
+    node is handed over through the upgrade machine under the new owner's budget (one
+    at a time, cordoned, drained), the old driver pod gone before the new one comes."""
+    await _cleanup(rest)
+    policy = crd.sample_policy()
+    policy["spec"]["driver"]["useNvidiaDriverCRD"] = True
+    await rest.apply(policy)
+    one = {"autoUpgrade": True, "maxParallelUpgrades": 1, "maxUnavailable": 1}
+    await rest.apply(_nvd("default", default=True, version="580.95.05", upgradePolicy=one))
+    watch = MoveWatch(rest, budget=1)
+    watcher = asyncio.create_task(watch.run())
+    gpu: set[str] = set()
+    h100: set[str] = set()
+    try:
+        async with Running(api_client):
+            gpu = {
+                n for n, lab in (await _labels(rest)).items() if lab.get(NFD_GPU_LABEL) == "true"
+            }
+
+            async def driven_by(
+                name: str, others: set[str] = frozenset(), other: str = ""
+            ) -> dict[str, tuple[str, str, str]] | None:
+                """Every GPU node on ``name``'s driver (``others`` on ``other``'s), done."""
+                pods = await _driver_pods(rest)
+                labels = await _labels(rest)
+                ok = (
+                    set(pods) == gpu
+                    and all(
+                        labels[n].get(crd.OWNER_LABEL) == (other if n in others else name)
+                        for n in gpu
+                    )
+                    and all(labels[n].get(STATE_LABEL) == "upgrade-done" for n in gpu)
+                    and [await _nvd_state(rest, r) for r in {name, other} - {""}]
+                    == [("ready", None)] * len({name, other} - {""})
+                    and all(not watch.nodes[n]["spec"].get("unschedulable") for n in gpu)
+                )
+                return pods if ok else None
+
+            before = await eventually(lambda: driven_by("default"), timeout=120)
+            for node in gpu:
+                await rest.create(POD, _work_pod(node), NAMESPACE)
+
+            async def working() -> bool:
+                pods = await rest.list(POD, NAMESPACE, label_selector=f"app={MOVE_WORK}")
+                return sum(p["status"].get("phase") == "Running" for p in pods) == len(gpu)
+
+            assert await eventually(working, timeout=60)
+            watch.armed = True
+            drain = {**one, "drain": {"enable": True, "force": True, "timeoutSeconds": 0}}
+            await rest.apply(
+                _nvd(
+                    "every-gpu",
+                    nodeSelector={"nvidia.com/gpu.present": "true"},
+                    version="590.48.01",
+                    upgradePolicy=drain,
+                )
+            )
+            after = await eventually(lambda: driven_by("every-gpu"), timeout=240)
+            labels = await _labels(rest)
+            assert watch.violations == [], watch.violations[:5]
+
+            # Narrowed to the H100 nodes: the others move back, by the same rules.
+            h100 = {n for n in gpu if labels[n].get(PRODUCT) == H100}
+            assert h100
+            assert gpu - h100
+            await rest.merge_patch(NVD, "every-gpu", {"spec": {"nodeSelector": {PRODUCT: H100}}})
+            back = await eventually(lambda: driven_by("default", h100, "every-gpu"), timeout=240)
+            watch.armed = False
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+        await _cleanup(rest)
+        for name in gpu:
+            await rest.merge_patch(NODE, name, {"spec": {"unschedulable": None}})
+            with contextlib.suppress(ApiException):
+                await rest.delete(POD, f"{MOVE_WORK}-{name}", NAMESPACE)
+    assert watch.violations == [], watch.violations[:5]
+    for node in gpu:
+        assert after[node][0] != before[node][0]
+        assert after[node][1].endswith(":590.48.01-ubuntu22.04")
+        assert "cordon-required" in watch.states[node], watch.states[node]
+        # drained (by the new owner's policy) while cordoned, before the driver left
+        at, cordoned = watch.evicted[node]
+        assert cordoned
+        assert at < watch.driver_gone[node]
+        assert not any(k.startswith("nvidia.com/gpu-operator.driver.next") for k in labels[node])
+        if node in h100:
+            assert back[node] == after[node]  # its driver never moved again
+        else:
+            assert back[node][1].endswith(":580.95.05-ubuntu22.04")
+            assert watch.states[node].count("cordon-required") == 2, watch.states[node]

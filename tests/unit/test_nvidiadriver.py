@@ -23,6 +23,7 @@ from components.nvidiadriver import (
 )
 from gpuop.cli import main
 from statemachine.driver_owner import (
+    NEXT_OWNER_LABEL,
     OWNER_LABEL,
     REASON_CONFLICT,
     REASON_FAILED,
@@ -168,7 +169,41 @@ def test_deleted_resource_takes_part_in_nothing() -> None:
             DriverResource("h100", node_selector={PRODUCT: "H100"}, deleting=True),
         ],
     )
-    assert result.changes == {"a": "default"}
+    # Never from one owner straight to another: the old driver lets go first.
+    assert result.changes == {"a": None}
+    # Nothing of the old resource's is left to hand over through an upgrade.
+    deleting = [DriverResource("default", default=True)]
+    assert assign_owners(nodes, deleting, managed={"default"}).changes == {"a": None}
+    nodes = {"a": {PRODUCT: "H100"}}
+    assert assign_owners(nodes, [DriverResource("default", default=True)]).changes == {
+        "a": "default"
+    }
+
+
+def test_a_move_to_an_upgrading_resource_waits_for_the_upgrade_machine() -> None:
+    resources = [
+        DriverResource("default", default=True),
+        DriverResource("h100", node_selector={PRODUCT: "H100"}),
+    ]
+    owned = {"a": {PRODUCT: "H100", OWNER_LABEL: "default"}}
+    moving = assign_owners(owned, resources, managed={"h100"})
+    assert moving.changes == {}
+    assert moving.moves == {"a": "h100"}
+    assert moving.owners == {"a": "default"}
+    assert moving.targets == {"a": "h100"}  # h100 is not ready while it waits for "a"
+    # A node in the middle of its current owner's upgrade finishes that first.
+    assert assign_owners(owned, resources, managed={"h100"}, busy={"a"}).moves == {}
+    # The upgrade machine removed the owner label; the old pod is still there.
+    handing = {"a": {PRODUCT: "H100", NEXT_OWNER_LABEL: "h100"}}
+    held = assign_owners(handing, resources, held={"a"}, managed={"h100"})
+    assert (held.changes, held.moves) == ({}, {})
+    # Gone: the new owner takes the node, the record of the move goes with it.
+    done = assign_owners(handing, resources, managed={"h100"})
+    assert (done.changes, done.moves) == ({"a": "h100"}, {"a": None})
+    # The resource goes away before the hand-over: the move is called off.
+    recorded = {"a": {PRODUCT: "H100", OWNER_LABEL: "default", NEXT_OWNER_LABEL: "h100"}}
+    back = assign_owners(recorded, resources[:1], managed={"h100"})
+    assert (back.changes, back.moves) == ({}, {"a": None})
 
 
 def test_held_node_gets_no_owner_until_released() -> None:
@@ -196,28 +231,46 @@ _selectors = st.one_of(st.just({}), _products.map(lambda p: {PRODUCT: p}))
     ),
     selectors=st.lists(_selectors, max_size=3),
     has_default=st.booleans(),
+    managed=st.sets(st.sampled_from(["default", "r0", "r1", "r2"])),
+    held=st.sets(st.sampled_from("abcdef")),
 )
 def test_assignment_properties(
-    nodes: dict[str, dict[str, str]], selectors: list[dict[str, str]], has_default: bool
+    nodes: dict[str, dict[str, str]],
+    selectors: list[dict[str, str]],
+    has_default: bool,
+    managed: set[str],
+    held: set[str],
 ) -> None:
     resources = [DriverResource(f"r{i}", node_selector=s) for i, s in enumerate(selectors)]
     if has_default:
         resources.append(DriverResource("default", default=True))
-    result = assign_owners(nodes, resources)
+    result = assign_owners(nodes, resources, held, managed)
+    live = {r.name for r in resources}
     conflicting = {n for n, p in result.problems.items() if p.reason == REASON_CONFLICT}
     for node, labels in nodes.items():
+        current = labels.get(OWNER_LABEL)
         matching = [r.name for r in resources if not r.default and r.selects(labels)]
         if set(matching) & conflicting:
             # a node any conflicting resource selects never changes its owner
             assert node not in result.changes
-        elif matching:
-            assert len(matching) == 1
-            assert result.owners[node] == matching[0]
-        else:
-            assert result.owners.get(node) == ("default" if has_default else None)
+            continue
+        intended = matching[0] if matching else ("default" if has_default else None)
+        assert len(matching) <= 1
         # changes say exactly how labels get from now to the owners
-        after = result.changes.get(node, labels.get(OWNER_LABEL))
+        after = result.changes.get(node, current)
         assert after == result.owners.get(node)
+        # never from one owner straight to another, never onto a node still held
+        assert after in (current, None) or current is None
+        assert after in (current, None) or node not in held
+        if after is None and intended is not None and not (current is None and node in held):
+            assert current not in (None, intended)
+            assert intended not in managed or current not in live  # nothing to hand over
+        gradual = current in live and intended in managed
+        if current is not None and intended not in (None, current) and gradual:
+            assert after == current
+            assert result.moves.get(node, labels.get(NEXT_OWNER_LABEL)) == intended
+        elif after == intended and current is None and node not in held:
+            assert result.moves.get(node, labels.get(NEXT_OWNER_LABEL)) is None
 
 
 # ---------------------------------------------------------------- rendering
@@ -320,7 +373,10 @@ def test_resource_settings_reach_the_pod() -> None:
     assert pod["spec"]["priorityClassName"] == "high"
     assert pod["spec"]["hostNetwork"] is True
     assert {"key": "dedicated", "operator": "Exists"} in pod["spec"]["tolerations"]
-    assert pod["spec"]["nodeSelector"][PRODUCT] == "H100"
+    # The owner label, not the resource's nodeSelector: a node whose labels stop
+    # matching keeps its driver until it is handed over.
+    assert pod["spec"]["nodeSelector"][OWNER_LABEL] == "h100"
+    assert PRODUCT not in pod["spec"]["nodeSelector"]
 
 
 def test_sample_manifest_parses() -> None:
