@@ -304,7 +304,7 @@ async def test_fields_not_acted_on_get_a_warning_condition_and_event(
     policy = copy.deepcopy(crd.sample_policy())
     spec = policy["spec"]
     spec["sandboxWorkloads"]["enabled"] = True
-    spec["devicePlugin"]["hostNetwork"] = True
+    spec.setdefault("gds", {})["hostNetwork"] = True
     spec["dcgmExporter"]["serviceMonitor"].pop("scrapeTimeout", None)
 
     async def unsupported() -> dict[str, Any] | None:
@@ -327,15 +327,15 @@ async def test_fields_not_acted_on_get_a_warning_condition_and_event(
         assert condition["status"] == "True"
         assert condition["observedGeneration"] == applied["metadata"]["generation"]
         assert "spec.sandboxWorkloads.enabled" in condition["message"]
-        assert "spec.devicePlugin.hostNetwork" in condition["message"]
+        assert "spec.gds.hostNetwork" in condition["message"]
         await run.settle()
         events = await warnings()
         assert len(events) == before + 1
         assert events[-1]["type"] == "Warning"
-        assert "spec.devicePlugin.hostNetwork" in events[-1]["message"]
+        assert "spec.gds.hostNetwork" in events[-1]["message"]
 
         spec["sandboxWorkloads"]["enabled"] = False
-        spec["devicePlugin"]["hostNetwork"] = False
+        spec["gds"]["hostNetwork"] = False
         await rest.apply(policy)
 
         async def cleared() -> bool:
