@@ -152,10 +152,14 @@ def daemonset(
         full_pod["securityContext"] = dumped
     if host_network:
         use_host_network(full_pod)
+    meta = metadata(name, component, spec, ctx)
+    # Upstream labels the DaemonSet itself `app=<name>` too: `kubectl get ds -l app=...`
+    # finds ours as it found NVIDIA's.
+    meta["labels"] = {APP_LABEL: name, **meta["labels"]}
     return {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
-        "metadata": metadata(name, component, spec, ctx),
+        "metadata": meta,
         "spec": {
             "selector": {"matchLabels": {APP_LABEL: name, **(selector_labels or {})}},
             "updateStrategy": update_strategy or rolling_update_strategy(spec),

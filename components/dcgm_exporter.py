@@ -64,6 +64,17 @@ _ROLE_RULES = [
 """The exporter can read a metrics list from a ConfigMap in its namespace."""
 
 
+def _health_probe(*, period_seconds: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": "/health", "port": METRICS_PORT, "scheme": "HTTP"},
+        "initialDelaySeconds": 45,
+        "periodSeconds": period_seconds,
+        "timeoutSeconds": 1,
+        "successThreshold": 1,
+        "failureThreshold": 3,
+    }
+
+
 def enabled(spec: ClusterPolicySpec) -> bool:
     return spec.dcgm_exporter.enabled
 
@@ -150,6 +161,10 @@ def _daemonset(spec: ClusterPolicySpec, ctx: RenderContext) -> Manifest:
         mounts=mounts,
         extra={
             "ports": [{"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
+            # Upstream's: a hung exporter is restarted, and drops out of the Service
+            # while it starts (it needs DCGM up first).
+            "livenessProbe": _health_probe(period_seconds=5),
+            "readinessProbe": _health_probe(period_seconds=10),
         },
         privileged=True,
     )
