@@ -3,9 +3,12 @@ simulated nodes, against what NVIDIA's operator v26.7 created for it (`rendered.
 
 Pure: the nodes are built from `gpuop.cluster._nodes` (the same 6 nodes `gpuop cluster up
 --nodes 6 --gpu-nodes 4` makes), the policy is parsed with our models, and rendering and
-labelling run as the controller runs them, without a cluster. Only fields that decide
-what happens on a node are compared (see `normalize`); server defaults and our own
-bookkeeping labels/annotations are not.
+labelling run as the controller runs them, without a cluster, and the nodes' upgrade
+label is what our upgrade machine writes. Every field of every object is compared (see
+`normalize` and `_walk`): server-written fields are dropped and the API server's defaults
+filled in on both sides, list items are matched by their natural key (name, mountPath,
+owner) or as sets (tolerations, RBAC grants, subjects), scripts line by line. What is
+ours on purpose is in `allowlist.yaml`, by path, with its reason.
 """
 
 from __future__ import annotations
@@ -24,10 +27,10 @@ import yaml
 
 import components as c
 import crd
+from components.keys import DEPLOY_DRIVER_LABEL, TRUE
 from crd import OWNER_LABEL
 from gpuop.cluster._nodes import node_manifests
 from gpuop.controller._apply import owned_by, owner_reference
-from components.keys import DEPLOY_DRIVER_LABEL, TRUE
 from gpuop.controller._upgrade_inputs import policy_view
 from statemachine.upgrade import next_step
 from statemachine.upgrade_views import DriverPodView, NodeUpgradeView
@@ -163,6 +166,8 @@ def ours(spec: crd.ClusterPolicySpec) -> tuple[list[dict[str, Any]], dict[str, d
         namespace=NAMESPACE,
         operator_image=OPERATOR_IMAGE,
         mig_capable=c.any_mig_capable(n["metadata"]["labels"] for n in gpu),
+        # As on the recording cluster, which had no Prometheus Operator CRDs: upstream
+        # created no ServiceMonitor/PrometheusRule there (see upstream/README.md).
         service_monitor_crd=False,
         prometheus_rule_crd=False,
         gpu_nodes=tuple(c.node_facts(n) for n in gpu),
@@ -426,17 +431,16 @@ def _walk(path: str, field: str, a: Any, b: Any) -> Iterator[tuple[str, str, str
     if isinstance(a, list) and isinstance(b, list):
         if field == "rules":
             a, b = _rules(a), _rules(b)
-        keyed_a, keyed_b = _keyed(field, a), _keyed(field, b)
-        if field not in _SET_LISTS and field != "rules" and (keyed_a is not None or not a):
-            if keyed_b is not None or not b:
-                yield from _walk_keyed(path, keyed_a or {}, keyed_b or {})
-                return
         if field in _SET_LISTS or field == "rules":
             texts_a, texts_b = {_text(x) for x in a}, {_text(x) for x in b}
             for item in sorted(texts_a - texts_b):
                 yield f"{path}[{item}]", "present", ABSENT
             for item in sorted(texts_b - texts_a):
                 yield f"{path}[{item}]", ABSENT, "present"
+            return
+        keyed_a, keyed_b = _keyed(field, a), _keyed(field, b)
+        if (keyed_a is not None or not a) and (keyed_b is not None or not b):
+            yield from _walk_keyed(path, keyed_a or {}, keyed_b or {})
             return
     if isinstance(a, str) and isinstance(b, str) and a != b and ("\n" in a or "\n" in b):
         yield path, *_line_diff(a, b)
