@@ -366,15 +366,32 @@ SCC_RULE = {
 
 
 def entrypoint_config_map(
-    name: str, component: str, script: str, spec: ClusterPolicySpec, ctx: RenderContext
+    name: str,
+    component: str,
+    script: str,
+    spec: ClusterPolicySpec,
+    ctx: RenderContext,
+    *,
+    app: str,
 ) -> Manifest:
-    """A ConfigMap holding an operand's `entrypoint.sh` (mounted at /bin/entrypoint.sh)."""
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": metadata(name, component, spec, ctx),
-        "data": {"entrypoint.sh": script},
-    }
+    """A ConfigMap holding an operand's `entrypoint.sh` (mounted at /bin/entrypoint.sh),
+    labelled `app=<its DaemonSet>` as upstream's."""
+    return with_app_label(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": metadata(name, component, spec, ctx),
+            "data": {"entrypoint.sh": script},
+        },
+        app,
+    )
+
+
+def with_app_label(obj: Manifest, app: str) -> Manifest:
+    """`obj` also labelled `app=<app>`: upstream labels an operand's ConfigMaps (and the
+    exporters' RBAC) with the operand's name, so `kubectl get -l app=...` finds ours."""
+    meta = obj["metadata"]
+    return {**obj, "metadata": {**meta, "labels": {APP_LABEL: app, **meta.get("labels", {})}}}
 
 
 def entrypoint_volume(config_map: str) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from components._k8s import (
     run_nvidia_volume,
     service_account,
     wait_for_file,
+    with_app_label,
 )
 from components.component import Component, Permissions
 from components.context import Manifest, RenderContext
@@ -236,8 +237,12 @@ def _service_monitor(spec: ClusterPolicySpec, ctx: RenderContext) -> Manifest | 
 
 def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
     objects = [
-        service_account(SERVICE_ACCOUNT, NAME, spec, ctx),
-        *role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, _ROLE_RULES),
+        # Upstream labels the exporter's account and namespaced RBAC `app=<name>`.
+        with_app_label(service_account(SERVICE_ACCOUNT, NAME, spec, ctx), SERVICE_ACCOUNT),
+        *(
+            with_app_label(o, SERVICE_ACCOUNT)
+            for o in role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, _ROLE_RULES)
+        ),
         *(
             cluster_role_and_binding(
                 READ_PODS, NAME, spec, ctx, _READ_PODS_RULES, account=SERVICE_ACCOUNT

@@ -172,9 +172,14 @@ def ours(spec: crd.ClusterPolicySpec) -> tuple[list[dict[str, Any]], dict[str, d
         prometheus_rule_crd=False,
         gpu_nodes=tuple(c.node_facts(n) for n in gpu),
     )
-    # The controller adds the policy as owner when it applies (`gpuop.controller._apply`).
+    # As the controller applies them (`gpuop.controller._cluster`): owned by the policy,
+    # with our content hash.
     owner = owner_reference("nvidia.com/v1", "ClusterPolicy", {"name": POLICY, "uid": "-"})
-    objects = [owned_by(o, owner) for objs in c.desired_objects(spec, ctx).values() for o in objs]
+    objects = [
+        c.with_hash(owned_by(o, owner))
+        for objs in c.desired_objects(spec, ctx).values()
+        for o in objs
+    ]
     return objects, _gpu_node_labels(nodes)
 
 

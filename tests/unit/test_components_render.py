@@ -987,9 +987,22 @@ def test_dcgm_exporter_has_upstreams_health_probes() -> None:
         assert (probe["initialDelaySeconds"], probe["periodSeconds"]) == (45, period)
 
 
-def test_daemonset_objects_carry_the_app_label() -> None:
-    """`kubectl get ds -l app=<name>` finds our DaemonSets as it found upstream's."""
-    for ds in daemonsets(
-        [o for objs in c.desired_objects(everything(), ctx()).values() for o in objs]
-    ):
+def test_operand_objects_carry_upstreams_app_label() -> None:
+    """`kubectl get ds,cm,sa,role -l app=<name>` finds ours as it found upstream's: the
+    DaemonSets, the entrypoint/startup-probe ConfigMaps (app = their DaemonSet) and the
+    exporters' account and namespaced RBAC."""
+    objects = [o for objs in c.desired_objects(everything(), ctx()).values() for o in objs]
+    for ds in daemonsets(objects):
         assert ds["metadata"]["labels"]["app"] == ds["metadata"]["name"]
+    apps = {(o["kind"], o["metadata"]["name"]): o["metadata"]["labels"].get("app") for o in objects}
+    assert (
+        apps[("ConfigMap", "nvidia-device-plugin-entrypoint")] == "nvidia-device-plugin-daemonset"
+    )
+    assert apps[("ConfigMap", "nvidia-container-toolkit-entrypoint")] == (
+        "nvidia-container-toolkit-daemonset"
+    )
+    assert apps[("ConfigMap", "nvidia-mig-manager-entrypoint")] == "nvidia-mig-manager"
+    assert apps[("ConfigMap", "nvidia-driver-startup-probe")] == "nvidia-driver-daemonset"
+    for name in ("nvidia-dcgm-exporter", "nvidia-node-status-exporter"):
+        for kind in ("ServiceAccount", "Role", "RoleBinding"):
+            assert apps[(kind, name)] == name
