@@ -110,7 +110,8 @@ def operand_daemonset(
 ) -> Manifest:
     """The DaemonSet of an operand that can run under the config manager: with a config,
     the init container, the sidecar and their volumes join the pod, and the pod shares
-    its process namespace so the sidecar can signal the operand."""
+    its process namespace (unless it uses the host's) so the sidecar can signal the
+    operand."""
     with_config = configured(spec)
     init = list(init)
     containers = [main]
@@ -120,7 +121,10 @@ def operand_daemonset(
         init.append(init_container(spec, process))
         containers.append(sidecar(spec, process))
         all_volumes += volumes(spec)
-        pod["shareProcessNamespace"] = True
+        if not pod.get("hostPID"):
+            # In the host's PID namespace (MPS) the sidecar already sees the operand;
+            # the API server refuses a pod that sets both.
+            pod["shareProcessNamespace"] = True
     pod.update({"initContainers": init, "containers": containers, "volumes": all_volumes})
     return daemonset(
         daemonset_name,

@@ -152,10 +152,14 @@ def daemonset(
         full_pod["securityContext"] = dumped
     if host_network:
         use_host_network(full_pod)
+    meta = metadata(name, component, spec, ctx)
+    # Upstream labels the DaemonSet itself `app=<name>` too: `kubectl get ds -l app=...`
+    # finds ours as it found NVIDIA's.
+    meta["labels"] = {APP_LABEL: name, **meta["labels"]}
     return {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
-        "metadata": metadata(name, component, spec, ctx),
+        "metadata": meta,
         "spec": {
             "selector": {"matchLabels": {APP_LABEL: name, **(selector_labels or {})}},
             "updateStrategy": update_strategy or rolling_update_strategy(spec),
@@ -362,15 +366,32 @@ SCC_RULE = {
 
 
 def entrypoint_config_map(
-    name: str, component: str, script: str, spec: ClusterPolicySpec, ctx: RenderContext
+    name: str,
+    component: str,
+    script: str,
+    spec: ClusterPolicySpec,
+    ctx: RenderContext,
+    *,
+    app: str,
 ) -> Manifest:
-    """A ConfigMap holding an operand's `entrypoint.sh` (mounted at /bin/entrypoint.sh)."""
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": metadata(name, component, spec, ctx),
-        "data": {"entrypoint.sh": script},
-    }
+    """A ConfigMap holding an operand's `entrypoint.sh` (mounted at /bin/entrypoint.sh),
+    labelled `app=<its DaemonSet>` as upstream's."""
+    return with_app_label(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": metadata(name, component, spec, ctx),
+            "data": {"entrypoint.sh": script},
+        },
+        app,
+    )
+
+
+def with_app_label(obj: Manifest, app: str) -> Manifest:
+    """`obj` also labelled `app=<app>`: upstream labels an operand's ConfigMaps (and the
+    exporters' RBAC) with the operand's name, so `kubectl get -l app=...` finds ours."""
+    meta = obj["metadata"]
+    return {**obj, "metadata": {**meta, "labels": {APP_LABEL: app, **meta.get("labels", {})}}}
 
 
 def entrypoint_volume(config_map: str) -> dict[str, Any]:

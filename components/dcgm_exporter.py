@@ -27,6 +27,7 @@ from components._k8s import (
     run_nvidia_volume,
     service_account,
     wait_for_file,
+    with_app_label,
 )
 from components.component import Component, Permissions
 from components.context import Manifest, RenderContext
@@ -62,6 +63,17 @@ _ROLE_RULES = [
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list"]},
 ]
 """The exporter can read a metrics list from a ConfigMap in its namespace."""
+
+
+def _health_probe(*, period_seconds: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": "/health", "port": METRICS_PORT, "scheme": "HTTP"},
+        "initialDelaySeconds": 45,
+        "periodSeconds": period_seconds,
+        "timeoutSeconds": 1,
+        "successThreshold": 1,
+        "failureThreshold": 3,
+    }
 
 
 def enabled(spec: ClusterPolicySpec) -> bool:
@@ -150,6 +162,10 @@ def _daemonset(spec: ClusterPolicySpec, ctx: RenderContext) -> Manifest:
         mounts=mounts,
         extra={
             "ports": [{"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
+            # Upstream's: a hung exporter is restarted, and drops out of the Service
+            # while it starts (it needs DCGM up first).
+            "livenessProbe": _health_probe(period_seconds=5),
+            "readinessProbe": _health_probe(period_seconds=10),
         },
         privileged=True,
     )
@@ -221,8 +237,12 @@ def _service_monitor(spec: ClusterPolicySpec, ctx: RenderContext) -> Manifest | 
 
 def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
     objects = [
-        service_account(SERVICE_ACCOUNT, NAME, spec, ctx),
-        *role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, _ROLE_RULES),
+        # Upstream labels the exporter's account and namespaced RBAC `app=<name>`.
+        with_app_label(service_account(SERVICE_ACCOUNT, NAME, spec, ctx), SERVICE_ACCOUNT),
+        *(
+            with_app_label(o, SERVICE_ACCOUNT)
+            for o in role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, _ROLE_RULES)
+        ),
         *(
             cluster_role_and_binding(
                 READ_PODS, NAME, spec, ctx, _READ_PODS_RULES, account=SERVICE_ACCOUNT

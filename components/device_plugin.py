@@ -133,7 +133,7 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
     runtime, nri = gpu_access(spec, CONTAINER_NAME)
     return [
         *_config_manager.operand_rbac(SERVICE_ACCOUNT, NAME, spec, ctx, role_rules=[SCC_RULE]),
-        entrypoint_config_map(ENTRYPOINT, NAME, _SCRIPT, spec, ctx),
+        entrypoint_config_map(ENTRYPOINT, NAME, _SCRIPT, spec, ctx, app=DAEMONSET_NAME),
         _config_manager.operand_daemonset(
             spec,
             ctx,

@@ -19,6 +19,7 @@ from typing import Any
 
 from components import driver_digest
 from components._k8s import (
+    APP_LABEL,
     HOST_ROOT_MOUNT,
     SCC_RULE,
     VALIDATIONS_DIR,
@@ -452,6 +453,7 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
     if spec.driver.use_nvidia_driver_crd:
         kernels = []  # NVIDIADriver resources own the driver DaemonSets; their pods use the rest
     probe = metadata(STARTUP_PROBE_CONFIG_MAP, NAME, spec, ctx)
+    probe["labels"] = {APP_LABEL: DAEMONSET_NAME, **probe["labels"]}  # as upstream's
     return [
         service_account(SERVICE_ACCOUNT, NAME, spec, ctx),
         *role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, [SCC_RULE]),

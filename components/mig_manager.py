@@ -188,7 +188,7 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
             if clients_name
             else [_config_map(DEFAULT_CLIENTS_CONFIG_MAP, "clients.yaml", _CLIENTS, spec, ctx)]
         ),
-        entrypoint_config_map(ENTRYPOINT, NAME, _SCRIPT, spec, ctx),
+        entrypoint_config_map(ENTRYPOINT, NAME, _SCRIPT, spec, ctx, app=DAEMONSET_NAME),
         daemonset(
             DAEMONSET_NAME,
             NAME,

@@ -25,6 +25,7 @@ from components._k8s import (
     role_and_binding,
     run_nvidia_volume,
     service_account,
+    with_app_label,
 )
 from components.component import Component, Permissions
 from components.context import Manifest, RenderContext
@@ -112,8 +113,12 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
     service_meta["labels"][APP_LABEL] = DAEMONSET_NAME
     service_meta["annotations"] = {"prometheus.io/scrape": "true"}
     objects = [
-        service_account(SERVICE_ACCOUNT, NAME, spec, ctx),
-        *role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, _ROLE_RULES),
+        # Upstream labels the exporter's account and namespaced RBAC `app=<name>`.
+        with_app_label(service_account(SERVICE_ACCOUNT, NAME, spec, ctx), SERVICE_ACCOUNT),
+        *(
+            with_app_label(o, SERVICE_ACCOUNT)
+            for o in role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, _ROLE_RULES)
+        ),
         *cluster_role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, [READ_NODES]),
         daemonset(
             DAEMONSET_NAME,

@@ -234,7 +234,7 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
     return [
         service_account(SERVICE_ACCOUNT, NAME, spec, ctx),
         *role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, _RULES),
-        entrypoint_config_map(ENTRYPOINT, NAME, _SCRIPT, spec, ctx),
+        entrypoint_config_map(ENTRYPOINT, NAME, _SCRIPT, spec, ctx, app=DAEMONSET_NAME),
         daemonset(
             DAEMONSET_NAME,
             NAME,

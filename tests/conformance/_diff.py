@@ -3,13 +3,18 @@ simulated nodes, against what NVIDIA's operator v26.7 created for it (`rendered.
 
 Pure: the nodes are built from `gpuop.cluster._nodes` (the same 6 nodes `gpuop cluster up
 --nodes 6 --gpu-nodes 4` makes), the policy is parsed with our models, and rendering and
-labelling run as the controller runs them, without a cluster. Only fields that decide
-what happens on a node are compared (see `normalize`); server defaults and our own
-bookkeeping labels/annotations are not.
+labelling run as the controller runs them, without a cluster, and the nodes' upgrade
+label is what our upgrade machine writes. Every field of every object is compared (see
+`normalize` and `_walk`): server-written fields are dropped and the API server's defaults
+filled in on both sides, list items are matched by their natural key (name, mountPath,
+owner) or as sets (tolerations, RBAC grants, subjects), scripts line by line. What is
+ours on purpose is in `allowlist.yaml`, by path, with its reason.
 """
 
 from __future__ import annotations
 
+import copy
+import difflib
 import os
 import re
 from collections.abc import Iterable, Iterator, Mapping
@@ -22,13 +27,19 @@ import yaml
 
 import components as c
 import crd
+from components.keys import DEPLOY_DRIVER_LABEL, TRUE
+from crd import OWNER_LABEL
 from gpuop.cluster._nodes import node_manifests
-from statemachine.upgrade_keys import STATE_LABEL, UpgradeState
+from gpuop.controller._apply import owned_by, owner_reference
+from gpuop.controller._upgrade_inputs import policy_view
+from statemachine.upgrade import next_step
+from statemachine.upgrade_views import DriverPodView, NodeUpgradeView
 
 REPO = Path(__file__).resolve().parents[2]
 ALLOWLIST = Path(__file__).resolve().parent / "allowlist.yaml"
 NAMESPACE = "gpu-operator"
 OPERATOR_IMAGE = "ghcr.io/gpuop/gpuop:latest"
+POLICY = "cluster-policy"
 NODES, GPU_NODES = 6, 4
 """The cluster the upstream data was recorded on (see the data's README)."""
 
@@ -98,8 +109,10 @@ def load_policy(folder: Path) -> tuple[crd.ClusterPolicySpec, list[Difference]]:
 
 
 def labelled_nodes(spec: crd.ClusterPolicySpec) -> list[dict[str, Any]]:
-    """The simulated nodes after our labeller reached its fixed point, with the upgrade
-    state our upgrade machine gives a node whose driver pod is current."""
+    """The simulated nodes after our labeller reached its fixed point, then through our
+    upgrade machine as the controller drives it (`gpuop.controller._node`): enrolment
+    in the deploy labels' write, then the node pass once the driver pod runs the
+    DaemonSet's newest revision."""
     result = []
     for node in simulated_nodes():
         labels = dict(node["metadata"]["labels"])
@@ -110,13 +123,38 @@ def labelled_nodes(spec: crd.ClusterPolicySpec) -> list[dict[str, Any]]:
             labels = c.apply_label_changes(labels, changes)
         else:  # pragma: no cover - the labeller is a fixed point by its own tests
             raise AssertionError(f"labels of {node['metadata']['name']} never settle")
-        if (
-            c.is_gpu_node(labels)
-            and spec.driver.enabled
-            and spec.driver.upgrade_policy.auto_upgrade
-        ):
-            labels[STATE_LABEL] = UpgradeState.UPGRADE_DONE.value
+        labels = _upgrade_labels(node["metadata"]["name"], labels, spec)
         result.append({**node, "metadata": {**node["metadata"], "labels": labels}})
+    return result
+
+
+def _upgrade_labels(
+    name: str, labels: dict[str, str], spec: crd.ClusterPolicySpec
+) -> dict[str, str]:
+    """`labels` with the upgrade machine's label writes applied: its enrolment step (a
+    GPU node getting the ClusterPolicy's driver, no driver pod yet), then its step for
+    the node whose driver pod is current, each under the controller's own conditions."""
+    policy = policy_view(spec)
+    if not (policy.auto_upgrade and c.is_gpu_node(labels)):
+        return labels
+    enrols = labels.get(DEPLOY_DRIVER_LABEL) == TRUE and OWNER_LABEL not in labels
+    if enrols and not spec.driver.use_nvidia_driver_crd:
+        enrolling = NodeUpgradeView(name=name, now=0.0, labels=labels, enrolling=True)
+        labels = _apply(labels, next_step(enrolling, policy).labels)
+    pod = DriverPodView(uid="driver-pod", revision_hash="newest", running=True, ready=True)
+    current = NodeUpgradeView(
+        name=name, now=0.0, labels=labels, driver_pod=pod, newest_revision="newest"
+    )
+    return _apply(labels, next_step(current, policy).labels)
+
+
+def _apply(labels: Mapping[str, str], patch: Mapping[str, str | None]) -> dict[str, str]:
+    result = dict(labels)
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = value
     return result
 
 
@@ -128,11 +166,20 @@ def ours(spec: crd.ClusterPolicySpec) -> tuple[list[dict[str, Any]], dict[str, d
         namespace=NAMESPACE,
         operator_image=OPERATOR_IMAGE,
         mig_capable=c.any_mig_capable(n["metadata"]["labels"] for n in gpu),
+        # As on the recording cluster, which had no Prometheus Operator CRDs: upstream
+        # created no ServiceMonitor/PrometheusRule there (see upstream/README.md).
         service_monitor_crd=False,
         prometheus_rule_crd=False,
         gpu_nodes=tuple(c.node_facts(n) for n in gpu),
     )
-    objects = [o for objs in c.desired_objects(spec, ctx).values() for o in objs]
+    # As the controller applies them (`gpuop.controller._cluster`): owned by the policy,
+    # with our content hash.
+    owner = owner_reference("nvidia.com/v1", "ClusterPolicy", {"name": POLICY, "uid": "-"})
+    objects = [
+        c.with_hash(owned_by(o, owner))
+        for objs in c.desired_objects(spec, ctx).values()
+        for o in objs
+    ]
     return objects, _gpu_node_labels(nodes)
 
 
@@ -172,92 +219,159 @@ def _text(value: Any) -> str:
     return yaml.safe_dump(value, default_flow_style=True, width=10_000).strip()
 
 
-def _env(container: Mapping[str, Any]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for var in container.get("env") or ():
-        source = var.get("valueFrom")
-        if source and "fieldRef" in source:
-            result[var["name"]] = f"fieldRef:{source['fieldRef']['fieldPath']}"
-        elif source:
-            result[var["name"]] = {k: v for k, v in source.items()}
-        else:
-            result[var["name"]] = str(var.get("value", ""))
-    return result
+SERVER_METADATA = (
+    "uid",
+    "resourceVersion",
+    "creationTimestamp",
+    "generation",
+    "managedFields",
+    "selfLink",
+)
+"""Metadata the API server writes (the recorded data has them stripped already)."""
+
+SERVER_ANNOTATIONS = ("deprecated.daemonset.template.generation",)
+"""Annotations the DaemonSet controller writes on every object it stores."""
+
+SERVER_SERVICE_FIELDS = ("clusterIP", "clusterIPs")
+"""Allocated by the API server at create time; not part of anyone's render."""
 
 
-def _volume_source(volume: Mapping[str, Any] | None) -> str:
-    if volume is None:
-        return "<no volume>"
-    if "hostPath" in volume:
-        return f"hostPath:{volume['hostPath']['path']}"
-    if "configMap" in volume:
-        items = volume["configMap"].get("items")
-        suffix = f" items={_text(items)}" if items else ""
-        return f"configMap:{volume['configMap']['name']}{suffix}"
-    if "emptyDir" in volume:
-        return "emptyDir"
-    return _text({k: v for k, v in volume.items() if k != "name"})
+def _image_pull_default(image: str) -> str:
+    """The API server's `imagePullPolicy` default: `Always` for `:latest` or no tag."""
+    tail = image.rsplit("/", 1)[-1]
+    if "@" in tail:
+        return "IfNotPresent"
+    tag = tail.split(":", 1)[1] if ":" in tail else "latest"
+    return "Always" if tag == "latest" else "IfNotPresent"
 
 
-def _mounts(container: Mapping[str, Any], volumes: Mapping[str, Any]) -> dict[str, str]:
-    result = {}
-    for m in container.get("volumeMounts") or ():
-        parts = [_volume_source(volumes.get(m["name"]))]
-        if m.get("subPath"):
-            parts.append(f"subPath={m['subPath']}")
-        if m.get("readOnly"):
-            parts.append("ro")
-        if m.get("mountPropagation") and m["mountPropagation"] != "None":
-            parts.append(m["mountPropagation"])
-        result[m["mountPath"].rstrip("/") or "/"] = " ".join(parts)
-    return result
+def _probe_defaults(probe: dict[str, Any]) -> None:
+    for key, value in (
+        ("timeoutSeconds", 1),
+        ("periodSeconds", 10),
+        ("successThreshold", 1),
+        ("failureThreshold", 3),
+    ):
+        probe.setdefault(key, value)
+    if "httpGet" in probe:
+        probe["httpGet"].setdefault("scheme", "HTTP")
 
 
-def _container(container: Mapping[str, Any], volumes: Mapping[str, Any]) -> dict[str, Any]:
-    security = container.get("securityContext") or {}
-    return {
-        "image": container.get("image"),
-        "command": _text(container.get("command")),
-        "args": _text(container.get("args")),
-        "env": _env(container),
-        "volumeMounts": _mounts(container, volumes),
-        "privileged": bool(security.get("privileged", False)),
-        "runAsUser": security.get("runAsUser"),
-    }
+def _container_defaults(ct: dict[str, Any]) -> None:
+    ct.setdefault("terminationMessagePath", "/dev/termination-log")
+    ct.setdefault("terminationMessagePolicy", "File")
+    ct.setdefault("imagePullPolicy", _image_pull_default(str(ct.get("image", ""))))
+    ct.setdefault("resources", {})
+    for port in ct.get("ports") or ():
+        port.setdefault("protocol", "TCP")
+    for var in ct.get("env") or ():
+        if var.get("value") == "":
+            del var["value"]  # stored without it (`omitempty`): the same unset value
+        ref = (var.get("valueFrom") or {}).get("fieldRef")
+        if ref is not None:
+            ref.setdefault("apiVersion", "v1")
+    for key in ("livenessProbe", "readinessProbe", "startupProbe"):
+        if ct.get(key):
+            _probe_defaults(ct[key])
 
 
-def _strategy(strategy: Mapping[str, Any] | None) -> str:
-    strategy = strategy or {"type": "RollingUpdate"}
-    if strategy.get("type", "RollingUpdate") != "RollingUpdate":
-        return str(strategy["type"])
-    rolling = strategy.get("rollingUpdate") or {}
-    return f"RollingUpdate maxUnavailable={rolling.get('maxUnavailable', 1)}"
-
-
-def _daemonset(obj: Mapping[str, Any]) -> dict[str, Any]:
-    pod = obj["spec"]["template"]["spec"]
-    volumes = {v["name"]: v for v in pod.get("volumes") or ()}
-    fields: dict[str, Any] = {
-        "nodeSelector": dict(pod.get("nodeSelector") or {}),
-        "tolerations": sorted(_text(t) for t in pod.get("tolerations") or ()),
-        "serviceAccountName": pod.get("serviceAccountName"),
-        "hostPID": bool(pod.get("hostPID")),
-        "hostIPC": bool(pod.get("hostIPC")),
-        "hostNetwork": bool(pod.get("hostNetwork")),
-        "priorityClassName": pod.get("priorityClassName"),
-        "runtimeClassName": pod.get("runtimeClassName"),
-        "updateStrategy": _strategy(obj["spec"].get("updateStrategy")),
-    }
+def _pod_defaults(pod: dict[str, Any]) -> None:
+    """What the API server fills in a pod template when it stores it."""
+    pod.setdefault("dnsPolicy", "ClusterFirst")
+    pod.setdefault("restartPolicy", "Always")
+    pod.setdefault("schedulerName", "default-scheduler")
+    pod.setdefault("securityContext", {})
+    pod.setdefault("terminationGracePeriodSeconds", 30)
+    if pod.get("serviceAccountName"):
+        pod.setdefault("serviceAccount", pod["serviceAccountName"])
     for kind in ("initContainers", "containers"):
-        fields[kind] = {ct["name"]: _container(ct, volumes) for ct in pod.get(kind) or ()}
-    return fields
+        for ct in pod.get(kind) or ():
+            _container_defaults(ct)
+    for volume in pod.get("volumes") or ():
+        if "hostPath" in volume:
+            volume["hostPath"].setdefault("type", "")
+        if "configMap" in volume:
+            volume["configMap"].setdefault("defaultMode", 420)
+        if "secret" in volume:
+            volume["secret"].setdefault("defaultMode", 420)
 
 
-def _rules(obj: Mapping[str, Any]) -> list[str]:
+def _server_defaults(obj: dict[str, Any]) -> dict[str, Any]:
+    """`obj` as the API server stores it: its defaults filled where a field is absent,
+    server-written fields removed. Applied to both sides, so a value either side set
+    explicitly still counts."""
+    obj = copy.deepcopy(obj)
+    obj.pop("status", None)
+    meta = obj.setdefault("metadata", {})
+    for key in SERVER_METADATA:
+        meta.pop(key, None)
+    for ref in meta.get("ownerReferences") or ():
+        ref.pop("uid", None)
+    annotations = meta.get("annotations") or {}
+    for key in SERVER_ANNOTATIONS:
+        annotations.pop(key, None)
+    if "annotations" in meta and not annotations:
+        meta.pop("annotations")
+    kind = obj.get("kind")
+    spec = obj.get("spec")
+    if kind in ("DaemonSet", "Deployment") and isinstance(spec, dict):
+        spec.setdefault("revisionHistoryLimit", 10)
+        template = spec.setdefault("template", {})
+        template.setdefault("metadata", {}).pop("creationTimestamp", None)
+        _pod_defaults(template.setdefault("spec", {}))
+    if kind == "DaemonSet" and isinstance(spec, dict):
+        strategy = spec.setdefault("updateStrategy", {"type": "RollingUpdate"})
+        if strategy.get("type", "RollingUpdate") == "RollingUpdate":
+            strategy.setdefault("type", "RollingUpdate")
+            rolling = strategy.setdefault("rollingUpdate", {})
+            rolling.setdefault("maxUnavailable", 1)
+            rolling.setdefault("maxSurge", 0)
+    if kind == "Deployment" and isinstance(spec, dict):
+        spec.setdefault("replicas", 1)
+        spec.setdefault("progressDeadlineSeconds", 600)
+        strategy = spec.setdefault("strategy", {"type": "RollingUpdate"})
+        if strategy.get("type", "RollingUpdate") == "RollingUpdate":
+            strategy.setdefault("type", "RollingUpdate")
+            rolling = strategy.setdefault("rollingUpdate", {})
+            rolling.setdefault("maxUnavailable", "25%")
+            rolling.setdefault("maxSurge", "25%")
+    if kind == "Service" and isinstance(spec, dict):
+        for key in SERVER_SERVICE_FIELDS:
+            spec.pop(key, None)
+        spec.setdefault("type", "ClusterIP")
+        spec.setdefault("sessionAffinity", "None")
+        spec.setdefault("internalTrafficPolicy", "Cluster")
+        spec.setdefault("ipFamilies", ["IPv4"])
+        spec.setdefault("ipFamilyPolicy", "SingleStack")
+        for port in spec.get("ports") or ():
+            port.setdefault("protocol", "TCP")
+            port.setdefault("targetPort", port.get("port"))
+    return obj
+
+
+# ---------------------------------------------------------------- diff
+
+_KEYED_BY = {"volumeMounts": "mountPath", "volumeDevices": "devicePath"}
+"""Lists whose items are keyed by a field other than `name`."""
+
+_SET_LISTS = ("tolerations", "subjects", "matchExpressions", "imagePullSecrets")
+"""Lists whose order means nothing: items are compared as a set of values."""
+
+
+_EXPANDED = ("labels", "annotations", "initContainers", "containers", "volumes", "env")
+"""Maps and keyed lists compared entry by entry where one side lacks them altogether."""
+
+
+def _rules(rules: Iterable[Mapping[str, Any]]) -> list[str]:
+    """RBAC rules as the (group, resource[names], verb) triples they grant: two rule
+    lists that grant the same are equal however they are split or ordered."""
     triples = set()
-    for rule in obj.get("rules") or ():
-        names = ",".join(rule.get("resourceNames") or ())
-        for group in rule.get("apiGroups") or ("",):
+    for rule in rules:
+        names = ",".join(sorted(rule.get("resourceNames") or ()))
+        for url in rule.get("nonResourceURLs") or ():
+            for verb in rule.get("verbs") or ():
+                triples.add(f"url:{url}:{verb}")
+        for group in rule.get("apiGroups") or ():
             for resource in rule.get("resources") or ():
                 for verb in rule.get("verbs") or ():
                     suffix = f"[{names}]" if names else ""
@@ -265,82 +379,116 @@ def _rules(obj: Mapping[str, Any]) -> list[str]:
     return sorted(triples)
 
 
-def _config_map(obj: Mapping[str, Any]) -> dict[str, Any]:
-    data = {}
-    for key, value in (obj.get("data") or {}).items():
-        try:
-            parsed = yaml.safe_load(value)
-        except yaml.YAMLError:
-            parsed = None
-        # Structured data (MIG layouts, GPU clients) is compared; scripts are ours to
-        # write, only their presence counts.
-        data[key] = parsed if isinstance(parsed, dict) else "<script>"
-    return {"data": data}
+def _item_key(field: str, item: Any) -> str | None:
+    """The natural key of one list item, or None when the list is not keyed."""
+    if not isinstance(item, dict):
+        return None
+    if field == "ownerReferences":
+        return f"{item.get('kind')}/{item.get('name')}"
+    key = _KEYED_BY.get(field)
+    if key is not None:
+        value = item.get(key)
+        return None if value is None else str(value).rstrip("/") or "/"
+    if field == "ports" and "name" not in item:
+        port = item.get("containerPort", item.get("port"))
+        return None if port is None else str(port)
+    name = item.get("name")
+    return None if name is None else str(name)
 
 
-def _port(port: Mapping[str, Any]) -> str:
-    target = port.get("targetPort", port["port"])
-    return f"{port.get('name')}:{port['port']}->{target}/{port.get('protocol', 'TCP')}"
+def _keyed(field: str, items: list[Any]) -> dict[str, Any] | None:
+    keys = [_item_key(field, item) for item in items]
+    if not items or None in keys or len(set(keys)) != len(keys):
+        return None
+    return {k: item for k, item in zip(keys, items, strict=True) if k is not None}
 
 
-def normalize(obj: Mapping[str, Any]) -> dict[str, Any]:
-    """The fields compared for one object, by kind."""
-    kind = obj["kind"]
-    if kind == "DaemonSet":
-        return _daemonset(obj)
-    if kind in ("Role", "ClusterRole"):
-        return {"rules": _rules(obj)}
-    if kind in ("RoleBinding", "ClusterRoleBinding"):
-        return {
-            "roleRef": f"{obj['roleRef']['kind']}/{obj['roleRef']['name']}",
-            "subjects": sorted(
-                f"{s['kind']}/{s.get('namespace', '')}/{s['name']}"
-                for s in obj.get("subjects") or ()
-            ),
-        }
-    if kind == "ConfigMap":
-        return _config_map(obj)
-    if kind == "Service":
-        spec = obj["spec"]
-        return {
-            "selector": dict(spec.get("selector") or {}),
-            "ports": sorted(_port(p) for p in spec.get("ports") or ()),
-        }
-    if kind == "RuntimeClass":
-        return {"handler": obj.get("handler")}
-    return {}
+def _config_value(value: Any) -> Any:
+    """A ConfigMap value: structured YAML (MIG layouts, time-slicing, GPU clients) is
+    compared field by field; a script as its lines."""
+    if not isinstance(value, str):
+        return value
+    try:
+        parsed = yaml.safe_load(value)
+    except yaml.YAMLError:
+        parsed = None
+    if isinstance(parsed, dict):
+        return parsed
+    return value
 
 
-# ---------------------------------------------------------------- diff
-
-
-def _walk(path: str, a: Any, b: Any) -> Iterator[tuple[str, str, str]]:
+def _walk(path: str, field: str, a: Any, b: Any) -> Iterator[tuple[str, str, str]]:
+    """Every leaf where `a` (ours) and `b` (upstream) differ, with its path."""
     if isinstance(a, dict) and isinstance(b, dict):
-        for key in list(dict.fromkeys([*a, *b])):
+        for key in dict.fromkeys([*a, *b]):
             sub = f"{path}.{key}" if path else str(key)
-            if key in a and key not in b:
+            if key in _EXPANDED and isinstance(a.get(key, b.get(key)), dict | list):
+                # One label or one container at a time, even where a side has none.
+                empty = {} if isinstance(a.get(key, b.get(key)), dict) else []
+                yield from _walk(sub, str(key), a.get(key, empty), b.get(key, empty))
+            elif key not in b:
                 yield sub, _text(a[key]), ABSENT
-            elif key in b and key not in a:
+            elif key not in a:
                 yield sub, ABSENT, _text(b[key])
             else:
-                yield from _walk(sub, a[key], b[key])
-    elif isinstance(a, list) and isinstance(b, list) and all(isinstance(x, str) for x in a + b):
-        missing, extra = sorted(set(b) - set(a)), sorted(set(a) - set(b))
-        for item in extra:
-            yield f"{path}[{item}]", "present", ABSENT
-        for item in missing:
-            yield f"{path}[{item}]", ABSENT, "present"
-    elif a != b:
+                yield from _walk(sub, str(key), a[key], b[key])
+        return
+    if isinstance(a, list) and isinstance(b, list):
+        if field == "rules":
+            a, b = _rules(a), _rules(b)
+        if field in _SET_LISTS or field == "rules":
+            texts_a, texts_b = {_text(x) for x in a}, {_text(x) for x in b}
+            for item in sorted(texts_a - texts_b):
+                yield f"{path}[{item}]", "present", ABSENT
+            for item in sorted(texts_b - texts_a):
+                yield f"{path}[{item}]", ABSENT, "present"
+            return
+        keyed_a, keyed_b = _keyed(field, a), _keyed(field, b)
+        if (keyed_a is not None or not a) and (keyed_b is not None or not b):
+            yield from _walk_keyed(path, keyed_a or {}, keyed_b or {})
+            return
+    if isinstance(a, str) and isinstance(b, str) and a != b and ("\n" in a or "\n" in b):
+        yield path, *_line_diff(a, b)
+        return
+    if a != b:
         yield path, _text(a), _text(b)
 
 
-def _container_paths(fields: dict[str, Any]) -> dict[str, Any]:
-    """`initContainers.<name>` becomes `initContainers[<name>]` for readable paths."""
-    out = {k: v for k, v in fields.items() if k not in ("initContainers", "containers")}
-    for kind in ("initContainers", "containers"):
-        for name, ct in fields.get(kind, {}).items():
-            out[f"{kind}[{name}]"] = ct
-    return out
+def _walk_keyed(
+    path: str, a: Mapping[str, Any], b: Mapping[str, Any]
+) -> Iterator[tuple[str, str, str]]:
+    for key in dict.fromkeys([*a, *b]):
+        sub = f"{path}[{key}]"
+        if key not in b:
+            yield sub, "present", ABSENT
+        elif key not in a:
+            yield sub, ABSENT, "present"
+        else:
+            yield from _walk(sub, "", a[key], b[key])
+
+
+def _line_diff(a: str, b: str) -> tuple[str, str]:
+    """A multi-line text (a script) as the lines only ours has and only upstream's has,
+    in order, so the difference reads without the shared lines."""
+    ours_only, theirs_only = [], []
+    matcher = difflib.SequenceMatcher(a=a.splitlines(), b=b.splitlines(), autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag != "equal":
+            ours_only += matcher.a[i1:i2]
+            theirs_only += matcher.b[j1:j2]
+    return (
+        " | ".join(line.strip() for line in ours_only) or "<no extra line>",
+        " | ".join(line.strip() for line in theirs_only) or "<no extra line>",
+    )
+
+
+def normalize(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """The whole object as compared: server defaults filled and server fields removed,
+    ConfigMap values parsed where they are structured."""
+    result = _server_defaults(dict(obj))
+    if result.get("kind") == "ConfigMap":
+        result["data"] = {k: _config_value(v) for k, v in (result.get("data") or {}).items()}
+    return result
 
 
 def compare(folder: Path) -> list[Difference]:
@@ -350,26 +498,17 @@ def compare(folder: Path) -> list[Difference]:
     our_objects, our_labels = ours(spec)
     their_objects, their_labels = upstream(folder)
     mine = {_key(o): o for o in our_objects}
-    theirs = {_key(o): o for o in their_objects if o["kind"] != "ServiceMonitor"}
+    theirs = {_key(o): o for o in their_objects}
     for key in dict.fromkeys([*theirs, *mine]):
         if key not in theirs:
             diffs.append(Difference(name, key, "", "present", ABSENT))
         elif key not in mine:
             diffs.append(Difference(name, key, "", ABSENT, "present"))
         else:
-            a = _container_paths(normalize(mine[key]))
-            b = _container_paths(normalize(theirs[key]))
-            for kind in ("initContainers", "containers"):
-                for ckey in [k for k in {**a, **b} if k.startswith(f"{kind}[")]:
-                    if ckey not in b:
-                        diffs.append(Difference(name, key, ckey, "present", ABSENT))
-                        a.pop(ckey)
-                    elif ckey not in a:
-                        diffs.append(Difference(name, key, ckey, ABSENT, "present"))
-                        b.pop(ckey)
-            diffs += [Difference(name, key, p, x, y) for p, x, y in _walk("", a, b)]
+            a, b = normalize(mine[key]), normalize(theirs[key])
+            diffs += [Difference(name, key, p, x, y) for p, x, y in _walk("", "", a, b)]
     for node in sorted({*our_labels, *their_labels}):
-        for p, x, y in _walk("", our_labels.get(node, {}), their_labels.get(node, {})):
+        for p, x, y in _walk("", "", our_labels.get(node, {}), their_labels.get(node, {})):
             diffs.append(Difference(name, f"Node/{node}", p, x, y))
     return sorted(diffs)
 

@@ -3,7 +3,9 @@ literal but for `*`, and an entry that explains nothing is stale."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -12,6 +14,9 @@ from tests.conformance._diff import (
     Difference,
     compare,
     conformance_dir,
+    labelled_nodes,
+    load_policy,
+    normalize,
     scenarios,
     split,
     stale,
@@ -19,15 +24,20 @@ from tests.conformance._diff import (
 )
 
 
-def _copy_scenario(tmp_path: Path, mutate: str) -> Path:
-    """The default scenario with one upstream field changed."""
+def _copy_scenario(
+    tmp_path: Path, mutate: str, change: Callable[[dict[str, Any]], None] | None = None
+) -> Path:
+    """The default scenario with upstream's object `mutate` changed (by default: its
+    first container unprivileged and an extra node selector)."""
     source = conformance_dir() / "default"
     target = tmp_path / "mutated"
-    target.mkdir()
+    target.mkdir(parents=True)
     (target / "policy.yaml").write_text((source / "policy.yaml").read_text())
     docs = [d for d in yaml.safe_load_all((source / "rendered.yaml").read_text()) if d]
     for doc in docs:
-        if doc.get("kind") == "DaemonSet" and doc["metadata"]["name"] == mutate:
+        if doc.get("metadata", {}).get("name") == mutate and change is not None:
+            change(doc)
+        elif doc.get("kind") == "DaemonSet" and doc["metadata"]["name"] == mutate:
             pod = doc["spec"]["template"]["spec"]
             pod["containers"][0]["securityContext"] = {"privileged": False}
             pod["nodeSelector"]["extra"] = "x"
@@ -40,8 +50,11 @@ def test_a_changed_upstream_field_shows_up_by_path(tmp_path: Path) -> None:
     mutated = _copy_scenario(tmp_path, "gpu-feature-discovery")
     new = {(d.object, d.path) for d in compare(mutated)} - base
     assert new == {
-        ("DaemonSet/gpu-feature-discovery", "containers[gpu-feature-discovery].privileged"),
-        ("DaemonSet/gpu-feature-discovery", "nodeSelector.extra"),
+        (
+            "DaemonSet/gpu-feature-discovery",
+            "spec.template.spec.containers[gpu-feature-discovery].securityContext.privileged",
+        ),
+        ("DaemonSet/gpu-feature-discovery", "spec.template.spec.nodeSelector.extra"),
     }
 
 
@@ -62,3 +75,104 @@ def test_every_scenario_has_node_labels_to_compare() -> None:
     for folder in scenarios():
         _, labels = upstream(folder)
         assert labels, f"{folder.name}: no NodeLabels document"
+
+
+def _new_paths(tmp_path: Path, name: str, change: Callable[[dict[str, Any]], None]) -> set[str]:
+    """Where a difference appears or changes once upstream's object is changed."""
+    base = {(d.object, d.path, d.ours, d.upstream) for d in compare(conformance_dir() / "default")}
+    mutated = _copy_scenario(tmp_path, name, change)
+    after = {(d.object, d.path, d.ours, d.upstream) for d in compare(mutated)}
+    return {f"{o} {p}" for o, p, _, _ in after - base}
+
+
+def test_every_field_counts_not_a_chosen_few(tmp_path: Path) -> None:
+    """Probes, resources, lifecycle, pod-level fields, labels, selectors, Service
+    ports and RBAC rules: fields the old, narrow comparison never looked at."""
+
+    def driver(doc: dict[str, Any]) -> None:
+        pod = doc["spec"]["template"]["spec"]
+        main = pod["containers"][0]
+        main["startupProbe"]["periodSeconds"] = 99
+        main["resources"] = {"limits": {"memory": "1Gi"}}
+        main["lifecycle"]["preStop"] = {"exec": {"command": ["true"]}}
+        pod["dnsPolicy"] = "Default"
+        doc["spec"]["selector"]["matchLabels"]["extra"] = "x"
+        doc["spec"]["template"]["metadata"]["labels"]["extra"] = "x"
+
+    assert _new_paths(tmp_path, "nvidia-driver-daemonset", driver) == {
+        f"DaemonSet/nvidia-driver-daemonset {p}"
+        for p in (
+            "spec.template.spec.containers[nvidia-driver-ctr].startupProbe.periodSeconds",
+            "spec.template.spec.containers[nvidia-driver-ctr].resources.limits",
+            "spec.template.spec.containers[nvidia-driver-ctr].lifecycle.preStop.exec.command",
+            "spec.template.spec.dnsPolicy",
+            "spec.selector.matchLabels.extra",
+            "spec.template.metadata.labels.extra",
+        )
+    }
+
+
+def test_script_contents_and_rules_count(tmp_path: Path) -> None:
+    def script(doc: dict[str, Any]) -> None:
+        if doc["kind"] == "ConfigMap":
+            doc["data"]["entrypoint.sh"] += "\necho extra\n"
+
+    assert _new_paths(tmp_path, "nvidia-mig-manager-entrypoint", script) == {
+        "ConfigMap/nvidia-mig-manager-entrypoint data.entrypoint.sh"
+    }
+
+    def rules(doc: dict[str, Any]) -> None:
+        if doc["kind"] == "Role":
+            doc["rules"].append({"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]})
+
+    assert _new_paths(tmp_path / "r", "nvidia-driver", rules) == {
+        "Role/nvidia-driver rules[core/secrets:get]"
+    }
+
+
+def test_server_defaults_are_not_differences() -> None:
+    """A field the API server fills in (or drops: an empty env value) is the same
+    object whether or not the render spells it out."""
+    ours = {
+        "kind": "DaemonSet",
+        "metadata": {"name": "x"},
+        "spec": {
+            "template": {
+                "spec": {
+                    "containers": [
+                        {"name": "c", "image": "i:1", "env": [{"name": "E", "value": ""}]}
+                    ]
+                }
+            }
+        },
+    }
+    stored = normalize(ours)
+    container = stored["spec"]["template"]["spec"]["containers"][0]
+    assert container["imagePullPolicy"] == "IfNotPresent"
+    assert container["env"] == [{"name": "E"}]
+    assert stored["spec"]["updateStrategy"]["rollingUpdate"] == {
+        "maxUnavailable": 1,
+        "maxSurge": 0,
+    }
+    assert normalize(stored) == stored
+
+
+def test_upgrade_label_is_the_upgrade_machines(tmp_path: Path) -> None:
+    """The node label comes from our upgrade machine, so it follows the policy: with
+    auto-upgrade off the machine writes no state."""
+    folder = conformance_dir() / "default"
+    spec, _ = load_policy(folder)
+    states = {
+        n["metadata"]["labels"].get("nvidia.com/gpu-driver-upgrade-state")
+        for n in labelled_nodes(spec)
+        if n["metadata"]["labels"].get("nvidia.com/gpu.present") == "true"
+    }
+    assert states == {"upgrade-done"}
+    policy = yaml.safe_load((folder / "policy.yaml").read_text())
+    policy["spec"]["driver"]["upgradePolicy"]["autoUpgrade"] = False
+    (tmp_path / "policy.yaml").write_text(yaml.safe_dump(policy))
+    off, _ = load_policy(tmp_path)
+    assert not any(
+        "nvidia.com/gpu-driver-upgrade-state" in n["metadata"]["labels"]
+        for n in labelled_nodes(off)
+    )

@@ -963,3 +963,46 @@ def test_an_admins_toleration_for_the_quarantine_taint_is_kept_as_written() -> N
     policy = spec(healthRemediation={"enabled": True}, daemonsets={"tolerations": [own]})
     for tolerations in _daemonset_tolerations(policy).values():
         assert [t for t in tolerations if t.get("key") == "nvidia.com/gpu.health"] == [own]
+
+
+def test_config_manager_pods_share_a_pid_namespace_only_without_host_pid() -> None:
+    """The API server refuses a pod with both hostPID and shareProcessNamespace: the MPS
+    daemon (hostPID, as upstream's) must not get the latter with a plugin config."""
+    policy = spec(devicePlugin={"config": {"name": "time-slicing", "default": "any"}})
+    mps = pod(only_daemonset("mps-control-daemon", policy))
+    assert mps["hostPID"] is True
+    assert "shareProcessNamespace" not in mps
+    assert "config-manager" in [ct["name"] for ct in mps["containers"]]
+    plugin = pod(only_daemonset("device-plugin", policy))
+    assert plugin["shareProcessNamespace"] is True
+    assert not plugin.get("hostPID")
+
+
+def test_dcgm_exporter_has_upstreams_health_probes() -> None:
+    """A hung exporter is restarted and leaves the Service, as upstream's does."""
+    main = main_container(only_daemonset("dcgm-exporter", spec()))
+    for key, period in (("livenessProbe", 5), ("readinessProbe", 10)):
+        probe = main[key]
+        assert probe["httpGet"] == {"path": "/health", "port": 9400, "scheme": "HTTP"}
+        assert (probe["initialDelaySeconds"], probe["periodSeconds"]) == (45, period)
+
+
+def test_operand_objects_carry_upstreams_app_label() -> None:
+    """`kubectl get ds,cm,sa,role -l app=<name>` finds ours as it found upstream's: the
+    DaemonSets, the entrypoint/startup-probe ConfigMaps (app = their DaemonSet) and the
+    exporters' account and namespaced RBAC."""
+    objects = [o for objs in c.desired_objects(everything(), ctx()).values() for o in objs]
+    for ds in daemonsets(objects):
+        assert ds["metadata"]["labels"]["app"] == ds["metadata"]["name"]
+    apps = {(o["kind"], o["metadata"]["name"]): o["metadata"]["labels"].get("app") for o in objects}
+    assert (
+        apps[("ConfigMap", "nvidia-device-plugin-entrypoint")] == "nvidia-device-plugin-daemonset"
+    )
+    assert apps[("ConfigMap", "nvidia-container-toolkit-entrypoint")] == (
+        "nvidia-container-toolkit-daemonset"
+    )
+    assert apps[("ConfigMap", "nvidia-mig-manager-entrypoint")] == "nvidia-mig-manager"
+    assert apps[("ConfigMap", "nvidia-driver-startup-probe")] == "nvidia-driver-daemonset"
+    for name in ("nvidia-dcgm-exporter", "nvidia-node-status-exporter"):
+        for kind in ("ServiceAccount", "Role", "RoleBinding"):
+            assert apps[(kind, name)] == name
