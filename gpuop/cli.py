@@ -129,6 +129,32 @@ def _cmd_crd(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_crds(args: argparse.Namespace) -> int:
+    """Apply (and wait until served) or delete our CRDs in a cluster: the chart's
+    `operator.upgradeCRD` and `operator.cleanupCRD` hooks run this, since Helm installs
+    `crds/` once and never upgrades or deletes it."""
+    import asyncio
+
+    from gpuop.install import delete_crds, install_crd
+    from gpuop.kube import api_client
+    from gpuop.rest import Rest
+
+    kubeconfig = Path(args.kubeconfig) if args.kubeconfig else None
+
+    async def run() -> None:
+        async with api_client(kubeconfig, user_agent="gpuop-crds") as api:
+            rest = Rest(api)
+            if args.action == "apply":
+                await install_crd(rest)
+                print("CRDs applied: clusterpolicies.nvidia.com, nvidiadrivers.nvidia.com")
+            else:
+                deleted = await delete_crds(rest)
+                print(f"CRDs deleted: {', '.join(deleted) or 'none were there'}")
+
+    asyncio.run(run())
+    return 0
+
+
 def _cmd_diagrams(args: argparse.Namespace) -> int:
     from statemachine.diagram import diagrams_markdown
 
@@ -203,6 +229,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="which CRD (default clusterpolicies)",
     )
     crd_cmd.set_defaults(func=_cmd_crd)
+
+    crds = sub.add_parser(
+        "crds", help="apply or delete the CRDs in a cluster (the chart's upgrade hooks)"
+    )
+    crds.add_argument("action", choices=["apply", "delete"])
+    crds.add_argument(
+        "--kubeconfig", default=None, help="kubeconfig (default: in-cluster, or $KUBECONFIG)"
+    )
+    crds.set_defaults(func=_cmd_crds)
 
     cluster = sub.add_parser("cluster", help="a local control plane with simulated GPU nodes")
     csub = cluster.add_subparsers(dest="cluster_command", required=True, metavar="ACTION")

@@ -33,6 +33,17 @@ async def _install_one(rest: Rest, manifest: dict[str, Any], timeout: float) -> 
         await asyncio.sleep(0.2)
 
 
+async def delete_crds(rest: Rest) -> list[str]:
+    """Delete our CRDs (and with them every ClusterPolicy and NVIDIADriver): what the
+    chart's `operator.cleanupCRD` pre-delete hook runs. Returns the names deleted."""
+    deleted = []
+    for manifest in (crd.crd_manifest(), crd.nvd_crd_manifest()):
+        name = manifest["metadata"]["name"]
+        if await rest.delete(CRD_KIND, name):
+            deleted.append(name)
+    return deleted
+
+
 async def ensure_namespace(rest: Rest, name: str) -> None:
     await rest.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
 

@@ -24,7 +24,7 @@ NAMESPACE = "gpu-operator"
 _MANIFEST_HEADER = f"""\
 # gpuop for `kubectl apply`, without Helm: the chart in deploy/helm/gpu-operator
 # rendered with its default values (release {RELEASE!r}, namespace {NAMESPACE!r}),
-# CRDs included. Generated -- do not edit; regenerate with
+# CRDs included, Helm hooks left out. Generated -- do not edit; regenerate with
 #   python -m tests.integration.helm_chart
 # Apply with `kubectl apply --server-side -f deploy/manifests/gpu-operator.yaml`.
 ---
@@ -73,7 +73,9 @@ def one(docs: Iterable[dict[str, Any]], kind: str, name: str | None = None) -> d
 
 def render_manifests() -> str:
     """What deploy/manifests/gpu-operator.yaml must hold."""
-    return _MANIFEST_HEADER + template("--include-crds")
+    # Without Helm's hooks: `kubectl apply` of this file installs the CRDs itself, and
+    # has no upgrade or uninstall to hook into.
+    return _MANIFEST_HEADER + template("--include-crds", "--no-hooks")
 
 
 if __name__ == "__main__":

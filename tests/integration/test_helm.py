@@ -674,3 +674,35 @@ def test_monitoring_configmaps_ship_the_rules_and_the_dashboard() -> None:
     assert board["metadata"]["labels"]["grafana_dashboard"] == "1"
     shipped = json.loads(board["data"][monitoring.DASHBOARD_FILE])
     assert shipped == json.loads(monitoring.data_text(monitoring.DASHBOARD_FILE))
+
+
+def test_crd_hooks_apply_on_upgrade_and_delete_on_uninstall_as_upstream() -> None:
+    """Helm never upgrades crds/: upstream's chart applies the CRDs in a pre-upgrade hook
+    Job (`operator.upgradeCRD`, on by default) and deletes them in a pre-delete hook Job
+    (`operator.cleanupCRD`, off by default), each with a ServiceAccount whose ClusterRole
+    reaches CRDs only. Ours run `gpuop crds apply|delete` from the operator image."""
+    default = documents(template())
+    jobs = {d["metadata"]["name"]: d for d in default if d["kind"] == "Job"}
+    assert set(jobs) == {"gpu-operator-upgrade-crd"}
+    job = jobs["gpu-operator-upgrade-crd"]
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-upgrade"
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"] == ["crds", "apply"]
+    assert (
+        container["image"]
+        == one(default, "Deployment", "gpu-operator")["spec"]["template"]["spec"]["containers"][0]["image"]
+    )
+    role = one(default, "ClusterRole", "gpu-operator-upgrade-crd-hook-role")
+    assert role["rules"] == [
+        {
+            "apiGroups": ["apiextensions.k8s.io"],
+            "resources": ["customresourcedefinitions"],
+            "verbs": ["create", "get", "list", "watch", "patch", "update"],
+        }
+    ]
+    both = documents(template(*_set(["operator.cleanupCRD=true"])))
+    cleanup = one(both, "Job", "gpu-operator-cleanup-crd")
+    assert cleanup["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+    assert cleanup["spec"]["template"]["spec"]["containers"][0]["args"] == ["crds", "delete"]
+    none = documents(template(*_set(["operator.upgradeCRD=false"])))
+    assert not [d for d in none if d["kind"] == "Job"]
