@@ -688,10 +688,8 @@ def test_crd_hooks_apply_on_upgrade_and_delete_on_uninstall_as_upstream() -> Non
     assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-upgrade"
     container = job["spec"]["template"]["spec"]["containers"][0]
     assert container["args"] == ["crds", "apply"]
-    assert (
-        container["image"]
-        == one(default, "Deployment", "gpu-operator")["spec"]["template"]["spec"]["containers"][0]["image"]
-    )
+    operator = one(default, "Deployment", "gpu-operator")["spec"]["template"]["spec"]
+    assert container["image"] == operator["containers"][0]["image"]
     role = one(default, "ClusterRole", "gpu-operator-upgrade-crd-hook-role")
     assert role["rules"] == [
         {
