@@ -1,6 +1,11 @@
-"""A network partition: one GPU node's heartbeat stops (kwok lets go of it) for two
-minutes while operands change, the operator running. Kubernetes only taints such a
-node; the operator must not do more (issue 35).
+"""A network partition: one GPU node's heartbeat stops for two minutes while operands
+change, the operator running. Kubernetes only taints such a node; the operator must not
+do more (issue 35).
+
+That node is played by a kwok process of this test's own (the cluster's kwok keeps
+heartbeating a node whatever its annotation says once it took it), frozen with
+SIGSTOP: no lease renewal, no pod started or deletion confirmed there, exactly a kubelet
+cut off from the API server; SIGCONT brings it back with its state.
 
 A watcher over every operand pod (a watch, not polls) records, at each event: any pod
 removed without a graceful deletion, or removed from the partitioned node while no
@@ -15,6 +20,10 @@ import asyncio
 import contextlib
 import copy
 import json
+import os
+import signal
+import socket
+import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -24,8 +33,8 @@ import aiohttp
 import pytest
 
 import crd
-from gpuop.cluster import NFD_GPU_LABEL, ClusterInfo
-from gpuop.cluster._nodes import KWOK_ANNOTATION
+from gpuop.cluster import NFD_GPU_LABEL, BinaryPaths, ClusterInfo, Versions, cache_dir
+from gpuop.cluster._nodes import KWOK_ANNOTATION, node_manifest
 from gpuop.controller import OperatorConfig
 from gpuop.install import ensure_namespace, install_crd
 from gpuop.kube import api_client as make_api_client
@@ -35,6 +44,7 @@ from tests.integration.harness import (
     NAMESPACE,
     NODE,
     Running,
+    cluster_dir,
     eventually,
     own_cluster,
     policy_state_is,
@@ -44,7 +54,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.partition]
 
 POD = by_kind("v1", "Pod")
 EVENT = by_kind("v1", "Event")
-GPU_NODES = 3
+SUFFIX = "-partition"
+#: GPU nodes of the cluster's own kwok, and the one the test partitions.
+STEADY_GPU_NODES = 2
+LOST = node_manifest(9, True)["metadata"]["name"]
+LOST_KWOK = "partition"
+"""The value of kwok's annotation on the partitioned node: only the test's kwok plays it."""
 #: How long the node stays partitioned once the operand change is applied: what the
 #: issue asks for, time for a rolling update to reach every other node and for the
 #: operator to run many passes over the partitioned node.
@@ -59,16 +74,56 @@ DRIVER_COMPONENTS = ("nvidia-driver", "nvidia-vgpu-host-manager")
 
 @pytest.fixture(scope="module")
 def fleet() -> Iterator[ClusterInfo]:
-    with own_cluster("-partition", gpu_nodes=GPU_NODES) as info:
+    with own_cluster(SUFFIX, gpu_nodes=STEADY_GPU_NODES) as info:
         yield info
 
 
 @pytest.fixture(scope="module")
-async def rest(fleet: ClusterInfo) -> AsyncIterator[Rest]:
+def lost_kubelet(fleet: ClusterInfo) -> Iterator[subprocess.Popen[bytes]]:
+    """kwok for the partitioned node alone, run as the cluster runs its own."""
+    directory = cluster_dir(SUFFIX)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with (directory / "logs" / "kwok-partitioned.log").open("wb") as log:
+        proc = subprocess.Popen(
+            [
+                str(BinaryPaths.under(cache_dir(), Versions.from_env()).kwok),
+                f"--config={directory / 'kwok.yaml'}",
+                f"--kubeconfig={fleet.kubeconfig}",
+                "--manage-all-nodes=false",
+                f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}={LOST_KWOK}",
+                "--node-lease-duration-seconds=40",
+                f"--server-address=127.0.0.1:{port}",
+                "--cidr=10.245.0.0/16",
+                "--node-ip=10.240.0.2",
+                "--v=INFO",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        yield proc
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+async def rest(fleet: ClusterInfo, lost_kubelet: subprocess.Popen[bytes]) -> AsyncIterator[Rest]:
     async with make_api_client(fleet.kubeconfig, user_agent="gpuop-tests") as api:
         rest = Rest(api)
         await install_crd(rest)
         await ensure_namespace(rest, NAMESPACE)
+        node = node_manifest(9, True)
+        node["metadata"]["annotations"][KWOK_ANNOTATION] = LOST_KWOK
+        await rest.create(NODE, node)
+
+        async def ready() -> bool:
+            return _node_ready(await _node(rest, LOST)) == "True"
+
+        await eventually(ready, 60, 0.5, "the partitionable node Ready")
         yield rest
 
 
@@ -203,7 +258,7 @@ async def _rolled_on(rest: Rest, node: str) -> list[str]:
 
 
 async def test_a_partitioned_node_loses_no_pod_until_it_returns(
-    rest: Rest, fleet: ClusterInfo
+    rest: Rest, fleet: ClusterInfo, lost_kubelet: subprocess.Popen[bytes]
 ) -> None:
     policy = _policy()
     await rest.apply(policy)
@@ -216,17 +271,16 @@ async def test_a_partitioned_node_loses_no_pod_until_it_returns(
     ):
         await eventually(lambda: policy_state_is(rest, "ready"), 240, 1.0, "policy ready")
         gpu = await _gpu_nodes(rest)
-        assert len(gpu) == GPU_NODES
-        lost = gpu[0]
+        assert len(gpu) == STEADY_GPU_NODES + 1
+        assert LOST in gpu
+        lost = LOST
         watching = asyncio.create_task(watcher.run())
         try:
             await eventually(lambda: _true(watcher.synced), 30, what="watcher listed")
 
-            # The heartbeat stops: kwok no longer plays the kubelet of that node.
+            # The heartbeat stops: that node's kubelet is cut off.
             watcher.partitioned = lost
-            await rest.merge_patch(
-                NODE, lost, {"metadata": {"annotations": {KWOK_ANNOTATION: None}}}
-            )
+            os.kill(lost_kubelet.pid, signal.SIGSTOP)
 
             async def unreachable() -> bool:
                 node = await _node(rest, lost)
@@ -248,11 +302,9 @@ async def test_a_partitioned_node_loses_no_pod_until_it_returns(
                 await asyncio.sleep(1.0)
             during = list(watcher.forced), list(watcher.early), list(watcher.doubles)
 
-            # The node returns: kwok heartbeats it again and confirms the deletions.
+            # The node returns: its kubelet heartbeats again and confirms the deletions.
             watcher.partitioned = None
-            await rest.merge_patch(
-                NODE, lost, {"metadata": {"annotations": {KWOK_ANNOTATION: "fake"}}}
-            )
+            os.kill(lost_kubelet.pid, signal.SIGCONT)
             await eventually(
                 lambda: _true_async(_node(rest, lost), lambda n: _node_ready(n) == "True"),
                 120,
@@ -260,7 +312,7 @@ async def test_a_partitioned_node_loses_no_pod_until_it_returns(
                 "node Ready again",
             )
             await eventually(lambda: _none_missing(rest, lost), 240, 1.0, "replaced on return")
-            for name in gpu[1:]:
+            for name in gpu:
                 await eventually(lambda n=name: _none_missing(rest, n), 240, 1.0, "rolled")
             if watching.done():
                 watching.result()
