@@ -263,29 +263,5 @@ def stuck_message(stuck: Sequence[StuckNode], shown: int = 5) -> str:
 
 
 UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
-"""The node lifecycle controller's verdict that a node's kubelet stopped reporting."""
-
-
-def kubelet_gone(ready: str | None, taints: Sequence[Mapping[str, Any]]) -> bool:
-    """Ready is Unknown (or was never reported) and the node carries the unreachable
-    NoSchedule taint: no kubelet will start, stop or confirm the deletion of a pod
-    there, and the DaemonSet controller places no new pod there."""
-    return (
-        ready != "True"
-        and ready != "False"
-        and any(
-            t.get("key") == UNREACHABLE_TAINT and t.get("effect") == "NoSchedule" for t in taints
-        )
-    )
-
-
-def abandoned(phase: str | None, terminating: bool) -> bool:
-    """An operand pod on a node whose kubelet is gone that only blocks others.
-
-    A terminating pod there stays terminating for ever (only a kubelet confirms a
-    graceful deletion), and the DaemonSet controller counts its node as unavailable,
-    so with ``maxUnavailable: 1`` one dead node stops every rolling update of that
-    DaemonSet on every healthy node. A pod that never started (``Pending``) counts the
-    same. Deleting either at once (grace period 0) loses nothing: nothing of it runs,
-    or the kubelet, should it come back, stops what the API no longer has."""
-    return terminating or phase == "Pending"
+"""The node lifecycle controller's taint on a node whose kubelet stopped reporting. The
+operator acts on nothing because of it (see :mod:`statemachine.stale_pods`)."""

@@ -65,6 +65,9 @@ GPU nodes a pass costs about 13 ms and ran about twice a second at 50 times (243
 on two cores shared with the control plane every one of those seconds delays the
 pods. At 200 times the status is still at most seconds behind, and the end of a rollout
 is never held back (``gpuop.controller._pace``)."""
+STALE_RETRY_S = 1.0
+"""When a pass left stale pods for later (the per-pass cap), the next pass runs this
+soon even if their deletions wake nothing."""
 
 
 @dataclass(kw_only=True)
@@ -178,7 +181,8 @@ class ClusterReconciler:
         plan = plan_rollout(snapshot, previous.rollout_state if previous else None)
         refused = await self.applier.apply_all([o for o in objects if id(o) not in waiting])
         await self.applier.prune(objects)
-        await self.reports.release_abandoned(fleet.kubelet_gone, desired)
+        if await self.reports.release_stale(fleet.out_of_service, desired):
+            self.timers.add_after(CLUSTER_KEY, STALE_RETRY_S)  # the cap left some
         self.reports.schedule(view, self.timers)
 
         seen = ClusterObservation(

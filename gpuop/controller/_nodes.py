@@ -16,8 +16,8 @@ from components.keys import NFD_GPU_LABELS, is_gpu_node
 from components.labels import any_mig_capable
 from gpuop.compact import frozen, shared
 from gpuop.informer import Informer
-from statemachine.node_rollout import kubelet_gone
 from statemachine.remediation import CONDITION_GPU_HEALTHY as GPU_HEALTHY
+from statemachine.stale_pods import out_of_service
 
 Obj = dict[str, Any]
 
@@ -112,11 +112,11 @@ def is_ready(node: Obj) -> bool:
     )
 
 
-def node_kubelet_gone(node: Obj) -> bool:
-    """:func:`statemachine.node_rollout.kubelet_gone` of a cached node."""
+def node_out_of_service(node: Obj) -> bool:
+    """:func:`statemachine.stale_pods.out_of_service` of a cached node."""
     conditions = node["status"].get("conditions") or []
     ready = next((str(c.get("status")) for c in conditions if c.get("type") == "Ready"), None)
-    return kubelet_gone(ready, node["spec"].get("taints") or [])
+    return out_of_service(ready, node["spec"].get("taints") or [])
 
 
 def labels(node: Obj) -> dict[str, str]:
@@ -131,10 +131,10 @@ class GpuFleet(NamedTuple):
     """NFD labelled some node (a GPU node or not)."""
     mig_capable: bool
     """Some GPU node is MIG-capable (the MIG manager is wanted)."""
-    kubelet_gone: tuple[Obj, ...] = ()
-    """The GPU nodes whose kubelet is gone (:func:`node_kubelet_gone`), by name: the
-    only ones whose pods the cluster pass may release, so it need not look at the
-    others on every pass."""
+    out_of_service: tuple[Obj, ...] = ()
+    """The GPU nodes not Ready and marked out of service (:func:`node_out_of_service`),
+    by name: the only ones whose pods the cluster pass may force-delete, so it need not
+    look at the others on every pass."""
 
 
 class GpuNodes:
@@ -161,7 +161,7 @@ class GpuNodes:
                 nodes=gpu,
                 has_nfd=any(any(k in labels(n) for k in NFD_GPU_LABELS) for n in nodes),
                 mig_capable=any_mig_capable(labels(n) for n in gpu),
-                kubelet_gone=tuple(n for n in gpu if node_kubelet_gone(n)),
+                out_of_service=tuple(n for n in gpu if node_out_of_service(n)),
             )
             self._memo = (version, fleet)
         return self._memo[1]

@@ -25,7 +25,6 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from components import RenderContext, daemonset_ready, is_gpu_node, with_hash
-from components.driver import COMPONENT_POD_LABEL
 from components.driver import DAEMONSET_NAME as POLICY_DRIVER_DS
 from components.driver_config import referenced_config_maps
 from components.nvidiadriver import NVIDIADriverRenderError, policy_for, render
@@ -45,7 +44,7 @@ from gpuop.controller._keys import CLUSTER_KEY, UPGRADES_KEY, node_key
 from gpuop.controller._memo import VersionMemo
 from gpuop.controller._nodes import labels
 from gpuop.controller._nvidiadriver_status import StatusWriter, is_policy_driver, nvd_owner
-from gpuop.controller._pods import PodSubset, pod_app
+from gpuop.controller._pods import PodSubset, is_driver_pod, pod_app
 from gpuop.controller._upgrade_inputs import policy_view, state_of
 from gpuop.informer import Informer, Obj, ResourceSpec
 from gpuop.log import get_logger
@@ -64,13 +63,7 @@ NVD_KEY = "nvidiadrivers"
 NVD = by_kind(NVD_API_VERSION, NVD_KIND)
 NODE = by_kind("v1", "Node")
 DAEMONSET = by_kind("apps/v1", "DaemonSet")
-DRIVER_COMPONENTS = ("nvidia-driver", "nvidia-vgpu-host-manager")
 _DISABLED_MESSAGE = "useNvidiaDriverCRD is not enabled in ClusterPolicy"
-
-
-def is_driver_pod(pod: Obj) -> bool:
-    """A pod of any driver DaemonSet we run (the ClusterPolicy's or an NVIDIADriver's)."""
-    return (pod["metadata"].get("labels") or {}).get(COMPONENT_POD_LABEL) in DRIVER_COMPONENTS
 
 
 class NVIDIADrivers:

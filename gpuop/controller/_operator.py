@@ -29,7 +29,13 @@ from gpuop.controller._keys import (
     node_key,
 )
 from gpuop.controller._node import NodeReconciler
-from gpuop.controller._nodes import is_ready, labels, node_fingerprint, trim_node
+from gpuop.controller._nodes import (
+    is_ready,
+    labels,
+    node_fingerprint,
+    node_out_of_service,
+    trim_node,
+)
 from gpuop.controller._nvidiadriver import NVD_KEY, NVIDIADrivers
 from gpuop.controller._nvidiadriver_status import is_driver_object
 from gpuop.controller._owned import ALWAYS_WATCHED, OptionalWatches
@@ -398,4 +404,5 @@ def _gpu_facts(node: Obj | None) -> Any:
         node_labels.get(MIG_CAPABLE_LABEL),
         owner,  # holds the ClusterPolicy's driver back
         node_labels.get(STATE_LABEL) if owner else None,  # NVIDIADriver upgrades: not ready
+        node_out_of_service(node),  # its stale operand pods may be released
     )

@@ -16,7 +16,7 @@ from typing import Any
 
 from typing_extensions import TypedDict
 
-from components.driver import CONFIG_DIGEST_ENV, digest_in
+from components.driver import COMPONENT_POD_LABEL, CONFIG_DIGEST_ENV, digest_in
 from components.driver import DAEMONSET_NAME as DRIVER_DS
 from components.validator import DAEMONSET_NAME as VALIDATOR_DS
 from gpuop.compact import shared
@@ -164,6 +164,15 @@ def _identity(meta: Obj) -> Obj:
 def pod_app(pod: Obj) -> str:
     """The pod's ``app`` label (its DaemonSet's name), "" when it has none."""
     return str((pod["metadata"].get("labels") or {}).get("app", ""))
+
+
+DRIVER_COMPONENTS = ("nvidia-driver", "nvidia-vgpu-host-manager")
+"""``app.kubernetes.io/component`` of the driver pods (ClusterPolicy and NVIDIADriver)."""
+
+
+def is_driver_pod(pod: Obj) -> bool:
+    """A pod of any driver DaemonSet we run (the ClusterPolicy's or an NVIDIADriver's)."""
+    return (pod["metadata"].get("labels") or {}).get(COMPONENT_POD_LABEL) in DRIVER_COMPONENTS
 
 
 def pod_index(pod: Obj) -> tuple[str, str] | None:

@@ -1,9 +1,10 @@
-"""What the per-node rollout view leads to outside the process: pods released from dead
-nodes, the stuck-node timer, the ``NodesNotReady`` Event and the metric.
+"""What the per-node rollout view leads to outside the process: stale pods released from
+out-of-service nodes, the stuck-node timer, the ``NodesNotReady`` Event and the metric.
 
 :mod:`gpuop.controller._rollout_view` says where each node stands and writes nothing;
-this module acts on its answer: operand pods on nodes whose kubelet is gone are deleted
-(they only block rolling updates elsewhere), the cluster pass is woken when the next
+this module acts on its answer: terminating operand pods on nodes an administrator
+marked out of service are force-deleted as pod GC would (they only hold rolling updates
+elsewhere; :mod:`statemachine.stale_pods`), the cluster pass is woken when the next
 node becomes due to count as stuck, and the stuck nodes are told through a Warning
 Event and ``gpu_operator_nodes_not_ready``.
 """
@@ -13,14 +14,18 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from components.driver import NAME as DRIVER_COMPONENT
 from gpuop.controller._policy_status import policy_ref, stored_condition
-from gpuop.controller._rollout_view import NodeRollouts, RolloutView, rolls_out
+from gpuop.controller._rollout_view import NodeRollouts, RolloutView
 from gpuop.events import EventRecorder
 from gpuop.informer import Obj
 from gpuop.log import get_logger
 from gpuop.metrics import OperatorMetrics
 from gpuop.rest import Rest, by_kind
 from statemachine.node_rollout import NODE_ORDER
+from statemachine.stale_pods import OUT_OF_SERVICE_TAINT, StalePod, plan_release
 
 log = get_logger(__name__)
 
@@ -29,6 +34,9 @@ STUCK_KEY = "rollout-stuck"
 count as stuck (a key of its own, so dropping it never drops a refusal's retry)."""
 REASON_NODES_NOT_READY = "NodesNotReady"
 """Event reason (Warning, on the ClusterPolicy) when the set of stuck nodes changes."""
+REASON_STALE_PODS_DELETED = "StaleOperandPodsDeleted"
+"""Event reason (Warning, on the Node) when operand pods of an out-of-service node were
+force-deleted."""
 _POD = by_kind("v1", "Pod")
 
 
@@ -56,33 +64,58 @@ class RolloutReports:
         self._metrics = metrics
         self._announced: str | None = None
 
-    async def release_abandoned(
-        self, dead_nodes: Sequence[Obj], desired: Mapping[str, Iterable[Obj]]
-    ) -> None:
-        """Delete (grace period 0) our pods that only block rolling updates elsewhere;
-        ``dead_nodes``: the GPU nodes whose kubelet is gone."""
-        if not dead_nodes:
-            return
+    async def release_stale(
+        self, out_of_service: Sequence[Obj], desired: Mapping[str, Iterable[Obj]]
+    ) -> int:
+        """Force-delete (grace period 0) the operand pods pod GC would on
+        ``out_of_service`` nodes (:mod:`statemachine.stale_pods`: terminating, not a
+        driver's, at most :data:`~statemachine.stale_pods.MAX_RELEASED_PER_PASS`), with
+        a Warning Event on each node saying which and why; returns how many wait for
+        a later pass. A partitioned node that no administrator marked is left alone."""
+        if not out_of_service:
+            return 0
         apps = [
             o["spec"]["selector"]["matchLabels"]["app"]
-            for objs in desired.values()
+            for component, objs in desired.items()
+            if component != DRIVER_COMPONENT
             for o in objs
-            if o.get("kind") == "DaemonSet" and rolls_out(o)
+            if o.get("kind") == "DaemonSet"
         ]
-        for pod in self._rollouts.abandoned_pods(dead_nodes, apps):
-            meta = pod["metadata"]
-            body = {
-                "apiVersion": "v1",
-                "kind": "DeleteOptions",
-                "gracePeriodSeconds": 0,
-                "preconditions": {"uid": meta.get("uid")},
-            }
-            await self._rest.delete(_POD, meta["name"], meta.get("namespace"), body=body)
+        plan = plan_release(self._rollouts.stale_pods(out_of_service, apps))
+        uids = {str(n["metadata"]["name"]): n["metadata"].get("uid") for n in out_of_service}
+        for node, pods in plan.by_node().items():
+            deleted = [pod.name for pod in pods if await self._force_delete(pod)]
+            if not deleted:
+                continue
             log.warning(
-                "deleted an operand pod on a node whose kubelet is gone",
-                pod=meta["name"],
-                node=pod["spec"].get("nodeName"),
+                "force-deleted operand pods on an out-of-service node", node=node, pods=deleted
             )
+            await self._events.record(
+                {"kind": "Node", "metadata": {"name": node, "uid": uids.get(node)}},
+                REASON_STALE_PODS_DELETED,
+                f"force-deleted {len(deleted)} terminating operand pod(s) "
+                f"({', '.join(deleted)}): the node is not Ready and tainted "
+                f"{OUT_OF_SERVICE_TAINT}, as pod garbage collection does; "
+                "their DaemonSets' rolling updates can go on",
+                warning=True,
+            )
+        return plan.left
+
+    async def _force_delete(self, pod: StalePod) -> bool:
+        """Delete that very pod (uid precondition) at once; False if it was gone already
+        or had been replaced."""
+        body = {
+            "apiVersion": "v1",
+            "kind": "DeleteOptions",
+            "gracePeriodSeconds": 0,
+            "preconditions": {"uid": pod.uid},
+        }
+        try:
+            return await self._rest.delete(_POD, pod.name, pod.namespace, body=body)
+        except ApiException as err:
+            if err.status == 409:  # the uid precondition: another pod of that name now
+                return False
+            raise
 
     def schedule(self, view: RolloutView, queue: Timers) -> None:
         """Wake the cluster pass when the next node becomes due to count as stuck; no

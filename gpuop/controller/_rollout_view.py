@@ -22,21 +22,21 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
+from gpuop.controller._pods import is_driver_pod
 from gpuop.informer import Informer, Obj
 from gpuop.log import get_logger
 from statemachine.node_rollout import (
-    NODE_DONE,
     NODE_ORDER,
     ComponentCounts,
     ComponentTally,
     NodeStep,
     PodState,
     StuckNode,
-    abandoned,
     node_step,
     stuck_after,
     stuck_message,
 )
+from statemachine.stale_pods import StalePod
 from statemachine.upgrade_keys import DRIVER_REVISION_LABEL
 
 log = get_logger(__name__)
@@ -270,22 +270,27 @@ class NodeRollouts:
                 )
         return daemons
 
-    def abandoned_pods(self, dead_nodes: Iterable[Obj], apps: Iterable[str]) -> list[Obj]:
-        """Our pods that only block rolling updates elsewhere
-        (:func:`statemachine.node_rollout.abandoned`), on ``dead_nodes`` (GPU nodes
-        whose kubelet is gone) that are not done."""
-        found: list[Obj] = []
+    def stale_pods(self, nodes: Iterable[Obj], apps: Iterable[str]) -> list[StalePod]:
+        """What :func:`statemachine.stale_pods.plan_release` reads of our pods of
+        ``apps`` on ``nodes`` (GPU nodes out of service): every one, whatever its
+        state, so the choice is the pure function's alone."""
+        found: list[StalePod] = []
         names = tuple(apps)
-        for node in dead_nodes:
+        for node in nodes:
             name = str(node["metadata"]["name"])
-            if self._states.get(name, NODE_DONE) == NODE_DONE:
-                continue
             for app in names:
                 for pod in self._pods.indexed((name, app)):
                     meta = pod["metadata"]
-                    phase = (pod.get("status") or {}).get("phase")
-                    if abandoned(phase, bool(meta.get("deletionTimestamp"))):
-                        found.append(pod)
+                    found.append(
+                        StalePod(
+                            name=str(meta["name"]),
+                            namespace=str(meta.get("namespace") or self._namespace),
+                            uid=str(meta.get("uid") or ""),
+                            node=name,
+                            terminating=bool(meta.get("deletionTimestamp")),
+                            driver=is_driver_pod(pod),
+                        )
+                    )
         return found
 
 
@@ -319,11 +324,3 @@ def pod_facts(pod: Obj | None) -> Any:
             for c in (pod.get("status") or {}).get("conditions") or []
         ),
     )
-
-
-def rolls_out(daemonset: Obj) -> bool:
-    """Whether the DaemonSet controller replaces its pods itself (RollingUpdate): only
-    then can a pod on a dead node stall the others. An OnDelete DaemonSet (the driver,
-    restarted by the upgrade machine alone) is never touched here."""
-    strategy = (daemonset.get("spec") or {}).get("updateStrategy") or {}
-    return bool(strategy.get("type", "RollingUpdate") == "RollingUpdate")

@@ -17,6 +17,7 @@ from gpuop.install import ensure_namespace, install_crd
 from gpuop.kube import api_client as make_api_client
 from gpuop.rest import Rest, by_kind
 from statemachine.node_rollout import UNREACHABLE_TAINT
+from statemachine.stale_pods import OUT_OF_SERVICE_TAINT
 from tests.integration.harness import (
     NAMESPACE,
     NODE,
@@ -171,9 +172,11 @@ async def test_a_node_that_runs_no_pods_holds_back_only_itself(
         gauge = run.operator.metrics.nodes_not_ready.labels(state="driver")
         assert gauge._value.get() == 1
 
-        # Once Kubernetes has marked the node unreachable, a device-plugin change
-        # still reaches every healthy node (one dead node would otherwise use up
-        # the DaemonSet's maxUnavailable of 1 for good).
+        # Once Kubernetes has marked the node unreachable, the operator leaves its
+        # pods alone (no kubelet there may have stopped them). An administrator who
+        # marks it out of service lets a device-plugin change reach every healthy node
+        # (one dead node would otherwise use up the DaemonSet's maxUnavailable of 1),
+        # and the broken node is left without a pod that stays terminating.
         async def unreachable() -> bool:
             node = await rest.get(NODE, BROKEN)
             taints = (node or {}).get("spec", {}).get("taints") or []
@@ -182,11 +185,30 @@ async def test_a_node_that_runs_no_pods_holds_back_only_itself(
         assert await eventually(unreachable, timeout=180, what="node lifecycle taint")
         policy["spec"]["devicePlugin"]["version"] = "v0.99.1"
         await rest.apply(policy)
+        out_of_service = {
+            "key": OUT_OF_SERVICE_TAINT,
+            "value": "nodeshutdown",
+            "effect": "NoExecute",
+        }
+        node = await rest.get(NODE, BROKEN)
+        taints = [*((node or {}).get("spec", {}).get("taints") or []), out_of_service]
+        await rest.merge_patch(NODE, BROKEN, {"spec": {"taints": taints}})
 
         async def updated() -> bool:
             return not await _missing_on_healthy(rest, "v0.99.1")
 
         assert await eventually(updated, timeout=180, what="new device plugin everywhere")
+
+        async def nothing_stuck_terminating() -> bool:
+            pods = await rest.list(POD, NAMESPACE)
+            return not any(
+                p["spec"].get("nodeName") == BROKEN
+                and p["metadata"].get("deletionTimestamp")
+                and p["metadata"]["labels"].get("app") == DEVICE_PLUGIN
+                for p in pods
+            )
+
+        assert await eventually(nothing_stuck_terminating, what="stale pod released")
         assert await eventually(lambda: _names_broken(rest), what="still names the node")
 
         # Without the broken node the policy is ready.

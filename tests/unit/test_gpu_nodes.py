@@ -9,6 +9,7 @@ from components.keys import MIG_CAPABLE_LABEL, NFD_GPU_LABELS
 from gpuop.controller._nodes import GpuNodes, trim_node
 from gpuop.informer import Informer, ResourceSpec
 from statemachine.node_rollout import UNREACHABLE_TAINT
+from statemachine.stale_pods import OUT_OF_SERVICE_TAINT
 
 GPU = NFD_GPU_LABELS[0]
 
@@ -17,12 +18,17 @@ async def _never(**_: Any) -> Any:
     raise AssertionError("no API calls in this test")
 
 
-def _node(name: str, rv: str, labels: dict[str, str], gone: bool = False) -> bytes:
+def _node(
+    name: str, rv: str, labels: dict[str, str], gone: bool = False, marked: bool = False
+) -> bytes:
     obj: dict[str, Any] = {
         "metadata": {"name": name, "uid": f"u-{name}", "resourceVersion": rv, "labels": labels}
     }
     if gone:  # what the node lifecycle controller makes of a node whose kubelet stopped
-        obj["spec"] = {"taints": [{"key": UNREACHABLE_TAINT, "effect": "NoSchedule"}]}
+        taints = [{"key": UNREACHABLE_TAINT, "effect": "NoSchedule"}]
+        if marked:  # and an administrator who knows it is shut down
+            taints.append({"key": OUT_OF_SERVICE_TAINT, "effect": "NoExecute"})
+        obj["spec"] = {"taints": taints}
         obj["status"] = {"conditions": [{"type": "Ready", "status": "Unknown"}]}
     return json.dumps({"type": "MODIFIED", "object": obj}).encode()
 
@@ -48,14 +54,16 @@ def test_the_fleet_is_worked_out_again_only_after_the_cache_changed() -> None:
     assert not second.mig_capable
 
 
-def test_the_fleet_names_the_gpu_nodes_whose_kubelet_is_gone() -> None:
-    """Only those can hold abandoned pods, so the cluster pass looks at no other."""
+def test_the_fleet_names_the_gpu_nodes_marked_out_of_service() -> None:
+    """Only those can hold pods to release, so the cluster pass looks at no other; a
+    node that only stopped reporting is not one."""
     nodes = Informer(ResourceSpec("nodes", _never, transform=trim_node), lambda *_: None)
     fleet = GpuNodes(nodes)
     nodes._on_line(_node("alive", "1", {GPU: "true"}))
-    nodes._on_line(_node("dead", "2", {GPU: "true"}, gone=True))
-    nodes._on_line(_node("dead-cpu", "3", {}, gone=True))  # not a GPU node: not ours
-    assert [n["metadata"]["name"] for n in fleet().kubelet_gone] == ["dead"]
+    nodes._on_line(_node("dead", "2", {GPU: "true"}, gone=True, marked=True))
+    nodes._on_line(_node("lost", "5", {GPU: "true"}, gone=True))  # partitioned only
+    nodes._on_line(_node("dead-cpu", "3", {}, gone=True, marked=True))  # not ours
+    assert [n["metadata"]["name"] for n in fleet().out_of_service] == ["dead"]
 
     nodes._on_line(_node("dead", "4", {GPU: "true"}))  # its kubelet is back
-    assert fleet().kubelet_gone == ()
+    assert fleet().out_of_service == ()

@@ -15,9 +15,7 @@ from statemachine.node_rollout import (
     NodeStep,
     PodState,
     StuckNode,
-    abandoned,
     count_components,
-    kubelet_gone,
     node_step,
     stuck_after,
     stuck_message,
@@ -145,18 +143,3 @@ def test_stuck_message_names_the_first_few_and_counts_the_rest() -> None:
     assert message.endswith("and 4 more")
     one = stuck_message([StuckNode("x", "dcgm", PodState.NOT_READY)])
     assert one == "1 node stuck: x (dcgm: pod not ready)"
-
-
-def test_kubelet_gone_needs_the_lifecycle_controllers_verdict() -> None:
-    taint = [{"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule"}]
-    assert kubelet_gone("Unknown", taint)
-    assert kubelet_gone(None, taint)
-    assert not kubelet_gone("Unknown", [])
-    assert not kubelet_gone("False", taint)  # a kubelet that reports NotReady is alive
-    assert not kubelet_gone("True", taint)
-
-
-def test_abandoned_pods_are_terminating_or_never_started() -> None:
-    assert abandoned("Running", terminating=True)
-    assert abandoned("Pending", terminating=False)
-    assert not abandoned("Running", terminating=False)
