@@ -49,12 +49,6 @@ _FIELDS: tuple[tuple[str, _Check, str], ...] = (
         lambda s: s.operator.use_ocp_driver_toolkit,
         "OpenShift Driver Toolkit builds are not implemented",
     ),
-    (
-        "driver.usePrecompiled",
-        lambda s: s.driver.use_precompiled,
-        "precompiled driver DaemonSets are rendered per kernel, but driver upgrades are"
-        " managed only for nvidia-driver-daemonset",
-    ),
 )
 
 
