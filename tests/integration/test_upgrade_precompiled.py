@@ -1,6 +1,7 @@
 """Precompiled drivers upgrade on the real control plane: one driver DaemonSet per
 kernel, each node upgraded onto its own kernel's DaemonSet's new revision, the fleet
-within one budget, and `gpuop upgrade plan|status` showing every pool."""
+within one budget and behind one canary, and `gpuop upgrade plan|status` showing every
+pool."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from kubernetes_asyncio import client, watch
 from components.context import KERNEL_LABEL
 from gpuop.cluster import NFD_GPU_LABEL, ClusterInfo
 from gpuop.rest import Rest, by_kind
+from statemachine.rollout_gate import RECORD_ANNOTATION, GateRecord
 from statemachine.upgrade_keys import IN_PROGRESS_STATES, STATE_LABEL, UpgradeState
 from tests.integration.harness import NAMESPACE, NODE, POLICY, Running, eventually, policy_state_is
 from tests.integration.test_upgrade import _gpu_nodes, _policy
@@ -31,7 +33,14 @@ MAX_UNAVAILABLE = 2  # 50% of the 4 GPU nodes
 
 
 def _precompiled(version: str) -> dict[str, Any]:
-    policy = _policy(version, max_parallel=MAX_PARALLEL, max_unavailable="50%")
+    """A precompiled driver whose upgrades go through the gate: one canary node first."""
+    policy = _policy(
+        version,
+        max_parallel=MAX_PARALLEL,
+        max_unavailable="50%",
+        canary={"nodes": 1, "soakSeconds": 0},
+        haltAfterFailures=1,
+    )
     policy["spec"]["driver"]["usePrecompiled"] = True
     return policy
 
@@ -60,6 +69,8 @@ class BudgetWatch:
         self.peak_unavailable = 0
         self.states: set[str] = set()
         self.events = 0
+        self.first_busy: dict[str, int] = {}
+        self.done_after_busy: dict[str, int] = {}
         self._task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> BudgetWatch:
@@ -94,10 +105,14 @@ class BudgetWatch:
             return
         self.nodes[node["metadata"]["name"]] = node
         in_progress = unavailable = 0
-        for n in self.nodes.values():
+        for name, n in self.nodes.items():
             state = UpgradeState((n["metadata"].get("labels") or {}).get(STATE_LABEL) or "unknown")
             self.states.add(state.value)
             upgrading = state in IN_PROGRESS_STATES
+            if upgrading:
+                self.first_busy.setdefault(name, self.events)
+            elif state is UpgradeState.UPGRADE_DONE and name in self.first_busy:
+                self.done_after_busy.setdefault(name, self.events)
             in_progress += upgrading
             unavailable += upgrading or bool((n.get("spec") or {}).get("unschedulable"))
         self.peak_in_progress = max(self.peak_in_progress, in_progress)
@@ -157,6 +172,16 @@ async def test_precompiled_version_change_upgrades_each_kernel_pool_within_budge
             assert 1 <= seen.peak_in_progress <= MAX_PARALLEL, seen.peak_in_progress
             assert seen.peak_unavailable <= MAX_UNAVAILABLE, seen.peak_unavailable
             assert "upgrade-failed" not in seen.states
+            # The canary (one node, of either pool) upgraded before any other started.
+            policy = await rest.get(POLICY, "cluster-policy")
+            assert policy is not None
+            record = GateRecord.loads(policy["metadata"]["annotations"][RECORD_ANNOTATION])
+            assert record is not None
+            assert len(record.canary) == 1
+            assert not record.halted
+            (canary,) = record.canary
+            others = [n for n in gpu if n != canary]
+            assert all(seen.done_after_busy[canary] < seen.first_busy[n] for n in others)
 
             after = await _driver_pods(rest)
             assert {n: app for n, (app, _) in after.items()} == pool_of
