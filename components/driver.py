@@ -13,8 +13,10 @@ kernel, selected by NFD's kernel label, as upstream names them.
 
 from __future__ import annotations
 
+import copy
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from components import driver_digest
@@ -420,6 +422,49 @@ def sanitized_kernel(kernel: str) -> str:
     """A kernel version fit for an object name: no arch, `_` as `.`, lower case."""
     without_arch = re.sub(r"x86_64(?:_64k)?|aarch64(?:_64k)?", "", kernel)
     return without_arch.replace("_", ".").rstrip(".").lower()
+
+
+@dataclass(frozen=True)
+class DriverPool:
+    """One driver DaemonSet as the upgrade machine sees it: the nodes it selects."""
+
+    name: str
+    node_selector: Mapping[str, str]
+    created: str = ""
+    """Its creationTimestamp (RFC 3339, so it orders as text)."""
+
+
+def pool_for(node_labels: Mapping[str, str], pools: Iterable[DriverPool]) -> str | None:
+    """The driver DaemonSet a node with ``node_labels`` runs: the one whose node selector
+    its labels match. Precompiled drivers have one per kernel (NFD's kernel label), so
+    each node follows its kernel's. Should two match (the policy switching between
+    precompiled and compiled drivers before the old DaemonSet is pruned), the newest
+    wins: it is the one the node will run. None when no pool selects the node."""
+    matching = [
+        p for p in pools if all(node_labels.get(k) == v for k, v in p.node_selector.items())
+    ]
+    if not matching:
+        return None
+    return max(matching, key=lambda p: (p.created, p.name)).name
+
+
+def rollout_key(templates: Iterable[tuple[Mapping[str, str], Mapping[str, Any]]]) -> str:
+    """What names one driver rollout over a policy's driver DaemonSets, given each one's
+    (node selector, pod template spec): their install digests, a precompiled one's taken
+    with its kernel left out of the images. So a node of a new kernel joining (a new
+    DaemonSet) is the same rollout, while a new driver version is a new one."""
+    keys = set()
+    for selector, pod in templates:
+        kernel = selector.get(KERNEL_LABEL)
+        if kernel is None:
+            keys.add(digest_in(pod))
+            continue
+        plain = copy.deepcopy(dict(pod))
+        for c in [*(plain.get("initContainers") or ()), *(plain.get("containers") or ())]:
+            if isinstance(c.get("image"), str):
+                c["image"] = c["image"].replace(f"-{kernel}", "")
+        keys.add(driver_digest.digest(plain))
+    return ",".join(sorted(k for k in keys if k))
 
 
 def _daemonset(spec: ClusterPolicySpec, ctx: RenderContext, kernel: str | None) -> Manifest:

@@ -148,9 +148,14 @@ from crd._status import (
     ready_status,
     set_condition,
     set_conditions,
+    with_unsupported_condition,
     with_unsupported_fields,
 )
-from crd._unsupported import UnsupportedField, unsupported_fields
+from crd._unsupported import (
+    UnsupportedField,
+    nvidiadriver_unsupported_fields,
+    unsupported_fields,
+)
 from crd._upgrade import (
     CanarySpec,
     ClusterDriverUpgradePolicySpec,
@@ -300,6 +305,7 @@ __all__ = [
     "model_schema",
     "not_ready_status",
     "nvd_crd_manifest",
+    "nvidiadriver_unsupported_fields",
     "openapi_schema",
     "parse_nvidiadriver",
     "parse_policy",
@@ -314,5 +320,6 @@ __all__ = [
     "set_conditions",
     "unsupported_fields",
     "validate_spec",
+    "with_unsupported_condition",
     "with_unsupported_fields",
 ]

@@ -278,9 +278,23 @@ def with_unsupported_fields(
 ) -> ClusterPolicyStatus:
     """`status` with the UnsupportedFields condition naming `fields`, or without it when
     there are none. Re-asserting the same fields keeps the condition equal (no write)."""
-    others = [c for c in status.conditions or () if c.type != CONDITION_UNSUPPORTED_FIELDS]
+    conditions = with_unsupported_condition(
+        status.conditions, fields, generation=generation, now=now
+    )
+    return status.model_copy(update={"conditions": conditions or None})
+
+
+def with_unsupported_condition(
+    conditions: Sequence[Condition] | None,
+    fields: Sequence[str],
+    *,
+    generation: int | None,
+    now: datetime,
+) -> list[Condition]:
+    """`conditions` with the UnsupportedFields condition naming `fields` (either
+    resource's), or without it when there are none."""
     if not fields:
-        return status.model_copy(update={"conditions": others or None})
+        return [c for c in conditions or () if c.type != CONDITION_UNSUPPORTED_FIELDS]
     message = "accepted but not acted on: " + "; ".join(fields)
     condition = Condition(
         type=CONDITION_UNSUPPORTED_FIELDS,
@@ -290,4 +304,4 @@ def with_unsupported_fields(
         observed_generation=generation,
         last_transition_time=format_time(now),
     )
-    return status.model_copy(update={"conditions": set_condition(status.conditions, condition)})
+    return set_condition(conditions, condition)

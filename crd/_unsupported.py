@@ -16,6 +16,7 @@ from pydantic import BaseModel
 
 from crd._common import PULL_POLICIES, RUNTIMES
 from crd._components import ComponentSpec, ImageSpec
+from crd._nvidiadriver import NVIDIADriverSpec
 from crd._policy import ClusterPolicySpec
 
 
@@ -48,12 +49,6 @@ _FIELDS: tuple[tuple[str, _Check, str], ...] = (
         "operator.use_ocp_driver_toolkit",
         lambda s: s.operator.use_ocp_driver_toolkit,
         "OpenShift Driver Toolkit builds are not implemented",
-    ),
-    (
-        "driver.usePrecompiled",
-        lambda s: s.driver.use_precompiled,
-        "precompiled driver DaemonSets are rendered per kernel, but driver upgrades are"
-        " managed only for nvidia-driver-daemonset",
     ),
 )
 
@@ -128,4 +123,33 @@ def unsupported_fields(spec: ClusterPolicySpec) -> list[UnsupportedField]:
     ]
     found.extend(_host_network(spec))
     found.extend(_unknown_values(spec))
+    return found
+
+
+_VGPU_HOST_MANAGER = (
+    "rendered as the data-centre driver's pod: the vGPU host manager's own differences"
+    " (the /sys/fs/cgroup and /dev/vfio mounts, no startup probe, a 120 s grace period)"
+    " are not applied (the sandbox family is not implemented)"
+)
+
+
+def nvidiadriver_unsupported_fields(spec: NVIDIADriverSpec) -> list[UnsupportedField]:
+    """The fields of an NVIDIADriver's `spec` that ask for something this operator does
+    not do, in a stable order. Every other field reaches the driver DaemonSets through
+    `components.nvidiadriver.policy_for` and `render_pool`, or the upgrade policy."""
+    found = []
+    if spec.driver_type == "vgpu-host-manager":
+        found.append(UnsupportedField("spec.driverType", _VGPU_HOST_MANAGER))
+    for path, section in _image_specs(spec, "spec"):
+        if section.image_pull_secrets:
+            found.append(
+                UnsupportedField(
+                    f"{path}.imagePullSecrets",
+                    "not added to the driver pods' imagePullSecrets (spec.imagePullSecrets is)",
+                )
+            )
+        if section.pull_policy_as_written not in PULL_POLICIES:
+            found.append(
+                UnsupportedField(f"{path}.imagePullPolicy", "unknown policy: IfNotPresent used")
+            )
     return found

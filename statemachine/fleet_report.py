@@ -93,6 +93,11 @@ class NodeFacts:
     pods: tuple[Obj, ...] = ()
     """Every pod on the node (for drain verdicts and PDBs)."""
     validator_ready: bool = False
+    target: str | None = None
+    """The newest revision of the node's own driver DaemonSet (precompiled drivers have
+    one per kernel); None: the report's target."""
+    template_digest: str = ""
+    """That DaemonSet's install digest; "": the report's."""
 
     @property
     def name(self) -> str:
@@ -297,7 +302,7 @@ def status_report(
                 state=f.state.value,
                 since_seconds=None if since is None else max(0.0, now - since),
                 current=f.driver_revision or "-",
-                target=target or "-",
+                target=f.target or target or "-",
                 waits_for=_waits_for(f, policy, rules, pdbs, namespace, selection.blocked),
             )
         )
@@ -439,7 +444,8 @@ def plan_upgrade(
         if f.driver_pod is None:
             excluded[f.name] = "no driver pod on the node"
             continue
-        outdated = proposed or (target is not None and f.driver_revision != target)
+        goal = f.target or target
+        outdated = proposed or (goal is not None and f.driver_revision != goal)
         if not (outdated or f.state is S.UPGRADE_REQUIRED or f.state in IN_PROGRESS_STATES):
             current.append(f.name)
             continue
@@ -461,7 +467,8 @@ def plan_upgrade(
         width = min(width, policy.max_parallel_upgrades) if width else 0
 
     def planned(f: NodeFacts) -> PlanNode:
-        only = not proposed and bool(f.driver_digest) and f.driver_digest == template_digest
+        digest = f.template_digest or template_digest
+        only = not proposed and bool(f.driver_digest) and f.driver_digest == digest
         return PlanNode(f.name, only, tuple(removal_blockers(f, rules, pdbs, namespace)))
 
     items = [planned(f) for f in todo]

@@ -65,6 +65,9 @@ class GateNode:
     state: UpgradeState
     revision: str | None = None
     """The controller-revision-hash of its driver pod; None without one."""
+    target: str | None = None
+    """The newest revision of its own driver DaemonSet, where the driver has several
+    (precompiled: one per kernel); None: the rollout's target."""
     failed_revision: str | None = None
     """The target revision it failed at (our node annotation), when failed."""
     unschedulable: bool = False
@@ -159,15 +162,19 @@ class GateDecision:
         return self.phase in (GatePhase.CANARY, GatePhase.SOAKING, GatePhase.HALTED)
 
 
+def _target(node: GateNode, target: str) -> str:
+    return node.target or target
+
+
 def _upgraded(node: GateNode, target: str) -> bool:
-    return node.state is UpgradeState.UPGRADE_DONE and node.revision == target
+    return node.state is UpgradeState.UPGRADE_DONE and node.revision == _target(node, target)
 
 
 def _outdated(node: GateNode, target: str) -> bool:
     """Part of this rollout: still to upgrade, upgrading, or failed at it."""
     if node.state in IN_PROGRESS_STATES or node.state is UpgradeState.UPGRADE_REQUIRED:
         return True
-    return node.revision is not None and node.revision != target
+    return node.revision is not None and node.revision != _target(node, target)
 
 
 def _pick_canary(fleet: list[GateNode], target: str, count: int) -> tuple[str, ...]:
@@ -204,8 +211,9 @@ def plan_gate(
 ) -> GateDecision:
     """Decide the gate for one fleet pass. Pure: same inputs, same answer.
 
-    ``target`` is the newest driver revision (what nodes are compared with), ``digest``
-    the config digest of its template (what keys the record; "" when unknown).
+    ``target`` is the newest driver revision (what nodes are compared with, unless a
+    node names its own), ``digest`` the config digest of its template (what keys the
+    record; "" when unknown).
     """
     if not policy.enabled:
         return GateDecision(GatePhase.OFF)
@@ -220,7 +228,7 @@ def plan_gate(
     failed_now = {
         n.name
         for n in fleet
-        if n.state is UpgradeState.UPGRADE_FAILED and n.failed_revision == target
+        if n.state is UpgradeState.UPGRADE_FAILED and n.failed_revision == _target(n, target)
     }
     failed = tuple(sorted(set(record.failed) | failed_now))
     record = replace(record, failed=failed)

@@ -197,16 +197,18 @@ class NodeReconciler:
             groups.setdefault(target_owner(labels(node)), []).append(node)
         policies: dict[str | None, UpgradePolicyView] = {None: policy_view(spec)}
         policies.update(self.nvd.upgrade_policies() or {})
-        newest = self.upgrades.newest_driver_revision()
         for owner, nodes in groups.items():
             policy = policies.get(owner, UpgradePolicyView(auto_upgrade=False))
             if not policy.auto_upgrade:
                 continue
             held = None
             if owner is None:  # canary and halt: the ClusterPolicy's own rollout
-                digest = self.upgrades.template_digest(DRIVER_DS)
+                # One rollout over all its driver DaemonSets (one per kernel when
+                # precompiled); each node is compared with its own DaemonSet's revision.
+                pools = [p.name for p in self.nvd.policy_pools()] or [DRIVER_DS]
+                newest, digest = self.upgrades.rollout(pools)
                 gate = await self.gate.reconcile(
-                    raw, spec, nodes, newest, self._revision_of, digest
+                    raw, spec, nodes, newest, self._revision_of, digest, self._target_of
                 )
                 held = gate.held
             started, conflict = await self.upgrades.grant(nodes, policy, held)
@@ -214,6 +216,11 @@ class NodeReconciler:
                 self.queue.add(node_key(name))
             if conflict:  # the cache was behind a node: count again once it caught up
                 self.queue.add_after(UPGRADES_KEY, 1.0)
+
+    def _target_of(self, node: str) -> str | None:
+        """The newest revision of the driver DaemonSet ``node`` runs (its kernel's)."""
+        app = self.nvd.driver_app(node)
+        return self.upgrades.newest_driver_revision(app) if app else None
 
     def _revision_of(self, node: str) -> str | None:
         pod = self.upgrades.driver_pod(node)

@@ -26,6 +26,7 @@ from pydantic import ValidationError
 
 from components import RenderContext, daemonset_ready, is_gpu_node, with_hash
 from components.driver import DAEMONSET_NAME as POLICY_DRIVER_DS
+from components.driver import DriverPool, pool_for
 from components.driver_config import referenced_config_maps
 from components.nvidiadriver import NVIDIADriverRenderError, policy_for, render
 from crd import (
@@ -82,6 +83,7 @@ class NVIDIADrivers:
         #: otherwise scan every node and every driver pod each time).
         self._owned_nodes: VersionMemo[str, frozenset[str]] = VersionMemo()
         self._foreign_pods: VersionMemo[str, bool] = VersionMemo()
+        self._policy_pools: VersionMemo[str, tuple[DriverPool, ...]] = VersionMemo()
         self.status = StatusWriter(rest, operator.config.namespace, events, self.drivers)
 
     # ------------------------------------------------------------ watching
@@ -184,9 +186,10 @@ class NVIDIADrivers:
         owning resource's whose pool selects the node ("" when there is none yet)."""
         found = self.op.nodes.get(node)
         owner = labels(found).get(OWNER_LABEL) if found is not None else None
-        if not owner:
-            return POLICY_DRIVER_DS
         node_labels = labels(found) if found is not None else {}
+        if not owner:
+            # A precompiled driver has a DaemonSet per kernel: the node's kernel's.
+            return pool_for(node_labels, self.policy_pools()) or POLICY_DRIVER_DS
         for ds in self.op.owned["DaemonSet"].values():
             if nvd_owner(ds) != owner:
                 continue
@@ -194,6 +197,26 @@ class NVIDIADrivers:
             if all(node_labels.get(k) == v for k, v in selector.items()):
                 return str(ds["metadata"]["name"])
         return ""
+
+    def policy_pools(self) -> tuple[DriverPool, ...]:
+        """The ClusterPolicy's driver DaemonSets (one, or one per kernel when precompiled),
+        worked out again only after the DaemonSet cache changed (every node asks)."""
+        daemonsets = self.op.owned["DaemonSet"]
+        return self._policy_pools.get(
+            "pools",
+            str(daemonsets.version),
+            lambda: tuple(
+                DriverPool(
+                    name=str(ds["metadata"]["name"]),
+                    node_selector=ds["spec"]["template"]["spec"].get("nodeSelector") or {},
+                    created=str(ds["metadata"].get("creationTimestamp") or ""),
+                )
+                for ds in daemonsets.values()
+                if is_policy_driver(ds["metadata"]["name"])
+                and nvd_owner(ds) is None
+                and not ds["metadata"].get("deletionTimestamp")
+            ),
+        )
 
     def upgrade_policies(self) -> dict[str, UpgradePolicyView] | None:
         """Each resource's own upgradePolicy (upstream defaults when unset); None when the

@@ -78,7 +78,11 @@ def gate_facts(policy: Obj | None) -> Any:
     return annotations.get(RESUME_ANNOTATION), annotations.get(RECORD_ANNOTATION)
 
 
-def gate_nodes(nodes: list[Obj], revision_of: Callable[[str], str | None]) -> list[GateNode]:
+def gate_nodes(
+    nodes: list[Obj],
+    revision_of: Callable[[str], str | None],
+    target_of: Callable[[str], str | None] | None = None,
+) -> list[GateNode]:
     result = []
     for node in nodes:
         node_labels = labels(node)
@@ -91,6 +95,7 @@ def gate_nodes(nodes: list[Obj], revision_of: Callable[[str], str | None]) -> li
                 name=name,
                 state=parse_state(node_labels.get(STATE_LABEL)),
                 revision=revision_of(name),
+                target=target_of(name) if target_of is not None else None,
                 failed_revision=annotations.get(FAILED_REVISION_ANNOTATION),
                 unschedulable=bool(node["spec"].get("unschedulable")),
                 ready=is_ready(node),
@@ -136,9 +141,12 @@ class RolloutGate:
         target: str | None,
         revision_of: Callable[[str], str | None],
         digest: str = "",
+        target_of: Callable[[str], str | None] | None = None,
     ) -> GateDecision:
         """One fleet pass of the gate; ``digest`` (the driver template's config digest)
-        keys its record, so only a new driver, not a new revision, starts over."""
+        keys its record, so only a new driver, not a new revision, starts over.
+        ``target_of``: a node's own DaemonSet's newest revision, where the driver has
+        several DaemonSets (precompiled: one per kernel)."""
         policy = gate_policy(spec)
         annotations = raw["metadata"].get("annotations") or {}
         previous = GateRecord.loads(annotations.get(RECORD_ANNOTATION))
@@ -147,7 +155,7 @@ class RolloutGate:
             policy,
             # Only a gate that is on reads the fleet: skipping it keeps a rollout's
             # fleet passes from scanning every node for nothing.
-            gate_nodes(nodes, revision_of) if policy.enabled and target else [],
+            gate_nodes(nodes, revision_of, target_of) if policy.enabled and target else [],
             target,
             previous,
             now=time.time(),

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from components.driver import DAEMONSET_NAME as DRIVER_DS
-from components.driver import digest_in
+from components.driver import digest_in, rollout_key
 from components.labels import is_gpu_node
 from components.validator import DAEMONSET_NAME as VALIDATOR_DS
 from crd import OWNER_LABEL
@@ -117,6 +117,23 @@ class Upgrades:
         ds = self._daemonsets.get(f"{self.namespace}/{app}")
         template = ((ds or {}).get("spec") or {}).get("template") or {}
         return digest_in(template.get("spec") or {})
+
+    def rollout(self, apps: Iterable[str]) -> tuple[str | None, str]:
+        """The rollout gate's target and key over the policy's driver DaemonSets ``apps``
+        (one per kernel when precompiled): their newest revisions (joined when several;
+        the gate compares each node with its own DaemonSet's) and their rollout key."""
+        templates = []
+        newest = []
+        for app in sorted(apps):
+            ds = self._daemonsets.get(f"{self.namespace}/{app}")
+            if ds is None:
+                continue
+            template = ((ds.get("spec") or {}).get("template") or {}).get("spec") or {}
+            templates.append((template.get("nodeSelector") or {}, template))
+            revision = self.newest_driver_revision(app)
+            if revision:
+                newest.append(revision)
+        return (",".join(newest) or None), rollout_key(templates)
 
     def _driver_pods_on(self, node: str) -> list[Obj]:
         pods: list[Obj] = self._pods.indexed((node, self.driver_app(node)))

@@ -11,10 +11,11 @@ from typing import Any
 import yaml
 
 from components.driver import DAEMONSET_NAME as DRIVER_DS
-from components.driver import digest_in
+from components.driver import DriverPool, digest_in, pool_for, rollout_key
 from components.labels import is_gpu_node
 from crd import ClusterPolicySpec, parse_policy
 from gpuop.controller._eviction import drain_rules, gpu_pod_rules
+from gpuop.controller._nvidiadriver_status import is_policy_driver, nvd_owner
 from gpuop.controller._rollout_gate import gate_policy
 from gpuop.controller._upgrade_inputs import newest_revision, policy_view
 from gpuop.rest import Rest, by_kind
@@ -131,18 +132,35 @@ def snapshot(
         node = (pod.get("spec") or {}).get("nodeName")
         if node:
             by_node.setdefault(node, []).append(pod)
-    ds = next((d for d in objects.daemonsets if d["metadata"]["name"] == DRIVER_DS), None)
-    template = ((ds or {}).get("spec") or {}).get("template") or {}
+    # The policy's driver DaemonSets: one, or one per kernel for a precompiled driver.
+    daemonsets = {
+        d["metadata"]["name"]: d
+        for d in objects.daemonsets
+        if is_policy_driver(d["metadata"]["name"])
+        and nvd_owner(d) is None
+        and not d["metadata"].get("deletionTimestamp")
+    }
+    pools = [
+        DriverPool(
+            name,
+            _template(ds).get("nodeSelector") or {},
+            ds["metadata"].get("creationTimestamp") or "",
+        )
+        for name, ds in daemonsets.items()
+    ]
+    targets = {name: newest_revision(ds, objects.revisions) for name, ds in daemonsets.items()}
     facts = []
     for node in objects.nodes:
-        if not is_gpu_node(node["metadata"].get("labels") or {}):
+        node_labels = node["metadata"].get("labels") or {}
+        if not is_gpu_node(node_labels):
             continue
+        app = pool_for(node_labels, pools) or DRIVER_DS
         pods = by_node.get(node["metadata"]["name"], [])
         drivers = [
             p
             for p in pods
             if p["metadata"].get("namespace") == namespace
-            and (p["metadata"].get("labels") or {}).get("app") == DRIVER_DS
+            and (p["metadata"].get("labels") or {}).get("app") == app
             and not p["metadata"].get("deletionTimestamp")
         ]
         driver = max(
@@ -158,13 +176,18 @@ def snapshot(
                 driver_digest=digest_in(driver.get("spec") or {}) if driver else "",
                 pods=tuple(pods),
                 validator_ready=False,
+                target=targets.get(app),
+                template_digest=digest_in(_template(daemonsets[app])) if app in daemonsets else "",
             )
         )
     gate = gate_policy(spec)
     record = GateRecord.loads((raw["metadata"].get("annotations") or {}).get(RECORD_ANNOTATION))
     now = time.time() if now is None else now
     phase = phase_of(record, gate, now)
-    target = newest_revision(ds, objects.revisions)
+    target = ",".join(sorted(t for t in targets.values() if t)) or None
+    digest = rollout_key(
+        (_template(d).get("nodeSelector") or {}, _template(d)) for d in daemonsets.values()
+    )
     # What the operator's gate holds back now (computed the same way, nothing written).
     held = plan_gate(
         gate,
@@ -173,6 +196,7 @@ def snapshot(
                 name=f.name,
                 state=f.state,
                 revision=f.driver_revision,
+                target=f.target,
                 failed_revision=f.annotations.get(FAILED_REVISION_ANNOTATION),
                 unschedulable=f.unschedulable,
                 ready=f.ready,
@@ -183,7 +207,7 @@ def snapshot(
         target,
         record,
         now=now,
-        digest=digest_in(template.get("spec") or {}),
+        digest=digest,
     ).held
     gate_text = "" if phase is GatePhase.OFF else phase.value
     for cond in (raw.get("status") or {}).get("conditions") or []:
@@ -200,8 +224,14 @@ def snapshot(
         nodes=tuple(facts),
         pdbs=tuple(objects.pdbs),
         target=target,
-        template_digest=digest_in(template.get("spec") or {}),
+        template_digest=digest,
         gate=gate_text,
         namespace=namespace,
         held=held,
     )
+
+
+def _template(ds: Obj) -> Obj:
+    """A DaemonSet's pod template spec."""
+    spec: Obj = ((ds.get("spec") or {}).get("template") or {}).get("spec") or {}
+    return spec

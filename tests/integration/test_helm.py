@@ -6,7 +6,10 @@ binary (built by `gpuop cluster build`), not the control plane."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+import shutil
+import subprocess
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +18,7 @@ import yaml
 
 import crd
 from components import COMPONENTS, RenderContext, monitoring, rbac
+from gpuop.cluster._build import ensure_helm
 from gpuop.controller._owned import OWNED_CLUSTER, OWNED_NAMESPACED
 from gpuop.leader import DEFAULT_LEASES
 from gpuop.nodeagent import health
@@ -24,6 +28,7 @@ from tests.integration.helm_chart import (
     DATA,
     MANIFESTS,
     NAMESPACE,
+    RELEASE,
     ROOT,
     by_kind,
     documents,
@@ -704,3 +709,157 @@ def test_crd_hooks_apply_on_upgrade_and_delete_on_uninstall_as_upstream() -> Non
     assert cleanup["spec"]["template"]["spec"]["containers"][0]["args"] == ["crds", "delete"]
     none = documents(template(*_set(["operator.upgradeCRD=false"])))
     assert not [d for d in none if d["kind"] == "Job"]
+
+
+#: The values keys the chart accepts but does not act on, each with a value that asks for
+#: something; NOTES.txt must name every one (draDriver only beside gpuCluster.deployCR:
+#: without it upstream ignores draDriver too).
+INERT_VALUES: dict[str, Any] = {
+    "platform.openshift": True,
+    "gpuCluster.deployCR": True,
+    "draDriver.version": "v0.5.0",
+    "nfd.nodefeaturerules": True,
+    "operator.logging.develMode": True,
+    "operator.logging.timeEncoding": "iso8601",
+}
+#: The same keys asking for nothing (draDriver's value is upstream's, unused there too).
+INERT_OFF: dict[str, Any] = {
+    "platform.openshift": False,
+    "gpuCluster.deployCR": False,
+    "draDriver.version": "v0.5.0",
+    "nfd.nodefeaturerules": False,
+    "operator.logging.develMode": False,
+    "operator.logging.timeEncoding": "epoch",
+}
+_NAMED = {"draDriver.version": "draDriver"}
+
+
+def _nested(flat: dict[str, Any]) -> dict[str, Any]:
+    tree: dict[str, Any] = {}
+    for path, value in flat.items():
+        node = tree
+        *parents, leaf = path.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return tree
+
+
+def _values_file(folder: Path, name: str, flat: dict[str, Any]) -> Path:
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(_nested(flat)))
+    return path
+
+
+def _notes(folder: Path, values: Sequence[Path] = ()) -> str:
+    """NOTES.txt as `helm install` prints it: `helm template` leaves NOTES out, so a copy
+    of the chart renders it, unchanged, inside a ConfigMap."""
+    chart = folder / "chart"
+    if not chart.exists():
+        shutil.copytree(CHART, chart)  # symlinked files copied as their contents
+        notes = chart / "templates" / "NOTES.txt"
+        (chart / "templates" / "_notes.tpl").write_text(
+            '{{- define "test.notes" -}}\n' + notes.read_text() + "\n{{- end -}}\n"
+        )
+        notes.unlink()
+        (chart / "templates" / "notes-test.yaml").write_text(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\n"
+            'data:\n  notes: {{ include "test.notes" . | toJson }}\n'
+        )
+    files = [a for v in values for a in ("--values", str(v))]
+    out = helm(
+        "template", "r", str(chart), "--namespace", NAMESPACE, "--show-only",
+        "templates/notes-test.yaml", *files,
+    )  # fmt: skip
+    notes_text: str = one(documents(out), "ConfigMap")["data"]["notes"]
+    return notes_text
+
+
+def _warned(notes: str) -> set[str]:
+    _, _, named = notes.partition("NVIDIA's chart): ")
+    return {n.strip() for n in named.split("\n")[0].split(",") if n.strip()}
+
+
+def test_notes_name_every_values_key_that_does_nothing(tmp_path: Path) -> None:
+    """Each inert key, set, is named in NOTES; and it is truly inert: the manifests are
+    the same as with it asking for nothing."""
+    on = _values_file(tmp_path, "on", INERT_VALUES)
+    off = _values_file(tmp_path, "off", INERT_OFF)
+    assert _warned(_notes(tmp_path, [on])) == {_NAMED.get(k, k) for k in INERT_VALUES}
+    assert _warned(_notes(tmp_path, [off])) == set()
+    assert template(values=[on]) == template(values=[off])
+    # The defaults ask for nothing inert (upgradeCRD acts: the pre-upgrade hook); with
+    # it off, NOTES say how to keep the CRDs current by hand.
+    defaults = _notes(tmp_path)
+    assert _warned(defaults) == set()
+    assert "Helm never upgrades crds/" not in defaults
+    no_hook = _values_file(tmp_path, "nohook", {"operator.upgradeCRD": False})
+    assert "Helm never upgrades crds/" in _notes(tmp_path, [no_hook])
+    # draDriver alone is ignored by upstream too (it needs gpuCluster.deployCR).
+    alone = _values_file(tmp_path, "dra", {**INERT_OFF, "draDriver.version": "v9"})
+    assert _warned(_notes(tmp_path, [alone])) == set()
+
+
+#: Sections switched on for the sweep below, so keys only read when they are on count.
+_SWEEP_BASE: dict[str, Any] = {
+    "driver.nvidiaDriverCRD.enabled": True,
+    "driver.licensingConfig.secretName": "licence",
+    "devicePlugin.config.name": "plugin-config",
+    "devicePlugin.config.create": True,
+    "devicePlugin.config.data": {"a": "b"},
+    "migManager.config.name": "mig-config",
+    "migManager.config.create": True,
+    "migManager.config.data": {"a": "b"},
+    "monitoring.alertRules.configMap": True,
+    "monitoring.dashboard.enabled": True,
+}
+
+
+def _changed(value: Any) -> Any:
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + 7
+    if isinstance(value, str):
+        return f"{value}-changed" if value else "changed"
+    if isinstance(value, list):
+        return [*value, value[0]] if value else ["changed"]
+    if isinstance(value, dict):
+        return {"changed": "yes"}
+    return "changed"
+
+
+def _value_leaves(tree: Any, path: tuple[str, ...] = ()) -> Iterable[tuple[tuple[str, ...], Any]]:
+    if isinstance(tree, dict) and tree:
+        for key, value in tree.items():
+            yield from _value_leaves(value, (*path, key))
+    else:
+        yield path, tree
+
+
+def test_every_other_values_key_changes_what_the_chart_renders(tmp_path: Path) -> None:
+    """Every key of values.yaml not in INERT_VALUES (and NOTES) acts: changed alone, on
+    top of a base that switches the conditional sections on, it changes the rendered
+    objects (or is refused by the chart's own checks)."""
+    base_file = _values_file(tmp_path, "base", _SWEEP_BASE)
+    base = template("--include-crds", values=[base_file])
+    effective = {**dict(_value_leaves(yaml.safe_load((CHART / "values.yaml").read_text())))}
+    effective.update({tuple(k.split(".")): v for k, v in _SWEEP_BASE.items()})
+    inert = {tuple(k.split(".")) for k in INERT_VALUES} | {("draDriver",)}
+
+    def acts(item: tuple[int, tuple[tuple[str, ...], Any]]) -> str | None:
+        i, (path, value) = item
+        override = _values_file(tmp_path, f"k{i}", {".".join(path): _changed(value)})
+        proc = subprocess.run(
+            [str(ensure_helm()), "template", RELEASE, str(CHART), "--namespace", NAMESPACE,
+             "--include-crds", "--values", str(base_file), "--values", str(override)],
+            capture_output=True, text=True, check=False, timeout=120,
+        )  # fmt: skip
+        if proc.returncode != 0 or proc.stdout != base:
+            return None
+        return ".".join(path)
+
+    items = [(p, v) for p, v in effective.items() if p not in inert and p[:1] not in inert]
+    with ThreadPoolExecutor(2) as pool:
+        silent = sorted(k for k in pool.map(acts, enumerate(items)) if k is not None)
+    assert silent == []

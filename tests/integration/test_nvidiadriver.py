@@ -262,6 +262,55 @@ async def test_api_server_enforces_the_cel_rules(rest: Rest) -> None:
         await _cleanup(rest)
 
 
+async def _unsupported_condition(rest: Rest, name: str) -> dict[str, Any] | None:
+    got = await rest.get(NVD, name) or {}
+    for cond in (got.get("status") or {}).get("conditions") or []:
+        if cond["type"] == crd.CONDITION_UNSUPPORTED_FIELDS:
+            return dict(cond)
+    return None
+
+
+async def test_a_field_not_acted_on_is_named_in_status_and_an_event(
+    rest: Rest, api_client: client.ApiClient
+) -> None:
+    """Nothing dropped in silence: a set field the operator ignores is named by the
+    UnsupportedFields condition and a Warning Event, and the condition goes with it."""
+    await _cleanup(rest)
+    await rest.apply(crd.sample_policy())
+    spec = {"default": True, "version": "580.95.05"}
+    try:
+        async with Running(api_client):
+            await rest.apply(_nvd("named", **spec, manager={"imagePullSecrets": ["regcred"]}))
+            cond = await eventually(
+                lambda: _unsupported_condition(rest, "named"), timeout=60, what="condition"
+            )
+            assert cond["status"] == "True"
+            assert cond["reason"] == "FieldsNotActedOn"
+            assert "spec.manager.imagePullSecrets (" in cond["message"]
+
+            async def warned() -> list[dict[str, Any]]:
+                return [
+                    e
+                    for e in await rest.list(by_kind("v1", "Event"), "default")
+                    if e["involvedObject"].get("kind") == "NVIDIADriver"
+                    and e["involvedObject"].get("name") == "named"
+                    and e.get("reason") == "FieldsNotActedOn"
+                ]
+
+            (event,) = await eventually(warned, timeout=30, what="Warning Event")
+            assert event["type"] == "Warning"
+            assert event["message"] == cond["message"]
+
+            await rest.apply(_nvd("named", **spec))
+
+            async def cleared() -> bool:
+                return await _unsupported_condition(rest, "named") is None
+
+            await eventually(cleared, timeout=60, what="condition removed")
+    finally:
+        await _cleanup(rest)
+
+
 class UpgradeWatch:
     """The most nodes of each owner ever in an upgrade slot at once, every state any
     node passed through, and every ClusterPolicy state/message seen."""

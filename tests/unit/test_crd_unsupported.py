@@ -24,7 +24,6 @@ ASKS: dict[str, dict[str, Any]] = {
     "spec.psp.enabled": {"psp": {"enabled": True}},
     "spec.cdi.default": {"cdi": {"default": True}},
     "spec.operator.use_ocp_driver_toolkit": {"operator": {"use_ocp_driver_toolkit": True}},
-    "spec.driver.usePrecompiled": {"driver": {"usePrecompiled": True}},
     "spec.kataSandboxDevicePlugin.hostNetwork": {"kataSandboxDevicePlugin": {"hostNetwork": True}},
     "spec.gds.hostNetwork": {"gds": {"hostNetwork": True}},
     "spec.driver.manager.imagePullPolicy": {
@@ -80,6 +79,9 @@ ACTED_ON: dict[str, dict[str, Any]] = {
     },
     # The toolkit runs as the runtime's NRI plugin (components.toolkit, _k8s.gpu_access).
     "nriPluginEnabled": {"cdi": {"nriPluginEnabled": True}},
+    # One driver DaemonSet per kernel, each node upgraded on its kernel's (the upgrade
+    # machine follows components.driver.pool_for).
+    "usePrecompiled": {"driver": {"usePrecompiled": True}},
     # Upstream's controller never reads these either: flagging them was a false alarm.
     "operatorLabels": {"operator": {"labels": {"team": "gpu"}, "annotations": {"a": "b"}}},
 }

@@ -1,0 +1,133 @@
+"""NVIDIADriver fields accepted but not acted on are named, as the ClusterPolicy's are:
+the UnsupportedFields condition (reason FieldsNotActedOn) in the resource's status."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import crd
+from gpuop.controller._nvidiadriver_status import desired_status, unsupported
+
+
+def paths(spec: dict[str, Any]) -> list[str]:
+    model = crd.NVIDIADriverSpec.model_validate(spec)
+    return [f.path for f in crd.nvidiadriver_unsupported_fields(model)]
+
+
+ASKS: dict[str, dict[str, Any]] = {
+    "spec.driverType": {"driverType": "vgpu-host-manager"},
+    "spec.manager.imagePullSecrets": {"manager": {"imagePullSecrets": ["regcred"]}},
+    "spec.gds.imagePullSecrets": {"gds": {"enabled": True, "imagePullSecrets": ["regcred"]}},
+    "spec.gdrcopy.imagePullSecrets": {"gdrcopy": {"enabled": True, "imagePullSecrets": ["r"]}},
+    "spec.manager.imagePullPolicy": {"manager": {"imagePullPolicy": "Sometimes"}},
+}
+
+
+@pytest.mark.parametrize(("path", "spec"), ASKS.items(), ids=list(ASKS))
+def test_a_set_field_is_named_alone(path: str, spec: dict[str, Any]) -> None:
+    assert paths(spec) == [path]
+
+
+def test_every_field_acted_on_is_not_named() -> None:
+    """Every other field reaches the driver DaemonSets (policy_for, render_pool) or the
+    upgrade policy."""
+    spec = {
+        "driverType": "vgpu",
+        "usePrecompiled": True,
+        "kernelModuleType": "open",
+        "startupProbe": {"initialDelaySeconds": 5},
+        "livenessProbe": {"periodSeconds": 5},
+        "readinessProbe": {"periodSeconds": 5},
+        "rdma": {"enabled": True, "useHostMofed": True},
+        "gds": {"enabled": True, "imagePullPolicy": "Always"},
+        "gdrcopy": {"enabled": True},
+        "repository": "r",
+        "image": "driver",
+        "version": "595",
+        "imagePullPolicy": "Always",
+        "imagePullSecrets": ["regcred"],
+        "manager": {"env": [{"name": "A", "value": "b"}], "imagePullPolicy": "Never"},
+        "resources": {"limits": {"cpu": "1"}},
+        "args": ["--x"],
+        "env": [{"name": "A", "value": "b"}],
+        "repoConfig": {"name": "repos"},
+        "certConfig": {"name": "certs"},
+        "licensingConfig": {"secretName": "licence", "nlsEnabled": True},
+        "virtualTopologyConfig": {"name": "topology"},
+        "kernelModuleConfig": {"name": "modules"},
+        "secretEnv": "driver-env",
+        "upgradePolicy": {"autoUpgrade": True, "maxParallelUpgrades": 2},
+        "nodeSelector": {"pool": "a"},
+        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {}},
+        "labels": {"a": "b"},
+        "annotations": {"a": "b"},
+        "tolerations": [{"key": "k", "operator": "Exists"}],
+        "priorityClassName": "high",
+        "podSecurityContext": {"fsGroup": 1},
+        "hostNetwork": True,
+    }
+    assert paths(spec) == []
+    assert paths({}) == []
+
+
+def raw(spec: dict[str, Any], generation: int = 3) -> dict[str, Any]:
+    return {
+        "apiVersion": crd.NVD_API_VERSION,
+        "kind": crd.NVD_KIND,
+        "metadata": {"name": "pool-a", "generation": generation},
+        "spec": spec,
+    }
+
+
+def conditions(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in status.get("conditions") or []}
+
+
+def test_the_status_reports_a_field_not_acted_on() -> None:
+    resource = raw({"driverType": "vgpu-host-manager", "manager": {"imagePullSecrets": ["x"]}})
+    status = desired_status(
+        "ready",
+        (True, "Reconciled", "ok"),
+        (False, "Ready", ""),
+        "ns",
+        3,
+        None,
+        unsupported(resource),
+    )
+    condition = conditions(status)[crd.CONDITION_UNSUPPORTED_FIELDS]
+    assert condition["status"] == "True"
+    assert condition["reason"] == crd.REASON_FIELDS_NOT_ACTED_ON == "FieldsNotActedOn"
+    assert condition["observedGeneration"] == 3
+    assert "spec.driverType (" in condition["message"]
+    assert "spec.manager.imagePullSecrets (" in condition["message"]
+    assert {crd.CONDITION_READY, crd.CONDITION_ERROR} <= set(conditions(status))
+
+    # Asserted again: the same condition, its transition time kept (nothing to write).
+    again = desired_status(
+        "ready",
+        (True, "Reconciled", "ok"),
+        (False, "Ready", ""),
+        "ns",
+        3,
+        status,
+        unsupported(resource),
+    )
+    assert again == status
+
+    # Once the field is gone, so is the condition.
+    cleared = desired_status(
+        "ready",
+        (True, "Reconciled", "ok"),
+        (False, "Ready", ""),
+        "ns",
+        4,
+        status,
+        unsupported(raw({})),
+    )
+    assert crd.CONDITION_UNSUPPORTED_FIELDS not in conditions(cleared)
+
+
+def test_an_unparsable_resource_names_nothing() -> None:
+    assert unsupported(raw({"driverType": "bogus"})) == []
