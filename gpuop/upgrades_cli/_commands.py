@@ -17,6 +17,12 @@ from kubernetes_asyncio.config.kube_config import KUBE_CONFIG_DEFAULT_LOCATION
 from gpuop.informer import Informer, ResourceSpec
 from gpuop.kube import KubeconfigError, api_client
 from gpuop.rest import Rest
+from gpuop.upgrades_cli._render import (
+    plan_json,
+    render_plan,
+    render_status,
+    status_json,
+)
 from gpuop.upgrades_cli._snapshot import (
     DAEMONSET,
     NODE,
@@ -30,13 +36,7 @@ from gpuop.upgrades_cli._snapshot import (
     list_objects,
     snapshot,
 )
-from statemachine.fleet_report import (
-    StatusReport,
-    plan_upgrade,
-    render_plan,
-    render_status,
-    status_report,
-)
+from statemachine.fleet_report import StatusReport, plan_upgrade, status_report
 from statemachine.rollout_gate import GatePolicy
 
 #: A burst of watch events (a node moving through several states) redraws once.
@@ -81,7 +81,7 @@ def _status(snap: Snapshot) -> StatusReport:
 
 def _print_status(report: StatusReport, output: str) -> None:
     if output == "json":
-        print(json.dumps(report.as_json(), indent=2, sort_keys=True))
+        print(json.dumps(status_json(report), indent=2, sort_keys=True))
     else:
         sys.stdout.write(render_status(report, wide=output == "wide"))
 
@@ -163,19 +163,7 @@ async def _plan_main(args: argparse.Namespace) -> int:
         proposed=bool(args.set),
     )
     if args.output == "json":
-        print(
-            json.dumps(
-                {
-                    "waves": [[n.name for n in w] for w in plan.waves],
-                    "restartOnly": [n.name for w in plan.waves for n in w if n.restart_only],
-                    "notStarted": dict(plan.excluded),
-                    "blockers": [{"node": n, "why": b} for n, b in plan.blockers],
-                    "estimateSeconds": plan.estimate_seconds,
-                },
-                indent=2,
-                sort_keys=True,
-            )
-        )
+        print(json.dumps(plan_json(plan), indent=2, sort_keys=True))
     else:
         sys.stdout.write(render_plan(plan, proposal=", ".join(args.set or ())))
     return 0
