@@ -14,6 +14,7 @@ from typing import Any
 
 from kubernetes_asyncio.config.kube_config import KUBE_CONFIG_DEFAULT_LOCATION
 
+from gpuop._local import LocalClusterMissing, local_cluster
 from gpuop.informer import Informer, ResourceSpec
 from gpuop.kube import KubeconfigError, api_client
 from gpuop.rest import Rest
@@ -50,12 +51,17 @@ def kubeconfig_for(args: argparse.Namespace) -> Path | None:
         return Path(args.kubeconfig)
     if os.environ.get("KUBECONFIG") or "KUBERNETES_SERVICE_HOST" in os.environ:
         return None
-    from gpuop.cluster import LocalCluster
-
-    local = LocalCluster(Path(args.dir) if args.dir else None)
+    default = Path(KUBE_CONFIG_DEFAULT_LOCATION).expanduser()
+    try:
+        local = local_cluster(Path(args.dir) if args.dir else None)
+    except LocalClusterMissing:  # the operator image: kubectl's default or nothing
+        if default.is_file():
+            return None
+        raise KubeconfigError(
+            f"no cluster to read: pass --kubeconfig or set $KUBECONFIG ({default} does not exist)"
+        ) from None
     if local.info() is not None:
         return local.kubeconfig
-    default = Path(KUBE_CONFIG_DEFAULT_LOCATION).expanduser()
     if not default.is_file():
         raise KubeconfigError(
             f"no cluster to read: pass --kubeconfig, set $KUBECONFIG or start one with "
