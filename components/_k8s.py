@@ -52,6 +52,30 @@ def metadata(
     return meta
 
 
+def service(
+    name: str,
+    component: str,
+    spec: ClusterPolicySpec,
+    ctx: RenderContext,
+    *,
+    app: str,
+    port_name: str,
+    port: int,
+    scrape: bool = False,
+    **fields: Any,
+) -> Manifest:
+    """A Service for the pods labelled `app=<app>` on one TCP port, itself labelled with
+    `app` (what upstream's ServiceMonitors select); `scrape` asks an annotation-driven
+    Prometheus to scrape it; `fields` join its spec (type, internalTrafficPolicy)."""
+    meta = metadata(name, component, spec, ctx)
+    meta["labels"][APP_LABEL] = app
+    if scrape:
+        meta["annotations"] = {"prometheus.io/scrape": "true"}
+    ports = [{"name": port_name, "port": port, "targetPort": port, "protocol": "TCP"}]
+    body = {"selector": {APP_LABEL: app}, "ports": ports, **fields}
+    return {"apiVersion": "v1", "kind": "Service", "metadata": meta, "spec": body}
+
+
 #: Pod labels the policy may not replace, as upstream: `app` is the DaemonSet's selector
 #: and `part-of` is how the controller finds operand pods.
 _FIXED_POD_LABELS = (APP_LABEL, PART_OF_LABEL)

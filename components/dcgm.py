@@ -6,16 +6,15 @@ from __future__ import annotations
 from typing import Any
 
 from components._k8s import (
-    APP_LABEL,
     SCC_RULE,
     TOOLKIT_READY,
     container,
     daemonset,
     gpu_access,
-    metadata,
     pull_secrets,
     role_and_binding,
     run_nvidia_volume,
+    service,
     service_account,
     wait_for_file,
 )
@@ -74,8 +73,6 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         "imagePullSecrets": pull_secrets(dcgm.image_pull_secrets, ctx.operator_image_pull_secrets),
         "volumes": [run_nvidia_volume()],
     }
-    service_meta = metadata(SERVICE_NAME, NAME, spec, ctx)
-    service_meta["labels"][APP_LABEL] = DAEMONSET_NAME
     return [
         service_account(SERVICE_ACCOUNT, NAME, spec, ctx),
         *role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, [SCC_RULE]),
@@ -89,23 +86,16 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
             pod_annotations=nri,
             host_network=spec.dcgm.host_network,
         ),
-        {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": service_meta,
-            "spec": {
-                "selector": {APP_LABEL: DAEMONSET_NAME},
-                "internalTrafficPolicy": "Local",
-                "ports": [
-                    {
-                        "name": "dcgm",
-                        "port": ENGINE_PORT,
-                        "targetPort": ENGINE_PORT,
-                        "protocol": "TCP",
-                    }
-                ],
-            },
-        },
+        service(
+            SERVICE_NAME,
+            NAME,
+            spec,
+            ctx,
+            app=DAEMONSET_NAME,
+            port_name="dcgm",
+            port=ENGINE_PORT,
+            internalTrafficPolicy="Local",
+        ),
     ]
 
 

@@ -20,11 +20,11 @@ from components._k8s import (
     gpu_access,
     host_path,
     kubelet_path,
-    metadata,
     mount,
     pull_secrets,
     role_and_binding,
     run_nvidia_volume,
+    service,
     service_account,
     wait_for_file,
 )
@@ -183,24 +183,22 @@ def _daemonset(spec: ClusterPolicySpec, ctx: RenderContext) -> Manifest:
 
 def _service(spec: ClusterPolicySpec, ctx: RenderContext) -> Manifest:
     settings = spec.dcgm_exporter.service
-    service_spec: dict[str, Any] = {
+    fields: dict[str, Any] = {
         "type": (settings.type if settings and settings.type else "ClusterIP"),
-        "selector": {APP_LABEL: DAEMONSET_NAME},
-        "ports": [
-            {
-                "name": SERVICE_PORT_NAME,
-                "port": METRICS_PORT,
-                "targetPort": METRICS_PORT,
-                "protocol": "TCP",
-            }
-        ],
     }
     if settings and settings.internal_traffic_policy:
-        service_spec["internalTrafficPolicy"] = settings.internal_traffic_policy
-    meta = metadata(SERVICE_NAME, NAME, spec, ctx)
-    meta["labels"][APP_LABEL] = DAEMONSET_NAME
-    meta["annotations"] = {"prometheus.io/scrape": "true"}
-    return {"apiVersion": "v1", "kind": "Service", "metadata": meta, "spec": service_spec}
+        fields["internalTrafficPolicy"] = settings.internal_traffic_policy
+    return service(
+        SERVICE_NAME,
+        NAME,
+        spec,
+        ctx,
+        app=DAEMONSET_NAME,
+        port_name=SERVICE_PORT_NAME,
+        port=METRICS_PORT,
+        scrape=True,
+        **fields,
+    )
 
 
 def _service_monitor(spec: ClusterPolicySpec, ctx: RenderContext) -> Manifest | None:

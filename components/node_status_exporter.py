@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Any
 
 from components._k8s import (
-    APP_LABEL,
     DRIVER_ROOT,
     HOST_ROOT_MOUNT,
     READ_NODES,
@@ -19,11 +18,11 @@ from components._k8s import (
     env,
     field_env,
     host_path,
-    metadata,
     mount,
     pull_secrets,
     role_and_binding,
     run_nvidia_volume,
+    service,
     service_account,
 )
 from components.component import Component, Permissions
@@ -108,9 +107,6 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         ),
         "volumes": [run_nvidia_volume(), host_path("host-root", spec.host_paths.root_fs)],
     }
-    service_meta = metadata(SERVICE_NAME, NAME, spec, ctx)
-    service_meta["labels"][APP_LABEL] = DAEMONSET_NAME
-    service_meta["annotations"] = {"prometheus.io/scrape": "true"}
     objects = [
         service_account(SERVICE_ACCOUNT, NAME, spec, ctx),
         *role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, _ROLE_RULES),
@@ -124,22 +120,16 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
             node_selector={DEPLOY_NODE_STATUS_EXPORTER_LABEL: TRUE},
             host_network=spec.node_status_exporter.host_network,
         ),
-        {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": service_meta,
-            "spec": {
-                "selector": {APP_LABEL: DAEMONSET_NAME},
-                "ports": [
-                    {
-                        "name": SERVICE_PORT_NAME,
-                        "port": METRICS_PORT,
-                        "targetPort": METRICS_PORT,
-                        "protocol": "TCP",
-                    }
-                ],
-            },
-        },
+        service(
+            SERVICE_NAME,
+            NAME,
+            spec,
+            ctx,
+            app=DAEMONSET_NAME,
+            port_name=SERVICE_PORT_NAME,
+            port=METRICS_PORT,
+            scrape=True,
+        ),
     ]
     if ctx.service_monitor_crd:
         objects.append(
