@@ -37,7 +37,8 @@ from gpuop.upgrades_cli._snapshot import (
     list_objects,
     snapshot,
 )
-from statemachine.fleet_report import StatusReport, plan_upgrade, status_report
+from statemachine.fleet_plan import plan_upgrade
+from statemachine.fleet_report import StatusReport, status_report
 from statemachine.rollout_gate import GatePolicy
 
 #: A burst of watch events (a node moving through several states) redraws once.

@@ -1,7 +1,8 @@
 """How `gpuop upgrade status|plan` print their reports: tables and lines for a terminal.
 
 The reports themselves (what each node waits for, the waves a plan takes) are pure data
-from `statemachine.fleet_report`; only their wording for people lives here, in the CLI.
+from `statemachine.fleet_report` and `statemachine.fleet_plan`; only their wording for
+people lives here, in the CLI.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from statemachine.fleet_report import StatusReport, StatusRow, UpgradePlan
+from statemachine.fleet_plan import UpgradePlan
+from statemachine.fleet_report import StatusReport, StatusRow
 
 
 def status_json(report: StatusReport) -> dict[str, Any]:

@@ -6,10 +6,10 @@ from typing import Any
 
 from gpuop.upgrades_cli._render import render_plan, render_status, status_json
 from statemachine.eviction import RemovalRules
+from statemachine.fleet_plan import plan_upgrade
 from statemachine.fleet_report import (
     NodeFacts,
     Rules,
-    plan_upgrade,
     selector_matches,
     status_report,
 )
