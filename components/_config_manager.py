@@ -11,9 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from components._k8s import (
+from components._accounts import (
     READ_NODES,
     cluster_role_and_binding,
+    role_and_binding,
+    service_account,
+)
+from components._k8s import (
     config_map_volume,
     daemonset,
     env,
@@ -21,8 +25,6 @@ from components._k8s import (
     gpu_access,
     mount,
     pull_secrets,
-    role_and_binding,
-    service_account,
 )
 from components.component import Permissions, Rule
 from components.context import Manifest, RenderContext

@@ -1,25 +1,79 @@
 """The operands that run our `entrypoint.sh` (toolkit, MIG manager, device plugin): the
-container that runs it, and the host directories it finds the driver through, each
-named once (the script reads the driver's files under /driver-root, the host's under
-/host, and writes CDI specs to /var/run/cdi). Each operand keeps its own mount order."""
+script (wait for the driver's validation, export its facts, become the operand), its
+ConfigMap, the container that runs it, and the host directories it finds the driver
+through, each named once (the script reads the driver's files under /driver-root, the
+host's under /host, and writes CDI specs to /var/run/cdi). Each operand keeps its own
+mount order."""
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Sequence
 from typing import Any
 
 from components._k8s import (
     HOST_ROOT_MOUNT,
+    VALIDATIONS_DIR,
     container,
-    entrypoint_args,
-    entrypoint_mount,
     host_path,
+    metadata,
     mount,
 )
-from crd import ClusterPolicySpec, ComponentSpec
+from components.context import Manifest, RenderContext
+from crd import ClusterPolicySpec, ComponentSpec, ImageSpec
 
 ENTRYPOINT_DRIVER_ROOT = "/driver-root"
 CDI_DIR = "/var/run/cdi"
+
+
+def entrypoint_config_map(
+    name: str, component: str, script: str, spec: ClusterPolicySpec, ctx: RenderContext
+) -> Manifest:
+    """A ConfigMap holding an operand's `entrypoint.sh` (mounted at /bin/entrypoint.sh)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata(name, component, spec, ctx),
+        "data": {"entrypoint.sh": script},
+    }
+
+
+def entrypoint_volume(config_map: str) -> dict[str, Any]:
+    return {"name": config_map, "configMap": {"name": config_map, "defaultMode": 0o700}}
+
+
+def entrypoint_mount(config_map: str) -> dict[str, Any]:
+    return {
+        "name": config_map,
+        "mountPath": "/bin/entrypoint.sh",
+        "subPath": "entrypoint.sh",
+        "readOnly": True,
+    }
+
+
+def entrypoint_args(section: ImageSpec) -> list[str]:
+    """`sh -c` args running /bin/entrypoint.sh with the section's args for the process."""
+    user = list(section.args or ()) if isinstance(section, ComponentSpec) else []
+    return [" ".join(["/bin/entrypoint.sh", *(shlex.quote(a) for a in user)])]
+
+
+def entrypoint_script(process: str, *, extra: str = "") -> str:
+    """Our entrypoint for an operand that needs the driver's facts: wait for the
+    validator's `driver-ready`, export what it says (IS_HOST_DRIVER,
+    NVIDIA_DRIVER_ROOT...), then become `process`."""
+    ready = f"{VALIDATIONS_DIR}/driver-ready"
+    return (
+        "#!/bin/sh\n"
+        f"until [ -f {ready} ]; do\n"
+        '  echo "waiting for the driver validation to pass"\n'
+        "  sleep 5\n"
+        "done\n"
+        "set -o allexport\n"
+        f". {ready}\n"
+        "set +o allexport\n"
+        f"{extra}"
+        f'exec {process} "$@"\n'
+    )
 
 
 def entrypoint_container(

@@ -5,17 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from components._accounts import SCC_RULE, role_and_binding, service_account
 from components._k8s import (
-    SCC_RULE,
     TOOLKIT_READY,
     container,
     daemonset,
     gpu_access,
     pull_secrets,
-    role_and_binding,
     run_nvidia_volume,
     service,
-    service_account,
     wait_for_file,
 )
 from components.component import Component, Permissions

@@ -7,11 +7,15 @@ from __future__ import annotations
 from typing import Any
 
 from components import dcgm
+from components._accounts import (
+    SCC_RULE,
+    cluster_role_and_binding,
+    role_and_binding,
+    service_account,
+)
 from components._k8s import (
     APP_LABEL,
-    SCC_RULE,
     TOOLKIT_READY,
-    cluster_role_and_binding,
     config_map_volume,
     container,
     daemonset,
@@ -22,10 +26,8 @@ from components._k8s import (
     kubelet_path,
     mount,
     pull_secrets,
-    role_and_binding,
     run_nvidia_volume,
     service,
-    service_account,
     wait_for_file,
 )
 from components.component import Component, Permissions

@@ -12,22 +12,22 @@ from __future__ import annotations
 from typing import Any
 
 from components import _config_manager
+from components._accounts import SCC_RULE
 from components._entrypoint_operand import (
     cdi_mount,
     cdi_volume,
     driver_root_mount,
     driver_root_volume,
+    entrypoint_config_map,
     entrypoint_container,
+    entrypoint_script,
+    entrypoint_volume,
     host_root_mount,
     host_root_volume,
 )
 from components._k8s import (
-    SCC_RULE,
     TOOLKIT_READY,
     VALIDATIONS_DIR,
-    entrypoint_config_map,
-    entrypoint_script,
-    entrypoint_volume,
     env,
     host_path,
     kubelet_path,

@@ -18,11 +18,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from components import driver_digest
+from components._accounts import (
+    SCC_RULE,
+    cluster_role_and_binding,
+    role_and_binding,
+    service_account,
+)
 from components._k8s import (
     HOST_ROOT_MOUNT,
-    SCC_RULE,
     VALIDATIONS_DIR,
-    cluster_role_and_binding,
     container,
     daemonset,
     env,
@@ -31,9 +35,7 @@ from components._k8s import (
     metadata,
     mount,
     pull_secrets,
-    role_and_binding,
     rolling_update_strategy,
-    service_account,
 )
 from components.component import Component, Permissions
 from components.context import KERNEL_LABEL, Manifest, RenderContext

@@ -4,9 +4,9 @@ through NFD's feature files. Shares the device plugin's config (and config-manag
 from __future__ import annotations
 
 from components import _config_manager
+from components._accounts import SCC_RULE
 from components._k8s import (
     PART_OF_LABEL,
-    SCC_RULE,
     TOOLKIT_READY,
     container,
     env,

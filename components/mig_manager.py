@@ -12,24 +12,28 @@ from __future__ import annotations
 from typing import Any
 
 from components import mig_layouts
+from components._accounts import (
+    SCC_RULE,
+    cluster_role_and_binding,
+    role_and_binding,
+    service_account,
+)
 from components._entrypoint_operand import (
     cdi_mount,
     cdi_volume,
     driver_root_mount,
     driver_root_volume,
+    entrypoint_config_map,
     entrypoint_container,
+    entrypoint_script,
+    entrypoint_volume,
     host_root_mount,
     host_root_volume,
 )
 from components._k8s import (
-    SCC_RULE,
     TOOLKIT_READY,
     VALIDATIONS_DIR,
-    cluster_role_and_binding,
     daemonset,
-    entrypoint_config_map,
-    entrypoint_script,
-    entrypoint_volume,
     env,
     field_env,
     gpu_access,
@@ -37,8 +41,6 @@ from components._k8s import (
     metadata,
     mount,
     pull_secrets,
-    role_and_binding,
-    service_account,
     validations_volume,
     wait_for_file,
 )

@@ -11,8 +11,8 @@ ServiceAccount, as upstream's do; the daemon's own account and RBAC exist alongs
 from __future__ import annotations
 
 from components import _config_manager
+from components._accounts import SCC_RULE
 from components._k8s import (
-    SCC_RULE,
     TOOLKIT_READY,
     container,
     env,

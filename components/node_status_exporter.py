@@ -6,13 +6,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from components._accounts import (
+    READ_NODES,
+    cluster_role_and_binding,
+    role_and_binding,
+    service_account,
+)
 from components._k8s import (
     DRIVER_ROOT,
     HOST_ROOT_MOUNT,
-    READ_NODES,
     RUN_NVIDIA,
     VALIDATIONS_DIR,
-    cluster_role_and_binding,
     container,
     daemonset,
     env,
@@ -20,10 +24,8 @@ from components._k8s import (
     host_path,
     mount,
     pull_secrets,
-    role_and_binding,
     run_nvidia_volume,
     service,
-    service_account,
 )
 from components.component import Component, Permissions
 from components.context import Manifest, RenderContext

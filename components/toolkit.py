@@ -14,34 +14,32 @@ import posixpath
 import shlex
 from typing import Any
 
+from components._accounts import SCC_RULE, role_and_binding, service_account
 from components._entrypoint_operand import (
     cdi_mount,
     cdi_volume,
     driver_root_mount,
     driver_root_volume,
+    entrypoint_config_map,
     entrypoint_container,
+    entrypoint_script,
+    entrypoint_volume,
     host_root_mount,
     host_root_volume,
 )
 from components._k8s import (
     DRIVER_ROOT,
     HOST_ROOT_MOUNT,
-    SCC_RULE,
     VALIDATIONS_DIR,
     daemonset,
     dump_env,
-    entrypoint_config_map,
-    entrypoint_script,
-    entrypoint_volume,
     env,
     field_env,
     host_path,
     merge_env,
     mount,
     pull_secrets,
-    role_and_binding,
     security_context,
-    service_account,
     validations_volume,
 )
 from components.component import Component, Permissions

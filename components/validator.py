@@ -10,15 +10,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from components._accounts import (
+    READ_NODES,
+    SCC_RULE,
+    cluster_role_and_binding,
+    role_and_binding,
+    service_account,
+)
 from components._k8s import (
     DRIVER_ROOT,
     HOST_ROOT_MOUNT,
     PART_OF,
     PART_OF_LABEL,
-    READ_NODES,
-    SCC_RULE,
     VALIDATIONS_DIR,
-    cluster_role_and_binding,
     container,
     daemonset,
     dump_env,
@@ -28,8 +32,6 @@ from components._k8s import (
     merge_env,
     mount,
     pull_secrets,
-    role_and_binding,
-    service_account,
     validations_volume,
 )
 from components.component import Component, Permissions
