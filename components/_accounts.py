@@ -89,3 +89,20 @@ def role_and_binding(
 
 
 READ_NODES = {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}
+
+
+def operand_account(
+    name: str,
+    component: str,
+    spec: ClusterPolicySpec,
+    ctx: RenderContext,
+    role: list[dict[str, Any]],
+    cluster: list[dict[str, Any]] | None = None,
+) -> list[Manifest]:
+    """An operand's ServiceAccount `name` with its Role (`role`) and, where it reads
+    cluster-scoped objects, its ClusterRole (`cluster`), each bound to it."""
+    return [
+        service_account(name, component, spec, ctx),
+        *role_and_binding(name, component, spec, ctx, role),
+        *(cluster_role_and_binding(name, component, spec, ctx, cluster) if cluster else ()),
+    ]

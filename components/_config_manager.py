@@ -13,9 +13,7 @@ from typing import Any
 
 from components._accounts import (
     READ_NODES,
-    cluster_role_and_binding,
-    role_and_binding,
-    service_account,
+    operand_account,
 )
 from components._k8s import (
     config_map_volume,
@@ -163,7 +161,5 @@ def operand_rbac(
     """ServiceAccount `name`, its Role and a ClusterRole reading Nodes (the config
     manager follows its node's label; the operands read their node)."""
     return [
-        service_account(name, component, spec, ctx),
-        *role_and_binding(name, component, spec, ctx, role_rules),
-        *cluster_role_and_binding(name, component, spec, ctx, [READ_NODES]),
+        *operand_account(name, component, spec, ctx, role_rules, [READ_NODES]),
     ]

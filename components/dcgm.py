@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from components._accounts import SCC_RULE, role_and_binding, service_account
+from components._accounts import SCC_RULE, operand_account
 from components._k8s import (
     TOOLKIT_READY,
     container,
@@ -72,8 +72,7 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         "volumes": [run_nvidia_volume()],
     }
     return [
-        service_account(SERVICE_ACCOUNT, NAME, spec, ctx),
-        *role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, [SCC_RULE]),
+        *operand_account(SERVICE_ACCOUNT, NAME, spec, ctx, [SCC_RULE]),
         daemonset(
             DAEMONSET_NAME,
             NAME,

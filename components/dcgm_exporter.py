@@ -10,8 +10,7 @@ from components import dcgm
 from components._accounts import (
     SCC_RULE,
     cluster_role_and_binding,
-    role_and_binding,
-    service_account,
+    operand_account,
 )
 from components._k8s import (
     APP_LABEL,
@@ -221,8 +220,7 @@ def _service_monitor(spec: ClusterPolicySpec, ctx: RenderContext) -> Manifest | 
 
 def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
     objects = [
-        service_account(SERVICE_ACCOUNT, NAME, spec, ctx),
-        *role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, _ROLE_RULES),
+        *operand_account(SERVICE_ACCOUNT, NAME, spec, ctx, _ROLE_RULES),
         *(
             cluster_role_and_binding(
                 READ_PODS, NAME, spec, ctx, _READ_PODS_RULES, account=SERVICE_ACCOUNT

@@ -20,9 +20,7 @@ from typing import Any
 from components import driver_digest
 from components._accounts import (
     SCC_RULE,
-    cluster_role_and_binding,
-    role_and_binding,
-    service_account,
+    operand_account,
 )
 from components._k8s import (
     HOST_ROOT_MOUNT,
@@ -455,9 +453,7 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         kernels = []  # NVIDIADriver resources own the driver DaemonSets; their pods use the rest
     probe = metadata(STARTUP_PROBE_CONFIG_MAP, NAME, spec, ctx)
     return [
-        service_account(SERVICE_ACCOUNT, NAME, spec, ctx),
-        *role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, [SCC_RULE]),
-        *cluster_role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, _CLUSTER_RULES),
+        *operand_account(SERVICE_ACCOUNT, NAME, spec, ctx, [SCC_RULE], _CLUSTER_RULES),
         {
             "apiVersion": "v1",
             "kind": "ConfigMap",

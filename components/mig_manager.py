@@ -14,9 +14,7 @@ from typing import Any
 from components import mig_layouts
 from components._accounts import (
     SCC_RULE,
-    cluster_role_and_binding,
-    role_and_binding,
-    service_account,
+    operand_account,
 )
 from components._entrypoint_operand import (
     cdi_mount,
@@ -175,9 +173,7 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         ],
     }
     return [
-        service_account(SERVICE_ACCOUNT, NAME, spec, ctx),
-        *role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, _ROLE_RULES),
-        *cluster_role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, _CLUSTER_RULES),
+        *operand_account(SERVICE_ACCOUNT, NAME, spec, ctx, _ROLE_RULES, _CLUSTER_RULES),
         # The defaults only where the policy names no ConfigMap of its own.
         *(
             []

@@ -8,9 +8,7 @@ from typing import Any
 
 from components._accounts import (
     READ_NODES,
-    cluster_role_and_binding,
-    role_and_binding,
-    service_account,
+    operand_account,
 )
 from components._k8s import (
     DRIVER_ROOT,
@@ -110,9 +108,7 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         "volumes": [run_nvidia_volume(), host_path("host-root", spec.host_paths.root_fs)],
     }
     objects = [
-        service_account(SERVICE_ACCOUNT, NAME, spec, ctx),
-        *role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, _ROLE_RULES),
-        *cluster_role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, [READ_NODES]),
+        *operand_account(SERVICE_ACCOUNT, NAME, spec, ctx, _ROLE_RULES, [READ_NODES]),
         daemonset(
             DAEMONSET_NAME,
             NAME,

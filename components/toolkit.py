@@ -14,7 +14,7 @@ import posixpath
 import shlex
 from typing import Any
 
-from components._accounts import SCC_RULE, role_and_binding, service_account
+from components._accounts import SCC_RULE, operand_account
 from components._entrypoint_operand import (
     cdi_mount,
     cdi_volume,
@@ -230,8 +230,7 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         ],
     }
     return [
-        service_account(SERVICE_ACCOUNT, NAME, spec, ctx),
-        *role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, _RULES),
+        *operand_account(SERVICE_ACCOUNT, NAME, spec, ctx, _RULES),
         entrypoint_config_map(ENTRYPOINT, NAME, _SCRIPT, spec, ctx),
         daemonset(
             DAEMONSET_NAME,

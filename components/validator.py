@@ -13,9 +13,7 @@ from typing import Any
 from components._accounts import (
     READ_NODES,
     SCC_RULE,
-    cluster_role_and_binding,
-    role_and_binding,
-    service_account,
+    operand_account,
 )
 from components._k8s import (
     DRIVER_ROOT,
@@ -195,9 +193,7 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         ],
     }
     return [
-        service_account(SERVICE_ACCOUNT, NAME, spec, ctx),
-        *role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, _ROLE_RULES),
-        *cluster_role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, _CLUSTER_RULES),
+        *operand_account(SERVICE_ACCOUNT, NAME, spec, ctx, _ROLE_RULES, _CLUSTER_RULES),
         daemonset(
             DAEMONSET_NAME,
             NAME,
