@@ -11,21 +11,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from components._k8s import (
+from components._accounts import (
     READ_NODES,
-    cluster_role_and_binding,
+    operand_account,
+)
+from components._k8s import (
     config_map_volume,
     daemonset,
     env,
     field_env,
+    gpu_access,
     mount,
-    role_and_binding,
-    service_account,
+    pull_secrets,
 )
 from components.component import Permissions, Rule
 from components.context import Manifest, RenderContext
 from components.keys import DEVICE_PLUGIN_CONFIG_LABEL
-from crd import ClusterPolicySpec, component_image
+from crd import ClusterPolicySpec, ComponentSpec, component_image
 
 CONFIG_DIR = "/config"
 CONFIG_FILE = f"{CONFIG_DIR}/config.yaml"
@@ -94,29 +96,37 @@ def operand_mounts() -> list[dict[str, Any]]:
 def operand_daemonset(
     spec: ClusterPolicySpec,
     ctx: RenderContext,
+    section: ComponentSpec,
     *,
     component: str,
     daemonset_name: str,
     service_account_name: str,
     process: str,
-    pod: dict[str, Any],
     init: list[dict[str, Any]],
     main: dict[str, Any],
     operand_volumes: list[dict[str, Any]],
     node_selector: dict[str, str],
-    pod_annotations: dict[str, str] | None = None,
-    host_network: bool | None = None,
+    pod: dict[str, Any] | None = None,
     selector_labels: dict[str, str] | None = None,
 ) -> Manifest:
     """The DaemonSet of an operand that can run under the config manager: with a config,
     the init container, the sidecar and their volumes join the pod, and the pod shares
     its process namespace (unless it uses the host's) so the sidecar can signal the
-    operand."""
+    operand. `main` reaches every GPU (`gpu_access`); the policy's `section` gives pull
+    secrets and host networking."""
     with_config = configured(spec)
     init = list(init)
     containers = [main]
     all_volumes = list(operand_volumes)
-    pod = {"serviceAccountName": service_account_name, **pod}
+    runtime, nri = gpu_access(spec, main["name"])
+    pod = {
+        "serviceAccountName": service_account_name,
+        **runtime,
+        **(pod or {}),
+        "imagePullSecrets": pull_secrets(
+            section.image_pull_secrets, ctx.operator_image_pull_secrets
+        ),
+    }
     if with_config:
         init.append(init_container(spec, process))
         containers.append(sidecar(spec, process))
@@ -133,8 +143,8 @@ def operand_daemonset(
         ctx,
         pod,
         node_selector=node_selector,
-        pod_annotations=pod_annotations,
-        host_network=host_network,
+        pod_annotations=nri,
+        host_network=section.host_network,
         selector_labels=selector_labels,
     )
 
@@ -155,7 +165,5 @@ def operand_rbac(
     """ServiceAccount `name`, its Role and a ClusterRole reading Nodes (the config
     manager follows its node's label; the operands read their node)."""
     return [
-        service_account(name, component, spec, ctx),
-        *role_and_binding(name, component, spec, ctx, role_rules),
-        *cluster_role_and_binding(name, component, spec, ctx, [READ_NODES]),
+        *operand_account(name, component, spec, ctx, role_rules, [READ_NODES]),
     ]

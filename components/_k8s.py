@@ -6,7 +6,6 @@ Every operand goes through the same helpers so that labels, pod-wide settings fr
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -50,6 +49,30 @@ def metadata(
     if namespaced:
         meta["namespace"] = ctx.namespace
     return meta
+
+
+def service(
+    name: str,
+    component: str,
+    spec: ClusterPolicySpec,
+    ctx: RenderContext,
+    *,
+    app: str,
+    port_name: str,
+    port: int,
+    scrape: bool = False,
+    **fields: Any,
+) -> Manifest:
+    """A Service for the pods labelled `app=<app>` on one TCP port, itself labelled with
+    `app` (what upstream's ServiceMonitors select); `scrape` asks an annotation-driven
+    Prometheus to scrape it; `fields` join its spec (type, internalTrafficPolicy)."""
+    meta = metadata(name, component, spec, ctx)
+    meta["labels"][APP_LABEL] = app
+    if scrape:
+        meta["annotations"] = {"prometheus.io/scrape": "true"}
+    ports = [{"name": port_name, "port": port, "targetPort": port, "protocol": "TCP"}]
+    body = {"selector": {APP_LABEL: app}, "ports": ports, **fields}
+    return {"apiVersion": "v1", "kind": "Service", "metadata": meta, "spec": body}
 
 
 #: Pod labels the policy may not replace, as upstream: `app` is the DaemonSet's selector
@@ -356,37 +379,6 @@ def run_nvidia_volume(kind: str | None = "Directory") -> dict[str, Any]:
     return host_path("run-nvidia", RUN_NVIDIA, kind)
 
 
-SCC_RULE = {
-    "apiGroups": ["security.openshift.io"],
-    "resources": ["securitycontextconstraints"],
-    "resourceNames": ["privileged"],
-    "verbs": ["use"],
-}
-"""Lets an operand's pods use OpenShift's privileged SCC; a no-op elsewhere."""
-
-
-def entrypoint_config_map(
-    name: str,
-    component: str,
-    script: str,
-    spec: ClusterPolicySpec,
-    ctx: RenderContext,
-    *,
-    app: str,
-) -> Manifest:
-    """A ConfigMap holding an operand's `entrypoint.sh` (mounted at /bin/entrypoint.sh),
-    labelled `app=<its DaemonSet>` as upstream's."""
-    return with_app_label(
-        {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": metadata(name, component, spec, ctx),
-            "data": {"entrypoint.sh": script},
-        },
-        app,
-    )
-
-
 def with_app_label(obj: Manifest, app: str) -> Manifest:
     """`obj` also labelled `app=<app>`: upstream labels an operand's ConfigMaps (and the
     exporters' RBAC) with the operand's name, so `kubectl get -l app=...` finds ours."""
@@ -394,119 +386,10 @@ def with_app_label(obj: Manifest, app: str) -> Manifest:
     return {**obj, "metadata": {**meta, "labels": {APP_LABEL: app, **meta.get("labels", {})}}}
 
 
-def entrypoint_volume(config_map: str) -> dict[str, Any]:
-    return {"name": config_map, "configMap": {"name": config_map, "defaultMode": 0o700}}
-
-
-def entrypoint_mount(config_map: str) -> dict[str, Any]:
-    return {
-        "name": config_map,
-        "mountPath": "/bin/entrypoint.sh",
-        "subPath": "entrypoint.sh",
-        "readOnly": True,
-    }
-
-
-def entrypoint_args(section: ImageSpec) -> list[str]:
-    """`sh -c` args running /bin/entrypoint.sh with the section's args for the process."""
-    user = list(section.args or ()) if isinstance(section, ComponentSpec) else []
-    return [" ".join(["/bin/entrypoint.sh", *(shlex.quote(a) for a in user)])]
-
-
-def entrypoint_script(process: str, *, extra: str = "") -> str:
-    """Our entrypoint for an operand that needs the driver's facts: wait for the
-    validator's `driver-ready`, export what it says (IS_HOST_DRIVER,
-    NVIDIA_DRIVER_ROOT...), then become `process`."""
-    ready = f"{VALIDATIONS_DIR}/driver-ready"
-    return (
-        "#!/bin/sh\n"
-        f"until [ -f {ready} ]; do\n"
-        '  echo "waiting for the driver validation to pass"\n'
-        "  sleep 5\n"
-        "done\n"
-        "set -o allexport\n"
-        f". {ready}\n"
-        "set +o allexport\n"
-        f"{extra}"
-        f'exec {process} "$@"\n'
-    )
-
-
 def validations_volume() -> dict[str, Any]:
     return host_path("run-nvidia-validations", VALIDATIONS_DIR, "DirectoryOrCreate")
 
 
-def service_account(
-    name: str, component: str, spec: ClusterPolicySpec, ctx: RenderContext
-) -> Manifest:
-    return {
-        "apiVersion": "v1",
-        "kind": "ServiceAccount",
-        "metadata": metadata(name, component, spec, ctx),
-    }
-
-
-def cluster_role_and_binding(
-    name: str,
-    component: str,
-    spec: ClusterPolicySpec,
-    ctx: RenderContext,
-    rules: list[dict[str, Any]],
-    *,
-    account: str | None = None,
-) -> list[Manifest]:
-    """Cluster-wide permissions (e.g. reading Nodes) for the ServiceAccount `account`
-    (by default, the one called `name`)."""
-    meta = metadata(name, component, spec, ctx, namespaced=False)
-    return [
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRole",
-            "metadata": meta,
-            "rules": rules,
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRoleBinding",
-            "metadata": dict(meta),
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": name,
-            },
-            "subjects": [
-                {"kind": "ServiceAccount", "name": account or name, "namespace": ctx.namespace}
-            ],
-        },
-    ]
-
-
-def role_and_binding(
-    name: str,
-    component: str,
-    spec: ClusterPolicySpec,
-    ctx: RenderContext,
-    rules: list[dict[str, Any]],
-) -> list[Manifest]:
-    """Namespaced permissions for the ServiceAccount `name`."""
-    return [
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "Role",
-            "metadata": metadata(name, component, spec, ctx),
-            "rules": rules,
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "RoleBinding",
-            "metadata": metadata(name, component, spec, ctx),
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ctx.namespace}],
-        },
-    ]
-
-
-READ_NODES = {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}
 """Config managers and validators read their own Node (labels, allocatable)."""
 
 DRIVER_ROOT_VOLUME_NAME = "driver-root"

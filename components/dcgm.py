@@ -5,18 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from components._accounts import SCC_RULE, operand_account
 from components._k8s import (
-    APP_LABEL,
-    SCC_RULE,
     TOOLKIT_READY,
     container,
     daemonset,
     gpu_access,
-    metadata,
     pull_secrets,
-    role_and_binding,
     run_nvidia_volume,
-    service_account,
+    service,
     wait_for_file,
 )
 from components.component import Component, Permissions
@@ -74,11 +71,8 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         "imagePullSecrets": pull_secrets(dcgm.image_pull_secrets, ctx.operator_image_pull_secrets),
         "volumes": [run_nvidia_volume()],
     }
-    service_meta = metadata(SERVICE_NAME, NAME, spec, ctx)
-    service_meta["labels"][APP_LABEL] = DAEMONSET_NAME
     return [
-        service_account(SERVICE_ACCOUNT, NAME, spec, ctx),
-        *role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, [SCC_RULE]),
+        *operand_account(SERVICE_ACCOUNT, NAME, spec, ctx, [SCC_RULE]),
         daemonset(
             DAEMONSET_NAME,
             NAME,
@@ -89,23 +83,16 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
             pod_annotations=nri,
             host_network=spec.dcgm.host_network,
         ),
-        {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": service_meta,
-            "spec": {
-                "selector": {APP_LABEL: DAEMONSET_NAME},
-                "internalTrafficPolicy": "Local",
-                "ports": [
-                    {
-                        "name": "dcgm",
-                        "port": ENGINE_PORT,
-                        "targetPort": ENGINE_PORT,
-                        "protocol": "TCP",
-                    }
-                ],
-            },
-        },
+        service(
+            SERVICE_NAME,
+            NAME,
+            spec,
+            ctx,
+            app=DAEMONSET_NAME,
+            port_name="dcgm",
+            port=ENGINE_PORT,
+            internalTrafficPolicy="Local",
+        ),
     ]
 
 

@@ -7,11 +7,14 @@ from __future__ import annotations
 from typing import Any
 
 from components import dcgm
+from components._accounts import (
+    SCC_RULE,
+    cluster_role_and_binding,
+    operand_account,
+)
 from components._k8s import (
     APP_LABEL,
-    SCC_RULE,
     TOOLKIT_READY,
-    cluster_role_and_binding,
     config_map_volume,
     container,
     daemonset,
@@ -20,14 +23,11 @@ from components._k8s import (
     gpu_access,
     host_path,
     kubelet_path,
-    metadata,
     mount,
     pull_secrets,
-    role_and_binding,
     run_nvidia_volume,
-    service_account,
+    service,
     wait_for_file,
-    with_app_label,
 )
 from components.component import Component, Permissions
 from components.context import Manifest, RenderContext
@@ -199,24 +199,22 @@ def _daemonset(spec: ClusterPolicySpec, ctx: RenderContext) -> Manifest:
 
 def _service(spec: ClusterPolicySpec, ctx: RenderContext) -> Manifest:
     settings = spec.dcgm_exporter.service
-    service_spec: dict[str, Any] = {
+    fields: dict[str, Any] = {
         "type": (settings.type if settings and settings.type else "ClusterIP"),
-        "selector": {APP_LABEL: DAEMONSET_NAME},
-        "ports": [
-            {
-                "name": SERVICE_PORT_NAME,
-                "port": METRICS_PORT,
-                "targetPort": METRICS_PORT,
-                "protocol": "TCP",
-            }
-        ],
     }
     if settings and settings.internal_traffic_policy:
-        service_spec["internalTrafficPolicy"] = settings.internal_traffic_policy
-    meta = metadata(SERVICE_NAME, NAME, spec, ctx)
-    meta["labels"][APP_LABEL] = DAEMONSET_NAME
-    meta["annotations"] = {"prometheus.io/scrape": "true"}
-    return {"apiVersion": "v1", "kind": "Service", "metadata": meta, "spec": service_spec}
+        fields["internalTrafficPolicy"] = settings.internal_traffic_policy
+    return service(
+        SERVICE_NAME,
+        NAME,
+        spec,
+        ctx,
+        app=DAEMONSET_NAME,
+        port_name=SERVICE_PORT_NAME,
+        port=METRICS_PORT,
+        scrape=True,
+        **fields,
+    )
 
 
 def _service_monitor(spec: ClusterPolicySpec, ctx: RenderContext) -> Manifest | None:
@@ -238,11 +236,7 @@ def _service_monitor(spec: ClusterPolicySpec, ctx: RenderContext) -> Manifest | 
 def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
     objects = [
         # Upstream labels the exporter's account and namespaced RBAC `app=<name>`.
-        with_app_label(service_account(SERVICE_ACCOUNT, NAME, spec, ctx), SERVICE_ACCOUNT),
-        *(
-            with_app_label(o, SERVICE_ACCOUNT)
-            for o in role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, _ROLE_RULES)
-        ),
+        *operand_account(SERVICE_ACCOUNT, NAME, spec, ctx, _ROLE_RULES, app=SERVICE_ACCOUNT),
         *(
             cluster_role_and_binding(
                 READ_PODS, NAME, spec, ctx, _READ_PODS_RULES, account=SERVICE_ACCOUNT

@@ -12,23 +12,26 @@ from __future__ import annotations
 from typing import Any
 
 from components import _config_manager
-from components._k8s import (
-    HOST_ROOT_MOUNT,
-    SCC_RULE,
-    TOOLKIT_READY,
-    VALIDATIONS_DIR,
-    container,
-    entrypoint_args,
+from components._accounts import SCC_RULE
+from components._entrypoint_operand import (
+    cdi_mount,
+    cdi_volume,
+    driver_root_mount,
+    driver_root_volume,
     entrypoint_config_map,
-    entrypoint_mount,
+    entrypoint_container,
     entrypoint_script,
     entrypoint_volume,
+    host_root_mount,
+    host_root_volume,
+)
+from components._k8s import (
+    TOOLKIT_READY,
+    VALIDATIONS_DIR,
     env,
-    gpu_access,
     host_path,
     kubelet_path,
     mount,
-    pull_secrets,
     validations_volume,
     wait_for_file,
 )
@@ -98,61 +101,49 @@ def _env(spec: ClusterPolicySpec) -> list[dict[str, Any]]:
 def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
     plugin = spec.device_plugin
     mounts = [
-        entrypoint_mount(ENTRYPOINT),
         mount("device-plugin", KUBELET_PLUGINS_DIR),
         mount("run-nvidia-validations", VALIDATIONS_DIR),
-        mount("driver-install-dir", "/driver-root", propagation="HostToContainer"),
-        mount("host-root", HOST_ROOT_MOUNT, read_only=True, propagation="HostToContainer"),
-        mount("cdi-root", "/var/run/cdi"),
+        driver_root_mount(),
+        host_root_mount(),
+        cdi_mount(),
         mount("mps-shm", "/dev/shm"),
         mount("mps-root", "/mps"),
     ]
     if _config_manager.configured(spec):
         mounts += _config_manager.operand_mounts()
-    main = container(
+    main = entrypoint_container(
         CONTAINER_NAME,
         component_image(spec, "devicePlugin"),
         plugin,
-        command=["/bin/sh", "-c"],
-        args=entrypoint_args(plugin),
-        section_args=False,
+        ENTRYPOINT,
         env_vars=_env(spec),
         mounts=mounts,
-        privileged=True,
     )
     volumes = [
         entrypoint_volume(ENTRYPOINT),
         host_path("device-plugin", kubelet_path(spec, "device-plugins")),
         validations_volume(),
-        host_path("driver-install-dir", spec.host_paths.driver_install_dir, "DirectoryOrCreate"),
-        host_path("host-root", spec.host_paths.root_fs),
-        host_path("cdi-root", "/var/run/cdi", "DirectoryOrCreate"),
+        driver_root_volume(spec),
+        host_root_volume(spec),
+        cdi_volume(),
         host_path("mps-root", mps_root(spec), "DirectoryOrCreate"),
         host_path("mps-shm", f"{mps_root(spec)}/shm"),
     ]
-    runtime, nri = gpu_access(spec, CONTAINER_NAME)
     return [
         *_config_manager.operand_rbac(SERVICE_ACCOUNT, NAME, spec, ctx, role_rules=[SCC_RULE]),
         entrypoint_config_map(ENTRYPOINT, NAME, _SCRIPT, spec, ctx, app=DAEMONSET_NAME),
         _config_manager.operand_daemonset(
             spec,
             ctx,
+            plugin,
             component=NAME,
             daemonset_name=DAEMONSET_NAME,
             service_account_name=SERVICE_ACCOUNT,
             process=PROCESS,
-            pod={
-                **runtime,
-                "imagePullSecrets": pull_secrets(
-                    plugin.image_pull_secrets, ctx.operator_image_pull_secrets
-                ),
-            },
             init=[wait_for_file(ctx, "toolkit-validation", TOOLKIT_READY)],
             main=main,
             operand_volumes=volumes,
             node_selector={DEPLOY_DEVICE_PLUGIN_LABEL: TRUE},
-            pod_annotations=nri,
-            host_network=plugin.host_network,
         ),
     ]
 

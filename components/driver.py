@@ -20,12 +20,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from components import driver_digest
+from components._accounts import (
+    SCC_RULE,
+    operand_account,
+)
 from components._k8s import (
     APP_LABEL,
-    HOST_ROOT_MOUNT,
-    SCC_RULE,
     VALIDATIONS_DIR,
-    cluster_role_and_binding,
     container,
     daemonset,
     env,
@@ -34,13 +35,17 @@ from components._k8s import (
     metadata,
     mount,
     pull_secrets,
-    role_and_binding,
     rolling_update_strategy,
-    service_account,
 )
 from components.component import Component, Permissions
 from components.context import KERNEL_LABEL, Manifest, RenderContext
 from components.driver_config import apply_site_config
+from components.driver_sidecars import (
+    gpudirect_sidecars,
+    manager_init_container,
+    rdma_enabled,
+    with_os_tag,
+)
 from components.keys import DEPLOY_DRIVER_LABEL, TRUE
 from components.kinds import CLUSTER_RBAC, CONFIG_MAP, DAEMONSET, NAMESPACED_RBAC
 from crd import ClusterPolicySpec, ContainerProbeSpec, DriverSpec, component_image
@@ -78,18 +83,6 @@ _CLUSTER_RULES = [
     {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get", "list"]},
     {"apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": ["get"]},
 ]
-"""The driver manager evicts GPU pods and labels its node before it unloads a driver."""
-
-_MANAGER_DEFAULT_ENV = (
-    ("ENABLE_GPU_POD_EVICTION", "true"),
-    ("ENABLE_AUTO_DRAIN", "false"),
-    ("DRAIN_USE_FORCE", "false"),
-    ("DRAIN_POD_SELECTOR_LABEL", ""),
-    ("DRAIN_TIMEOUT_SECONDS", "0s"),
-    ("DRAIN_DELETE_EMPTYDIR_DATA", "false"),
-)
-"""Before unloading a driver the manager evicts pods using GPUs but does not drain the
-node (the upgrade state machine drains when the policy asks it to)."""
 
 
 def enabled(spec: ClusterPolicySpec) -> bool:
@@ -125,24 +118,13 @@ def _module_type(driver: DriverSpec) -> str:
     return "open" if driver.use_open_kernel_modules else driver.kernel_module_type
 
 
-def _rdma(spec: ClusterPolicySpec) -> bool:
-    return spec.driver.rdma is not None and spec.driver.rdma.enabled
-
-
-def _with_os(image: str, os_tag: str | None) -> str:
-    """Append the OS tag, unless the image is pinned by digest (upstream's rule)."""
-    if "sha256:" in image or not os_tag:
-        return image
-    return f"{image}-{os_tag}"
-
-
 def image(spec: ClusterPolicySpec, ctx: RenderContext, kernel: str | None = None) -> str:
     """The driver image for the GPU nodes' OS (and `kernel` for precompiled drivers)."""
     base = component_image(spec, "driver")
     os_tag = ctx.kernels.get(kernel, ctx.os_tag) if kernel else ctx.os_tag
     if kernel:
         base = f"{base}-{kernel}"
-    return _with_os(base, os_tag)
+    return with_os_tag(base, os_tag)
 
 
 #: The variable carrying the install digest (`driver_digest.digest`), upstream's name.
@@ -168,7 +150,7 @@ def _feature_env(spec: ClusterPolicySpec) -> list[dict[str, Any]]:
         variables.append(env("GDRCOPY_ENABLED", "true"))
     if spec.gds.enabled:
         variables.append(env("GDS_ENABLED", "true"))
-    if _rdma(spec):
+    if rdma_enabled(spec):
         variables.append(env("GPU_DIRECT_RDMA_ENABLED", "true"))
     return variables
 
@@ -228,123 +210,6 @@ def _driver_container(
     )
 
 
-def _manager(spec: ClusterPolicySpec) -> dict[str, Any]:
-    """Init container: before (re)installing, evict GPU pods and unload a running driver."""
-    manager = spec.driver.manager
-    user_env = {v.name: v for v in (manager.env if manager and manager.env else ())}
-    defaults = [env(k, v) for k, v in _MANAGER_DEFAULT_ENV if k not in user_env]
-    result: dict[str, Any] = {
-        "name": "k8s-driver-manager",
-        "image": component_image(spec, "driver.manager"),
-        "imagePullPolicy": manager.image_pull_policy if manager else "IfNotPresent",
-        "command": ["driver-manager"],
-        "args": ["uninstall_driver"],
-        "env": [
-            field_env("NODE_NAME", "spec.nodeName"),
-            env("NVIDIA_VISIBLE_DEVICES", "void"),
-            *defaults,
-            *(
-                v.model_dump(mode="json", by_alias=True, exclude_none=True)
-                for v in user_env.values()
-            ),
-            field_env("OPERATOR_NAMESPACE", "metadata.namespace"),
-            env(CONFIG_DIGEST_ENV, ""),  # filled in by pod_spec
-            *([env("GPU_DIRECT_RDMA_ENABLED", "true")] if _rdma(spec) else []),
-        ],
-        "securityContext": {"privileged": True},
-        "volumeMounts": [
-            mount("run-nvidia", "/run/nvidia", propagation="Bidirectional"),
-            mount("host-root", HOST_ROOT_MOUNT, read_only=True, propagation="HostToContainer"),
-            mount("host-sys", "/sys"),
-            mount("run-mellanox-drivers", "/run/mellanox/drivers", propagation="HostToContainer"),
-        ],
-    }
-    return result
-
-
-_MODULE_WAIT = (
-    "until [ -d /run/nvidia/driver/usr/src ] && lsmod | grep nvidia; do "
-    "echo waiting for the nvidia driver to be installed; sleep 10; done; exec {}"
-)
-
-
-def _sidecars(spec: ClusterPolicySpec, ctx: RenderContext) -> list[dict[str, Any]]:
-    """GPUDirect kernel modules, each loaded next to the driver by its own container."""
-    common_mounts = [
-        mount("run-nvidia", "/run/nvidia", propagation="HostToContainer"),
-        mount("var-log", "/var/log"),
-        mount("dev-log", "/dev/log", read_only=True),
-    ]
-    result = []
-    if _rdma(spec) and not (spec.driver.rdma and spec.driver.rdma.use_host_mofed):
-        probe = ["sh", "-c", "nvidia-driver probe_nvidia_peermem"]
-        result.append(
-            container(
-                "nvidia-peermem-ctr",
-                image(spec, ctx),
-                spec.driver,
-                command=["nvidia-driver"],
-                args=["reload_nvidia_peermem"],
-                mounts=[
-                    *common_mounts[:1],
-                    mount("run-nvidia", "/run/nvidia", propagation="Bidirectional"),
-                    *common_mounts[1:],
-                    mount(
-                        "run-mellanox-drivers",
-                        "/run/mellanox/drivers",
-                        propagation="HostToContainer",
-                    ),
-                ][1:],
-                privileged=True,
-                selinux_s0=True,
-                extra={
-                    "livenessProbe": {
-                        "exec": {"command": probe},
-                        "periodSeconds": 30,
-                        "failureThreshold": 1,
-                        "initialDelaySeconds": 30,
-                        "timeoutSeconds": 10,
-                    },
-                    "startupProbe": {
-                        "exec": {"command": probe},
-                        "periodSeconds": 10,
-                        "failureThreshold": 120,
-                        "initialDelaySeconds": 10,
-                        "timeoutSeconds": 10,
-                    },
-                },
-            )
-        )
-    for section, name, key, module, installer in (
-        (spec.gds, "nvidia-fs-ctr", "gds", "nvidia_fs", "nvidia-gds-driver"),
-        (spec.gdrcopy, "nvidia-gdrcopy-ctr", "gdrcopy", "gdrdrv", "nvidia-gdrcopy-driver"),
-    ):
-        if not section.enabled:
-            continue
-        result.append(
-            container(
-                name,
-                _with_os(component_image(spec, key), ctx.os_tag),
-                section,
-                command=["bash", "-xc"],
-                args=[_MODULE_WAIT.format(f"{installer} install")],
-                mounts=common_mounts,
-                privileged=True,
-                selinux_s0=True,
-                extra={
-                    "startupProbe": {
-                        "exec": {"command": ["sh", "-c", f"lsmod | grep {module}"]},
-                        "periodSeconds": 10,
-                        "failureThreshold": 120,
-                        "initialDelaySeconds": 10,
-                        "timeoutSeconds": 10,
-                    }
-                },
-            )
-        )
-    return result
-
-
 def pod_spec(
     spec: ClusterPolicySpec, ctx: RenderContext, kernel: str | None = None
 ) -> dict[str, Any]:
@@ -382,8 +247,11 @@ def _base_pod_spec(
                 ]
             }
         },
-        "initContainers": [_manager(spec)],
-        "containers": [_driver_container(spec, ctx, kernel), *_sidecars(spec, ctx)],
+        "initContainers": [manager_init_container(spec)],
+        "containers": [
+            _driver_container(spec, ctx, kernel),
+            *gpudirect_sidecars(spec, ctx, image(spec, ctx)),
+        ],
         "imagePullSecrets": pull_secrets(spec.driver.image_pull_secrets),
         "volumes": [
             host_path("run-nvidia", "/run/nvidia", "DirectoryOrCreate"),
@@ -500,9 +368,7 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
     probe = metadata(STARTUP_PROBE_CONFIG_MAP, NAME, spec, ctx)
     probe["labels"] = {APP_LABEL: DAEMONSET_NAME, **probe["labels"]}  # as upstream's
     return [
-        service_account(SERVICE_ACCOUNT, NAME, spec, ctx),
-        *role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, [SCC_RULE]),
-        *cluster_role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, _CLUSTER_RULES),
+        *operand_account(SERVICE_ACCOUNT, NAME, spec, ctx, [SCC_RULE], _CLUSTER_RULES),
         {
             "apiVersion": "v1",
             "kind": "ConfigMap",

@@ -4,17 +4,15 @@ through NFD's feature files. Shares the device plugin's config (and config-manag
 from __future__ import annotations
 
 from components import _config_manager
+from components._accounts import SCC_RULE
 from components._k8s import (
     PART_OF_LABEL,
-    SCC_RULE,
     TOOLKIT_READY,
     container,
     env,
     field_env,
-    gpu_access,
     host_path,
     mount,
-    pull_secrets,
     run_nvidia_volume,
     wait_for_file,
 )
@@ -71,22 +69,16 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         mounts=mounts,
         privileged=True,
     )
-    runtime, nri = gpu_access(spec, CONTAINER_NAME)
     return [
         *_config_manager.operand_rbac(SERVICE_ACCOUNT, NAME, spec, ctx, role_rules=_ROLE_RULES),
         _config_manager.operand_daemonset(
             spec,
             ctx,
+            gfd,
             component=NAME,
             daemonset_name=DAEMONSET_NAME,
             service_account_name=SERVICE_ACCOUNT,
             process=PROCESS,
-            pod={
-                **runtime,
-                "imagePullSecrets": pull_secrets(
-                    gfd.image_pull_secrets, ctx.operator_image_pull_secrets
-                ),
-            },
             init=[wait_for_file(ctx, "toolkit-validation", TOOLKIT_READY, whole_run_nvidia=True)],
             main=main,
             operand_volumes=[
@@ -95,8 +87,6 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
                 run_nvidia_volume(),
             ],
             node_selector={DEPLOY_GFD_LABEL: TRUE},
-            pod_annotations=nri,
-            host_network=gfd.host_network,
             # Upstream's selector (immutable): GFD's pods are part of `nvidia-gpu`.
             selector_labels={PART_OF_LABEL: "nvidia-gpu"},
         ),

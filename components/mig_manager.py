@@ -12,19 +12,26 @@ from __future__ import annotations
 from typing import Any
 
 from components import mig_layouts
-from components._k8s import (
-    HOST_ROOT_MOUNT,
+from components._accounts import (
     SCC_RULE,
-    TOOLKIT_READY,
-    VALIDATIONS_DIR,
-    cluster_role_and_binding,
-    container,
-    daemonset,
-    entrypoint_args,
+    operand_account,
+)
+from components._entrypoint_operand import (
+    cdi_mount,
+    cdi_volume,
+    driver_root_mount,
+    driver_root_volume,
     entrypoint_config_map,
-    entrypoint_mount,
+    entrypoint_container,
     entrypoint_script,
     entrypoint_volume,
+    host_root_mount,
+    host_root_volume,
+)
+from components._k8s import (
+    TOOLKIT_READY,
+    VALIDATIONS_DIR,
+    daemonset,
     env,
     field_env,
     gpu_access,
@@ -32,8 +39,6 @@ from components._k8s import (
     metadata,
     mount,
     pull_secrets,
-    role_and_binding,
-    service_account,
     validations_volume,
     wait_for_file,
 )
@@ -121,25 +126,21 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         env_vars.append(env("CDI_ENABLED", "true"))
         if spec.toolkit.enabled:
             env_vars.append(env("NVIDIA_CDI_HOOK_PATH", cdi_hook_path(spec)))
-    main = container(
+    main = entrypoint_container(
         CONTAINER_NAME,
         component_image(spec, "migManager"),
         mig,
-        command=["/bin/sh", "-c"],
-        args=entrypoint_args(mig),
-        section_args=False,
+        ENTRYPOINT,
         env_vars=env_vars,
         mounts=[
-            entrypoint_mount(ENTRYPOINT),
             mount("run-nvidia-validations", VALIDATIONS_DIR),
             mount("host-sys", "/sys"),
-            mount("host-root", HOST_ROOT_MOUNT, propagation="HostToContainer"),
+            host_root_mount(read_only=False),
             mount("gpu-clients", "/gpu-clients"),
             mount("mig-parted-config", CONFIG_DIR),
-            mount("driver-install-dir", "/driver-root", propagation="HostToContainer"),
-            mount("cdi-root", "/var/run/cdi"),
+            driver_root_mount(),
+            cdi_mount(),
         ],
-        privileged=True,
     )
     runtime, nri = gpu_access(spec, CONTAINER_NAME)
     pod: dict[str, Any] = {
@@ -161,22 +162,18 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
             entrypoint_volume(ENTRYPOINT),
             host_path("host-sys", "/sys", "Directory"),
             validations_volume(),
-            host_path(
-                "driver-install-dir", spec.host_paths.driver_install_dir, "DirectoryOrCreate"
-            ),
-            host_path("host-root", spec.host_paths.root_fs),
+            driver_root_volume(spec),
+            host_root_volume(spec),
             {
                 "name": "gpu-clients",
                 "configMap": {"name": clients_name or DEFAULT_CLIENTS_CONFIG_MAP},
             },
             layouts_volume,
-            host_path("cdi-root", "/var/run/cdi", "DirectoryOrCreate"),
+            cdi_volume(),
         ],
     }
     return [
-        service_account(SERVICE_ACCOUNT, NAME, spec, ctx),
-        *role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, _ROLE_RULES),
-        *cluster_role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, _CLUSTER_RULES),
+        *operand_account(SERVICE_ACCOUNT, NAME, spec, ctx, _ROLE_RULES, _CLUSTER_RULES),
         # The defaults only where the policy names no ConfigMap of its own.
         *(
             []

@@ -11,16 +11,14 @@ ServiceAccount, as upstream's do; the daemon's own account and RBAC exist alongs
 from __future__ import annotations
 
 from components import _config_manager
+from components._accounts import SCC_RULE
 from components._k8s import (
-    SCC_RULE,
     TOOLKIT_READY,
     container,
     env,
     field_env,
-    gpu_access,
     host_path,
     mount,
-    pull_secrets,
     run_nvidia_volume,
     wait_for_file,
 )
@@ -78,23 +76,17 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         "securityContext": {"privileged": True},
         "volumeMounts": [mount("mps-root", "/mps", propagation="Bidirectional")],
     }
-    runtime, nri = gpu_access(spec, CONTAINER_NAME)
     return [
         *_config_manager.operand_rbac(SERVICE_ACCOUNT, NAME, spec, ctx, role_rules=[SCC_RULE]),
         _config_manager.operand_daemonset(
             spec,
             ctx,
+            plugin,  # upstream's MPS control daemon follows the device plugin's settings
             component=NAME,
             daemonset_name=DAEMONSET_NAME,
             service_account_name=DEVICE_PLUGIN_ACCOUNT,
             process=PROCESS_PATH,
-            pod={
-                **runtime,
-                "hostPID": True,
-                "imagePullSecrets": pull_secrets(
-                    plugin.image_pull_secrets, ctx.operator_image_pull_secrets
-                ),
-            },
+            pod={"hostPID": True},
             init=[
                 wait_for_file(ctx, "toolkit-validation", TOOLKIT_READY, whole_run_nvidia=True),
                 shm_mount,
@@ -106,9 +98,6 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
                 host_path("mps-shm", f"{mps_root(spec)}/shm"),
             ],
             node_selector={DEPLOY_DEVICE_PLUGIN_LABEL: TRUE, MPS_CAPABLE_LABEL: TRUE},
-            # upstream's MPS control daemon follows the device plugin's setting
-            pod_annotations=nri,
-            host_network=plugin.host_network,
         ),
     ]
 

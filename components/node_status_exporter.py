@@ -6,26 +6,24 @@ from __future__ import annotations
 
 from typing import Any
 
+from components._accounts import (
+    READ_NODES,
+    operand_account,
+)
 from components._k8s import (
-    APP_LABEL,
     DRIVER_ROOT,
     HOST_ROOT_MOUNT,
-    READ_NODES,
     RUN_NVIDIA,
     VALIDATIONS_DIR,
-    cluster_role_and_binding,
     container,
     daemonset,
     env,
     field_env,
     host_path,
-    metadata,
     mount,
     pull_secrets,
-    role_and_binding,
     run_nvidia_volume,
-    service_account,
-    with_app_label,
+    service,
 )
 from components.component import Component, Permissions
 from components.context import Manifest, RenderContext
@@ -109,17 +107,11 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         ),
         "volumes": [run_nvidia_volume(), host_path("host-root", spec.host_paths.root_fs)],
     }
-    service_meta = metadata(SERVICE_NAME, NAME, spec, ctx)
-    service_meta["labels"][APP_LABEL] = DAEMONSET_NAME
-    service_meta["annotations"] = {"prometheus.io/scrape": "true"}
     objects = [
         # Upstream labels the exporter's account and namespaced RBAC `app=<name>`.
-        with_app_label(service_account(SERVICE_ACCOUNT, NAME, spec, ctx), SERVICE_ACCOUNT),
-        *(
-            with_app_label(o, SERVICE_ACCOUNT)
-            for o in role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, _ROLE_RULES)
+        *operand_account(
+            SERVICE_ACCOUNT, NAME, spec, ctx, _ROLE_RULES, [READ_NODES], app=SERVICE_ACCOUNT
         ),
-        *cluster_role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, [READ_NODES]),
         daemonset(
             DAEMONSET_NAME,
             NAME,
@@ -129,22 +121,16 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
             node_selector={DEPLOY_NODE_STATUS_EXPORTER_LABEL: TRUE},
             host_network=spec.node_status_exporter.host_network,
         ),
-        {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": service_meta,
-            "spec": {
-                "selector": {APP_LABEL: DAEMONSET_NAME},
-                "ports": [
-                    {
-                        "name": SERVICE_PORT_NAME,
-                        "port": METRICS_PORT,
-                        "targetPort": METRICS_PORT,
-                        "protocol": "TCP",
-                    }
-                ],
-            },
-        },
+        service(
+            SERVICE_NAME,
+            NAME,
+            spec,
+            ctx,
+            app=DAEMONSET_NAME,
+            port_name=SERVICE_PORT_NAME,
+            port=METRICS_PORT,
+            scrape=True,
+        ),
     ]
     if ctx.service_monitor_crd:
         objects.append(

@@ -4,7 +4,7 @@ upstream: `operator.metrics.serviceMonitor` only tunes it) and the operator's al
 
 from __future__ import annotations
 
-from components._k8s import APP_LABEL, metadata
+from components._k8s import service
 from components.component import Component, always
 from components.context import Manifest, RenderContext
 from components.kinds import PROMETHEUS_RULE, SERVICE, SERVICE_MONITOR
@@ -24,25 +24,16 @@ JOB_LABEL = "operator"
 
 
 def _service(spec: ClusterPolicySpec, ctx: RenderContext) -> Manifest:
-    meta = metadata(SERVICE_NAME, NAME, spec, ctx)
-    meta["labels"][APP_LABEL] = OPERATOR_APP  # what upstream's ServiceMonitor selects
-    meta["annotations"] = {"prometheus.io/scrape": "true"}
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": meta,
-        "spec": {
-            "selector": {APP_LABEL: OPERATOR_APP},
-            "ports": [
-                {
-                    "name": METRICS_PORT_NAME,
-                    "port": METRICS_PORT,
-                    "targetPort": METRICS_PORT,
-                    "protocol": "TCP",
-                }
-            ],
-        },
-    }
+    return service(
+        SERVICE_NAME,
+        NAME,
+        spec,
+        ctx,
+        app=OPERATOR_APP,  # the label the chart gives the operator's pods
+        port_name=METRICS_PORT_NAME,
+        port=METRICS_PORT,
+        scrape=True,
+    )
 
 
 def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:

@@ -14,28 +14,32 @@ import posixpath
 import shlex
 from typing import Any
 
+from components._accounts import SCC_RULE, operand_account
+from components._entrypoint_operand import (
+    cdi_mount,
+    cdi_volume,
+    driver_root_mount,
+    driver_root_volume,
+    entrypoint_config_map,
+    entrypoint_container,
+    entrypoint_script,
+    entrypoint_volume,
+    host_root_mount,
+    host_root_volume,
+)
 from components._k8s import (
     DRIVER_ROOT,
     HOST_ROOT_MOUNT,
-    SCC_RULE,
     VALIDATIONS_DIR,
-    container,
     daemonset,
     dump_env,
-    entrypoint_args,
-    entrypoint_config_map,
-    entrypoint_mount,
-    entrypoint_script,
-    entrypoint_volume,
     env,
     field_env,
     host_path,
     merge_env,
     mount,
     pull_secrets,
-    role_and_binding,
     security_context,
-    service_account,
     validations_volume,
 )
 from components.component import Component, Permissions
@@ -184,26 +188,22 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         if spec.cdi.nri_plugin_enabled:
             env_vars.append(env("ENABLE_NRI_PLUGIN", "true"))
     env_vars += [env("CRIO_CONFIG_MODE", "config"), *runtime_env]
-    main = container(
+    main = entrypoint_container(
         CONTAINER_NAME,
         component_image(spec, "toolkit"),
         toolkit,
-        command=["/bin/sh", "-c"],
-        args=entrypoint_args(toolkit),
-        section_args=False,
+        ENTRYPOINT,
         env_vars=env_vars,
         mounts=[
-            entrypoint_mount(ENTRYPOINT),
             mount("toolkit-root", TOOLKIT_ROOT),
             mount("run-nvidia-validations", VALIDATIONS_DIR),
             mount("toolkit-install-dir", toolkit.install_dir),
             mount("crio-hooks", "/usr/share/containers/oci/hooks.d"),
-            mount("driver-install-dir", "/driver-root", propagation="HostToContainer"),
-            mount("host-root", HOST_ROOT_MOUNT, read_only=True, propagation="HostToContainer"),
-            mount("cdi-root", "/var/run/cdi"),
+            driver_root_mount(),
+            host_root_mount(),
+            cdi_mount(),
             *runtime_mounts,
         ],
-        privileged=True,
         selinux_s0=True,
     )
     # A path the user gave is the host's; the container sees it where it is mounted.
@@ -220,20 +220,17 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
             entrypoint_volume(ENTRYPOINT),
             host_path("toolkit-root", TOOLKIT_ROOT, "DirectoryOrCreate"),
             validations_volume(),
-            host_path(
-                "driver-install-dir", spec.host_paths.driver_install_dir, "DirectoryOrCreate"
-            ),
-            host_path("host-root", spec.host_paths.root_fs),
+            driver_root_volume(spec),
+            host_root_volume(spec),
             host_path("toolkit-install-dir", toolkit.install_dir),
             host_path("crio-hooks", "/run/containers/oci/hooks.d"),
             host_path("host-dev-char", "/dev/char"),
-            host_path("cdi-root", "/var/run/cdi", "DirectoryOrCreate"),
+            cdi_volume(),
             *runtime_volumes,
         ],
     }
     return [
-        service_account(SERVICE_ACCOUNT, NAME, spec, ctx),
-        *role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, _RULES),
+        *operand_account(SERVICE_ACCOUNT, NAME, spec, ctx, _RULES),
         entrypoint_config_map(ENTRYPOINT, NAME, _SCRIPT, spec, ctx, app=DAEMONSET_NAME),
         daemonset(
             DAEMONSET_NAME,

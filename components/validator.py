@@ -10,15 +10,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from components._accounts import (
+    READ_NODES,
+    SCC_RULE,
+    operand_account,
+)
 from components._k8s import (
     DRIVER_ROOT,
     HOST_ROOT_MOUNT,
     PART_OF,
     PART_OF_LABEL,
-    READ_NODES,
-    SCC_RULE,
     VALIDATIONS_DIR,
-    cluster_role_and_binding,
     container,
     daemonset,
     dump_env,
@@ -28,8 +30,6 @@ from components._k8s import (
     merge_env,
     mount,
     pull_secrets,
-    role_and_binding,
-    service_account,
     validations_volume,
 )
 from components.component import Component, Permissions
@@ -193,9 +193,7 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         ],
     }
     return [
-        service_account(SERVICE_ACCOUNT, NAME, spec, ctx),
-        *role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, _ROLE_RULES),
-        *cluster_role_and_binding(SERVICE_ACCOUNT, NAME, spec, ctx, _CLUSTER_RULES),
+        *operand_account(SERVICE_ACCOUNT, NAME, spec, ctx, _ROLE_RULES, _CLUSTER_RULES),
         daemonset(
             DAEMONSET_NAME,
             NAME,

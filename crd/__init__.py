@@ -16,7 +16,6 @@ from crd._common import (
     Toleration,
 )
 from crd._components import (
-    CCManagerSpec,
     ComponentSpec,
     ContainerProbeSpec,
     DCGMExporterMetricsConfig,
@@ -37,7 +36,6 @@ from crd._components import (
     GPUFeatureDiscoverySpec,
     ImageSpec,
     InitContainerSpec,
-    KataManagerSpec,
     KernelModuleConfigSpec,
     MIGGPUClientsConfigSpec,
     MIGManagerSpec,
@@ -45,15 +43,10 @@ from crd._components import (
     MPSConfig,
     NodeStatusExporterSpec,
     OperatorSpec,
-    SandboxDevicePluginSpec,
     ServiceMonitorSpec,
     ToolkitSpec,
     ValidatorComponentSpec,
     ValidatorSpec,
-    VFIOManagerSpec,
-    VGPUDeviceManagerSpec,
-    VGPUDevicesConfigSpec,
-    VGPUManagerSpec,
     VirtualTopologyConfigSpec,
 )
 from crd._health import HealthRemediationSpec, RemediationAction
@@ -118,6 +111,15 @@ from crd._render import (
     render_crd_yaml,
     render_sample_policy_yaml,
     sample_policy,
+)
+from crd._sandbox import (
+    CCManagerSpec,
+    KataManagerSpec,
+    SandboxDevicePluginSpec,
+    VFIOManagerSpec,
+    VGPUDeviceManagerSpec,
+    VGPUDevicesConfigSpec,
+    VGPUManagerSpec,
 )
 from crd._schema import apply_defaults, crd_manifest, model_schema, openapi_schema
 from crd._status import (

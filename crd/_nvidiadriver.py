@@ -32,7 +32,7 @@ from crd._components import (
     KernelModuleConfigSpec,
 )
 from crd._schema import Schema, model_schema
-from crd._status import Condition
+from crd._status import Conditions
 from crd._upgrade import DriverUpgradePolicySpec
 
 NVD_GROUP = "nvidia.com"
@@ -208,18 +208,7 @@ class NVIDIADriverStatus(K8sModel):
     """ready, notReady, disabled (the ClusterPolicy does not use NVIDIADrivers) or ignored."""
     namespace: str | None = None
     """Namespace of the driver DaemonSets."""
-    conditions: (
-        Annotated[
-            list[Condition],
-            Field(
-                json_schema_extra={
-                    "x-kubernetes-list-type": "map",
-                    "x-kubernetes-list-map-keys": ["type"],
-                }
-            ),
-        ]
-        | None
-    ) = None
+    conditions: Conditions | None = None
     """Ready and Error conditions."""
 
 

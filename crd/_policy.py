@@ -8,7 +8,6 @@ from pydantic import Field
 
 from crd._common import IntOrCountOrPercent, JsonObject, K8sModel, PodSecurityContext, Toleration
 from crd._components import (
-    CCManagerSpec,
     DCGMExporterSpec,
     DCGMSpec,
     DevicePluginSpec,
@@ -16,19 +15,22 @@ from crd._components import (
     GDRCopySpec,
     GPUDirectStorageSpec,
     GPUFeatureDiscoverySpec,
-    KataManagerSpec,
-    KataSandboxDevicePluginSpec,
     MIGManagerSpec,
     NodeStatusExporterSpec,
     OperatorSpec,
-    SandboxDevicePluginSpec,
     ToolkitSpec,
     ValidatorSpec,
+)
+from crd._health import HealthRemediationSpec
+from crd._sandbox import (
+    CCManagerSpec,
+    KataManagerSpec,
+    KataSandboxDevicePluginSpec,
+    SandboxDevicePluginSpec,
     VFIOManagerSpec,
     VGPUDeviceManagerSpec,
     VGPUManagerSpec,
 )
-from crd._health import HealthRemediationSpec
 from crd._status import ClusterPolicyStatus
 
 GROUP = "nvidia.com"

@@ -70,6 +70,15 @@ class Condition(K8sModel):
     """Human-readable details."""
 
 
+Conditions = Annotated[
+    list[Condition],
+    Field(
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}
+    ),
+]
+"""A status's conditions: a list the API server merges by `type`, as metav1 declares it."""
+
+
 class ComponentState(K8sModel):
     """Rollout progress of one operand state (a gpuop extension of upstream's status)."""
 
@@ -94,18 +103,7 @@ class ClusterPolicyStatus(K8sModel):
     """ready, notReady, or ignored (another policy is active)."""
     namespace: str | None = None
     """Namespace the operands run in."""
-    conditions: (
-        Annotated[
-            list[Condition],
-            Field(
-                json_schema_extra={
-                    "x-kubernetes-list-type": "map",
-                    "x-kubernetes-list-map-keys": ["type"],
-                }
-            ),
-        ]
-        | None
-    ) = None
+    conditions: Conditions | None = None
     """Ready and Error conditions."""
     rollout_state: str | None = None
     """The rollout state machine's current state (``ready`` when every operand is)."""

@@ -8,17 +8,21 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpuop import __version__
+from gpuop._local import local_cluster, require_local_cluster
 from gpuop.cli_errors import EXPECTED, Parser, report
-from gpuop.cluster import LocalCluster, cache_dir, ensure_binaries
 from gpuop.controller._config import DEFAULT_NAMESPACE, DEFAULT_OPERATOR_IMAGE
+
+if TYPE_CHECKING:
+    from gpuop.cluster import LocalCluster
 
 Handler = Callable[[argparse.Namespace], int]
 
 
 def _cluster(args: argparse.Namespace) -> LocalCluster:
-    return LocalCluster(Path(args.dir) if args.dir else None)
+    return local_cluster(Path(args.dir) if args.dir else None)
 
 
 def _cmd_cluster_up(args: argparse.Namespace) -> int:
@@ -71,6 +75,8 @@ def _cmd_cluster_gpu_health(args: argparse.Namespace) -> int:
 
 
 def _cmd_cluster_build(args: argparse.Namespace) -> int:
+    require_local_cluster()
+    from gpuop.cluster import cache_dir, ensure_binaries
     from gpuop.cluster._build import ensure_helm, ensure_promtool
 
     paths = ensure_binaries()

@@ -17,12 +17,16 @@ import yaml
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config.config_exception import ConfigException
 
-from gpuop.cluster import ClusterError
+from gpuop._local import LocalClusterMissing, cluster_errors
 
 EXIT_ERROR = 2
 
+#: The local cluster's errors, where this install has it (the operator image has not).
+CLUSTER_ERRORS = cluster_errors()
+
 EXPECTED: tuple[type[BaseException], ...] = (
-    ClusterError,
+    *CLUSTER_ERRORS,
+    LocalClusterMissing,
     ValueError,  # bad input: PlanError, KubeconfigError, model and budget checks
     OSError,  # files, ports, connections (aiohttp's connection errors are OSErrors too)
     aiohttp.ClientError,
@@ -62,7 +66,7 @@ def _status_message(body: object) -> str:
 def report(err: BaseException) -> int:
     """Print `err` as the one error line; returns the exit status."""
     # A progress line on a terminal may be unfinished: start the error on a line of its own.
-    lead = "\n" if isinstance(err, ClusterError) and sys.stderr.isatty() else ""
+    lead = "\n" if isinstance(err, CLUSTER_ERRORS) and sys.stderr.isatty() else ""
     print(f"{lead}gpuop: error: {describe(err)}", file=sys.stderr)
     return EXIT_ERROR
 

@@ -1,25 +1,24 @@
-"""What `gpuop upgrade status` and `gpuop upgrade plan` print: pure reports over a snapshot.
+"""What `gpuop upgrade status` reports, and the node facts `gpuop upgrade plan` shares:
+pure data over a snapshot.
 
 The CLI reads nodes, pods, PodDisruptionBudgets, the driver DaemonSet and the policy,
 and hands them here as plain objects. The same rules the operator acts by decide what
 the reports say: the budget (`budget`), kubectl drain's pod verdicts (`eviction`), the
 restart-only guard's digest comparison and the rollout gate's record, so a plan never
-promises what the operator would not do.
+promises what the operator would not do. The plan is `statemachine.fleet_plan`; how the
+CLI prints both lives in `gpuop.upgrades_cli._render`.
 """
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from statemachine.budget import BudgetNode, resolve_max_unavailable, select_nodes
+from statemachine.budget import BudgetNode, select_nodes
 from statemachine.eviction import RemovalRules, gpu_workload, plan_removal, pod_key
-from statemachine.rollout_gate import GatePolicy
 from statemachine.upgrade_keys import (
-    IN_PROGRESS_STATES,
     REASON_ANNOTATION,
     SKIP_LABEL,
     STATE_LABEL,
@@ -217,20 +216,6 @@ class StatusReport:
     def failed(self) -> tuple[str, ...]:
         return tuple(r.node for r in self.rows if r.state == S.UPGRADE_FAILED.value)
 
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "nodes": [r.__dict__ for r in self.rows],
-            "totals": dict(self.totals),
-            "budget": {
-                "inProgress": self.in_progress,
-                "maxParallelUpgrades": self.max_parallel,
-                "unavailable": self.unavailable,
-                "maxUnavailable": self.max_unavailable,
-            },
-            "gate": self.gate,
-            "failed": list(self.failed),
-        }
-
 
 def _waits_for(
     facts: NodeFacts,
@@ -316,222 +301,3 @@ def status_report(
         gate=gate,
         held=dict(held or {}),
     )
-
-
-def _age(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    s = int(seconds)
-    if s < 120:
-        return f"{s}s"
-    if s < 7200:
-        return f"{s // 60}m"
-    return f"{s // 3600}h"
-
-
-def _table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
-    body = [list(header), *(list(r) for r in rows)]
-    widths = [max(len(r[i]) for r in body) for i in range(len(header))]
-    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in body]
-
-
-def render_status(report: StatusReport, wide: bool = False) -> str:
-    header = ["NODE", "STATE", "FOR", "DRIVER", "TARGET"]
-    if wide:
-        header.append("WAITING FOR")
-
-    def cells(r: StatusRow) -> list[str]:
-        row = [r.node, r.state, _age(r.since_seconds), r.current, r.target]
-        return [*row, r.waits_for or "-"] if wide else row
-
-    lines = _table(header, (cells(r) for r in report.rows))
-    if not wide:
-        waiting = [(r.node, r.waits_for) for r in report.rows if r.waits_for]
-        waiting = [w for w in waiting if w[1] not in ("", "an upgrade slot")]
-        if waiting:
-            lines.append("")
-            lines += [f"{node}: waiting for {what}" for node, what in waiting]
-    lines.append("")
-    lines.append("totals: " + ", ".join(f"{k} {v}" for k, v in report.totals.items()))
-    parallel = str(report.max_parallel) if report.max_parallel else "unlimited"
-    lines.append(
-        f"budget: in progress {report.in_progress}/{parallel}, "
-        f"unavailable {report.unavailable}/{report.max_unavailable}"
-    )
-    if report.gate:
-        lines.append(f"rollout gate: {report.gate}")
-    if report.failed:
-        lines.append(f"FAILED: {', '.join(report.failed)}")
-    return "\n".join(lines) + "\n"
-
-
-# --- plan ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PlanNode:
-    name: str
-    restart_only: bool
-    blockers: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class UpgradePlan:
-    waves: tuple[tuple[PlanNode, ...], ...]
-    excluded: Mapping[str, str]
-    """Nodes that will not start now, with why (NotReady, skip label)."""
-    soak_after_wave: int | None
-    soak_seconds: int
-    wave_seconds: int | None
-    """Upper bound of one wave from the configured timeouts; None when one is unbounded."""
-    unbounded: tuple[str, ...]
-    up_to_date: tuple[str, ...]
-
-    @property
-    def blockers(self) -> list[tuple[str, str]]:
-        return [(n.name, b) for wave in self.waves for n in wave for b in n.blockers]
-
-    @property
-    def estimate_seconds(self) -> int | None:
-        if self.wave_seconds is None:
-            return None
-        return self.wave_seconds * len(self.waves) + (self.soak_seconds if self.waves else 0)
-
-
-def _step_bound(policy: UpgradePolicyView, restart_only: bool) -> tuple[int | None, list[str]]:
-    """Worst case of one node's upgrade from the timeouts; names the unbounded steps."""
-    steps: list[tuple[str, int]] = [
-        ("driver ready", policy.driver_ready_timeout_seconds),
-        ("validation", policy.validation_timeout_seconds if policy.validation_enabled else -1),
-    ]
-    if not restart_only:
-        wait = policy.wait_for_completion
-        if wait.pod_selector:
-            steps.append(("waitForCompletion", wait.timeout_seconds))
-        if policy.pod_deletion is not None:
-            steps.append(("podDeletion", policy.pod_deletion.timeout_seconds))
-        if policy.drain.enable:
-            steps.append(("drain", policy.drain.timeout_seconds))
-    unbounded = [name for name, t in steps if t == 0]
-    total = sum(t for _, t in steps if t > 0)
-    return (None if unbounded else total), unbounded
-
-
-def plan_upgrade(
-    nodes: Sequence[NodeFacts],
-    policy: UpgradePolicyView,
-    gate: GatePolicy,
-    rules: Rules,
-    pdbs: Sequence[Obj],
-    *,
-    namespace: str,
-    target: str | None,
-    template_digest: str,
-    proposed: bool,
-) -> UpgradePlan:
-    """The order and waves the budget allows, and every blocker visible now.
-
-    `proposed`: a changed driver configuration (`--set`): every node with a driver pod
-    upgrades, the whole way. Otherwise the nodes whose driver pod is not at `target`
-    (or that are queued, upgrading or failed) do, restart-only where the digests match.
-    Waves assume each node takes its slot for the whole upgrade, as the budget does.
-    """
-    fleet = sorted(nodes, key=lambda f: f.name)
-    todo: list[NodeFacts] = []
-    current: list[str] = []
-    excluded: dict[str, str] = {}
-    for f in fleet:
-        if f.driver_pod is None:
-            excluded[f.name] = "no driver pod on the node"
-            continue
-        goal = f.target or target
-        outdated = proposed or (goal is not None and f.driver_revision != goal)
-        if not (outdated or f.state is S.UPGRADE_REQUIRED or f.state in IN_PROGRESS_STATES):
-            current.append(f.name)
-            continue
-        if f.skip:
-            excluded[f.name] = "skip label set (nvidia.com/gpu-driver-upgrade.skip=true)"
-        elif not f.ready:
-            excluded[f.name] = "node is NotReady"
-        else:
-            todo.append(f)
-    todo.sort(key=lambda f: (f.state not in IN_PROGRESS_STATES, not f.unschedulable, f.name))
-    total = len(fleet)
-    limit = resolve_max_unavailable(policy.max_unavailable, total)
-    todo_names = {f.name for f in todo}
-    others_unavailable = sum(
-        1 for f in fleet if (f.unschedulable or not f.ready) and f.name not in todo_names
-    )
-    width = max(1, limit - others_unavailable) if limit > others_unavailable else 0
-    if policy.max_parallel_upgrades > 0:
-        width = min(width, policy.max_parallel_upgrades) if width else 0
-
-    def planned(f: NodeFacts) -> PlanNode:
-        digest = f.template_digest or template_digest
-        only = not proposed and bool(f.driver_digest) and f.driver_digest == digest
-        return PlanNode(f.name, only, tuple(removal_blockers(f, rules, pdbs, namespace)))
-
-    items = [planned(f) for f in todo]
-    waves: list[tuple[PlanNode, ...]] = []
-    soak_after: int | None = None
-    if width == 0 and items:
-        excluded.update(
-            {n.name: f"maxUnavailable {limit} already used by other nodes" for n in items}
-        )
-        items = []
-    canary = items[: gate.canary_nodes] if gate.canary_nodes else []
-    rest = items[len(canary) :]
-    for group in ([canary] if canary else []) + [rest]:
-        for i in range(0, len(group), width or 1):
-            waves.append(tuple(group[i : i + (width or 1)]))
-        if group is canary:
-            soak_after = len(waves)
-    bounds = [_step_bound(policy, n.restart_only) for n in items]
-    unbounded = sorted({u for _, names in bounds for u in names})
-    wave = None if unbounded else max((b for b, _ in bounds if b is not None), default=0)
-    return UpgradePlan(
-        waves=tuple(w for w in waves if w),
-        excluded=excluded,
-        soak_after_wave=soak_after,
-        soak_seconds=gate.soak_seconds if canary else 0,
-        wave_seconds=wave,
-        unbounded=tuple(unbounded),
-        up_to_date=tuple(current),
-    )
-
-
-def _duration(seconds: int) -> str:
-    if seconds < 120:
-        return f"{seconds}s"
-    minutes = math.ceil(seconds / 60)
-    return f"{minutes}m" if minutes < 120 else f"{minutes / 60:.1f}h"
-
-
-def render_plan(plan: UpgradePlan, *, proposal: str = "") -> str:
-    lines = [f"proposed: {proposal}" if proposal else "pending driver rollout (no change proposed)"]
-    nodes = sum(len(w) for w in plan.waves)
-    lines.append(f"{nodes} node(s) to upgrade in {len(plan.waves)} wave(s)")
-    for i, wave in enumerate(plan.waves, start=1):
-        label = "canary " if plan.soak_after_wave is not None and i <= plan.soak_after_wave else ""
-        names = ", ".join(
-            n.name + (" (restart only, no drain)" if n.restart_only else "") for n in wave
-        )
-        lines.append(f"  {label}wave {i}: {names}")
-        if plan.soak_after_wave == i and plan.soak_seconds:
-            lines.append(f"  then soak {plan.soak_seconds}s")
-    for name, why in plan.excluded.items():
-        lines.append(f"  not started: {name}: {why}")
-    if plan.up_to_date:
-        lines.append(f"  up to date: {', '.join(plan.up_to_date)}")
-    blockers = plan.blockers
-    lines.append("")
-    lines.append(f"blockers ({len(blockers)}):" if blockers else "blockers: none visible now")
-    lines += [f"  {name}: {why}" for name, why in blockers]
-    lines.append("")
-    estimate = plan.estimate_seconds
-    if estimate is None:
-        lines.append("duration: unbounded (timeout 0 on " + ", ".join(plan.unbounded) + ")")
-    else:
-        per_wave = _duration(plan.wave_seconds or 0)
-        lines.append(f"duration: at most {_duration(estimate)} ({per_wave} per wave from timeouts)")
-    return "\n".join(lines) + "\n"

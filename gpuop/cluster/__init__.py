@@ -1,9 +1,9 @@
 """The local control plane (``gpuop cluster``): real Kubernetes binaries built
 from the Go module proxy, simulated GPU nodes through kwok."""
 
+from ._argv import ClientTuning
 from ._build import ensure_binaries
 from ._cluster import (
-    ClientTuning,
     ClusterInfo,
     LocalCluster,
     create_nodes,

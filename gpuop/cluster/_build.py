@@ -12,18 +12,23 @@ from __future__ import annotations
 
 import fcntl
 import json
-import os
 import re
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from gpuop.progress import Progress
-
 from ._errors import ClusterError
+from ._go import (
+    count_packages,
+    find_go,
+    go_build_with_progress,
+    go_env,
+    go_failure,
+    run_go,
+    write_wrapper,
+)
 from ._versions import (
     KUBE_COMMANDS,
     BinaryPaths,
@@ -36,13 +41,6 @@ from ._versions import (
 )
 
 _STAMP = ".complete"
-_MISSING_VERSION_MARKERS = (
-    "unknown revision",
-    "invalid version",
-    "no matching versions",
-    "not available",
-    "404 Not Found",
-)
 _STAGING_REPLACE = re.compile(r"^\s*(k8s\.io/[\w.-]+)\s+=>\s+\./staging/", re.MULTILINE)
 
 
@@ -55,7 +53,7 @@ def ensure_binaries(versions: Versions | None = None, root: Path | None = None) 
         return paths
     root.mkdir(parents=True, exist_ok=True)
     with _build_lock(root):
-        go = _find_go()
+        go = find_go()
         if not _stamped(paths.etcd.parent):
             _build_etcd(go, root, versions.etcd, paths.etcd.parent)
         if not _stamped(paths.kube_apiserver.parent):
@@ -75,7 +73,7 @@ def ensure_helm(version: str | None = None, root: Path | None = None) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     with _build_lock(root):
         if not _stamped(path.parent):
-            _build_helm(_find_go(), root, version, path.parent)
+            _build_helm(find_go(), root, version, path.parent)
     return path
 
 
@@ -89,7 +87,7 @@ def ensure_promtool(version: str | None = None, root: Path | None = None) -> Pat
     root.mkdir(parents=True, exist_ok=True)
     with _build_lock(root):
         if not _stamped(path.parent):
-            _build_promtool(_find_go(), root, version, path.parent)
+            _build_promtool(find_go(), root, version, path.parent)
     return path
 
 
@@ -112,108 +110,6 @@ def _build_lock(root: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _find_go() -> str:
-    go = os.environ.get("GPUOP_GO") or shutil.which("go")
-    if not go:
-        raise ClusterError(
-            "`go` was not found on PATH",
-            "install Go 1.24 or newer (or set GPUOP_GO to its path) so the "
-            "Kubernetes binaries can be built",
-        )
-    return go
-
-
-def _go_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update({"GOTOOLCHAIN": "local", "CGO_ENABLED": "0", "GOFLAGS": "-mod=mod"})
-    env.update(extra or {})
-    return env
-
-
-def _run_go(
-    go: str, args: Sequence[str], cwd: Path, what: str, env: dict[str, str] | None = None
-) -> str:
-    proc = subprocess.run(
-        [go, *args],
-        cwd=cwd,
-        env=env or _go_env(),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if proc.returncode != 0:
-        raise _go_failure(what, proc.stderr or proc.stdout)
-    return proc.stdout
-
-
-def _go_failure(what: str, output: str) -> ClusterError:
-    lines = [ln for ln in output.strip().splitlines() if ln.strip()]
-    missing = next(
-        (ln for ln in lines if any(marker in ln for marker in _MISSING_VERSION_MARKERS)),
-        None,
-    )
-    if missing:
-        return ClusterError(
-            f"{what} failed: {missing.strip()}",
-            "that version does not exist on the Go module proxy; pick a released version "
-            "(see GPUOP_KUBERNETES_VERSION / GPUOP_ETCD_VERSION / GPUOP_KWOK_VERSION)",
-        )
-    last = lines[-1].strip() if lines else "no output"
-    return ClusterError(f"{what} failed: {last}", "see the go output above; rerun to retry")
-
-
-def _write_wrapper(directory: Path, module: str, go_mod_body: str, imports: Sequence[str]) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "go.mod").write_text(f"module {module}\n\ngo 1.24\n\n{go_mod_body}")
-    imported = "\n".join(f'\t_ "{imp}"' for imp in imports)
-    (directory / "tools.go").write_text(
-        f"//go:build tools\n\npackage tools\n\nimport (\n{imported}\n)\n"
-    )
-
-
-def _count_packages(go: str, cwd: Path, packages: Sequence[str], env: dict[str, str]) -> int:
-    out = _run_go(
-        go,
-        # Standard-library packages count too: with a cold build cache they are
-        # compiled as well (with a warm one the bar just finishes early).
-        ["list", "-deps", "-f", "{{.ImportPath}}", *packages],
-        cwd,
-        "listing packages",
-        env,
-    )
-    return max(1, sum(1 for ln in out.splitlines() if ln.strip()))
-
-
-def _go_build_with_progress(
-    go: str, args: Sequence[str], cwd: Path, label: str, total: int, env: dict[str, str]
-) -> None:
-    """Run ``go build -v``/``go install -v``, advancing a bar per compiled package."""
-    progress = Progress(label, total=total)
-    proc = subprocess.Popen(
-        [go, *args],
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stderr is not None
-    tail: list[str] = []
-    for line in proc.stderr:
-        line = line.rstrip()
-        if not line:
-            continue
-        if re.fullmatch(r"[\w./~-]+", line):
-            progress.advance(1, line.rsplit("/", 1)[-1])
-        else:
-            tail.append(line)
-    code = proc.wait()
-    if code != 0:
-        progress.finish("failed")
-        raise _go_failure(label, "\n".join(tail))
-    progress.finish("built")
-
-
 def _install(tmp: Path, final: Path, stamp: str) -> None:
     (tmp / _STAMP).write_text(stamp)
     if final.exists():
@@ -224,12 +120,12 @@ def _install(tmp: Path, final: Path, stamp: str) -> None:
 
 def _staging_modules(go: str, version: str, cwd: Path) -> list[str]:
     """Read the staging modules that release's go.mod replaces with local paths."""
-    out = _run_go(
+    out = run_go(
         go, ["mod", "download", "-json", f"k8s.io/kubernetes@{version}"], cwd, "kubernetes download"
     )
     info = json.loads(out)
     if info.get("Error"):
-        raise _go_failure(f"Kubernetes {version}", str(info["Error"]))
+        raise go_failure(f"Kubernetes {version}", str(info["Error"]))
     go_mod = Path(str(info["GoMod"])).read_text()
     return sorted(set(_STAGING_REPLACE.findall(go_mod)))
 
@@ -262,16 +158,16 @@ def _build_wrapped(
     """
     src = root / "src" / f"{name}-{version}"
     print(f"gpuop: building {name} {version} into {final} (cache: {root})", flush=True)
-    _write_wrapper(src, f"gpuop.local/{name}build", requires, packages)
-    env = _go_env()
-    _run_go(go, ["mod", "tidy"], src, f"resolving {name} {version}", env)
-    total = _count_packages(go, src, packages, env)
+    write_wrapper(src, f"gpuop.local/{name}build", requires, packages)
+    env = go_env()
+    run_go(go, ["mod", "tidy"], src, f"resolving {name} {version}", env)
+    total = count_packages(go, src, packages, env)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=final.parent))
     try:
         # With several main packages, -o names a directory; with one, a file.
         out = f"{tmp}/" if binary is None else str(tmp / binary)
-        _go_build_with_progress(
+        go_build_with_progress(
             go,
             ["build", "-v", "-trimpath", "-ldflags", ldflags, "-o", out, *packages],
             src,
@@ -341,7 +237,7 @@ def _build_kwok(go: str, root: Path, version: str, final: Path) -> None:
         # kwok runs nothing without Stage objects; take the release's own from
         # the module source the build just downloaded, so they match the binary.
         module_dir = Path(
-            _run_go(
+            run_go(
                 go, ["list", "-m", "-f", "{{.Dir}}", "sigs.k8s.io/kwok"], src, "kwok", env
             ).strip()
         )
@@ -364,12 +260,12 @@ def _build_kwok(go: str, root: Path, version: str, final: Path) -> None:
 def _helm_kube_minor(go: str, version: str, cwd: Path) -> str:
     """The Kubernetes minor Helm's client libraries speak, read from its go.mod
     (client-go v0.X.Y is Kubernetes 1.X), as Helm's Makefile derives it."""
-    out = _run_go(
+    out = run_go(
         go, ["mod", "download", "-json", f"helm.sh/helm/v3@{version}"], cwd, "helm download"
     )
     info = json.loads(out)
     if info.get("Error"):
-        raise _go_failure(f"helm {version}", str(info["Error"]))
+        raise go_failure(f"helm {version}", str(info["Error"]))
     go_mod = Path(str(info["GoMod"])).read_text()
     match = re.search(r"^\s*k8s\.io/client-go\s+v0\.(\d+)\.", go_mod, re.MULTILINE)
     if not match:

@@ -32,11 +32,11 @@ if TYPE_CHECKING:
 
 from gpuop.progress import Progress
 
-from . import _procs
+from . import _argv, _procs
+from ._argv import ClientTuning
 from ._build import KWOK_STAGES, ensure_binaries
 from ._errors import ClusterError, PortTaken
 from ._nodes import LEGACY_SIMULATED_LABEL, SIMULATED_LABEL, node_manifests
-from ._stages import WORKLOAD_COMPLETE_STAGE
 from ._versions import BinaryPaths, Versions
 
 _STATE = "state.json"
@@ -65,22 +65,6 @@ def default_dir() -> Path:
     xdg = os.environ.get("XDG_STATE_HOME")
     base = Path(xdg).expanduser() if xdg else Path.home() / ".local" / "state"
     return base / "gpuop" / "cluster"
-
-
-@dataclass(frozen=True)
-class ClientTuning:
-    """Client rates for the controller manager and scheduler, and kwok's parallelism
-    (raise for big fleets; kwok's own client is not rate-limited)."""
-
-    qps: int = 100
-    burst: int = 200
-    #: Workers per kwok stage loop (pod and node stages, leases, pods-on-node sync).
-    kwok_parallelism: int = 16
-    #: kube-controller-manager's --node-monitor-grace-period (None: its default).
-    #: With thousands of simulated nodes on 2 cores kwok's lease renewals fall
-    #: behind; a node marked NotReady for a moment leaves its pods not Ready for
-    #: good (no kubelet to set them Ready again), so big runs raise this.
-    node_monitor_grace_period: str | None = None
 
 
 PORT_ATTEMPTS = 3
@@ -324,155 +308,30 @@ class LocalCluster:
             policy_file = self.directory / "audit-policy.yaml"
             policy_file.write_text(yaml.safe_dump(dict(self.audit_policy)))
             self.audit_log.parent.mkdir(parents=True, exist_ok=True)
-            audit_flags = [
-                f"--audit-policy-file={policy_file}",
-                f"--audit-log-path={self.audit_log}",
-                "--audit-log-format=json",
-                "--audit-log-maxsize=0",
-            ]
+            audit_flags = _argv.audit(policy_file, self.audit_log)
         self._state_extra: dict[str, object] = {"server": server, "ports": ports}
         self._write_kubeconfig(server, pki)
         progress.advance(1, "pki + kubeconfig")
 
-        etcd_url = f"http://127.0.0.1:{ports['etcd']}"
-        peer_url = f"http://127.0.0.1:{ports['etcd-peer']}"
-        self._spawn(
-            "etcd",
-            [
-                str(bins.etcd),
-                f"--data-dir={self.directory / 'etcd'}",
-                f"--listen-client-urls={etcd_url}",
-                f"--advertise-client-urls={etcd_url}",
-                f"--listen-peer-urls={peer_url}",
-                f"--initial-advertise-peer-urls={peer_url}",
-                f"--initial-cluster=default={peer_url}",
-                "--unsafe-no-fsync=true",
-                "--quota-backend-bytes=4294967296",
-                "--log-level=warn",
-            ],
-            tie,
-        )
-        self._wait_http("etcd", f"{etcd_url}/health", None)
+        self._spawn("etcd", _argv.etcd(bins, self.directory, ports), tie)
+        self._wait_http("etcd", f"{_argv.etcd_url(ports)}/health", None)
         progress.advance(1, "etcd")
 
-        self._spawn(
-            "kube-apiserver",
-            [
-                str(bins.kube_apiserver),
-                f"--etcd-servers={etcd_url}",
-                f"--secure-port={api_port}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
-                f"--cert-dir={self.directory / 'pki'}",
-                f"--tls-cert-file={pki.serving_cert}",
-                f"--tls-private-key-file={pki.serving_key}",
-                f"--client-ca-file={pki.ca_cert}",
-                "--service-cluster-ip-range=10.0.0.0/24",
-                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-                f"--service-account-key-file={pki.sa_pub}",
-                f"--service-account-signing-key-file={pki.sa_key}",
-                "--authorization-mode=RBAC",
-                "--allow-privileged=true",
-                "--enable-priority-and-fairness=true",
-                "--max-requests-inflight=1000",
-                "--max-mutating-requests-inflight=500",
-                # PodTemplates bypass the watch cache, so watches on them read etcd
-                # directly and expire for real once history is compacted (tests).
-                "--watch-cache-sizes=podtemplates#0",
-                "--v=1",
-                *audit_flags,
-            ],
-            tie,
-        )
+        argv = _argv.apiserver(bins, self.directory, ports, pki, audit_flags)
+        self._spawn("kube-apiserver", argv, tie)
         self._wait_http("kube-apiserver", f"{server}/readyz", self._ssl_context(pki))
         progress.advance(1, "kube-apiserver")
 
         kc = str(self.kubeconfig)
-        self._spawn(
-            "kube-controller-manager",
-            [
-                str(bins.kube_controller_manager),
-                f"--kubeconfig={kc}",
-                f"--authentication-kubeconfig={kc}",
-                f"--authorization-kubeconfig={kc}",
-                "--leader-elect=false",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={ports['controller-manager']}",
-                f"--service-account-private-key-file={pki.sa_key}",
-                f"--root-ca-file={pki.ca_cert}",
-                "--use-service-account-credentials=false",
-                f"--kube-api-qps={self.tuning.qps}",
-                f"--kube-api-burst={self.tuning.burst}",
-                "--concurrent-daemonset-syncs=4",
-                *(
-                    [f"--node-monitor-grace-period={self.tuning.node_monitor_grace_period}"]
-                    if self.tuning.node_monitor_grace_period
-                    else []
-                ),
-                "--controllers=*,-nodeipam,-cloud-node-lifecycle,-service-lb-controller",
-                "--v=1",
-            ],
-            tie,
-        )
+        argv = _argv.controller_manager(bins, kc, ports, pki, self.tuning)
+        self._spawn("kube-controller-manager", argv, tie)
         sched_config = self.directory / "scheduler.yaml"
-        sched_config.write_text(
-            yaml.safe_dump(
-                {
-                    "apiVersion": "kubescheduler.config.k8s.io/v1",
-                    "kind": "KubeSchedulerConfiguration",
-                    "clientConnection": {
-                        "kubeconfig": kc,
-                        "qps": self.tuning.qps,
-                        "burst": self.tuning.burst,
-                    },
-                    "leaderElection": {"leaderElect": False},
-                }
-            )
-        )
-        self._spawn(
-            "kube-scheduler",
-            [
-                str(bins.kube_scheduler),
-                f"--config={sched_config}",
-                f"--authentication-kubeconfig={kc}",
-                f"--authorization-kubeconfig={kc}",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={ports['scheduler']}",
-                "--v=1",
-            ],
-            tie,
-        )
+        sched_config.write_text(yaml.safe_dump(_argv.scheduler_config(kc, self.tuning)))
+        self._spawn("kube-scheduler", _argv.scheduler(bins, sched_config, kc, ports), tie)
         kwok_config = self.directory / "kwok.yaml"
-        # An explicit configuration keeps a user's ~/.kwok/kwok.yaml out of the
-        # picture; the stages (saved beside the binary at build time) give nodes
-        # a Ready heartbeat and make pods Running and Ready.
         stages = (bins.kwok.parent / KWOK_STAGES).read_text()
-        par = self.tuning.kwok_parallelism
-        kwok_config.write_text(
-            "apiVersion: config.kwok.x-k8s.io/v1alpha1\nkind: KwokConfiguration\n"
-            "options:\n"
-            f"  podPlayStageParallelism: {par}\n"
-            f"  nodePlayStageParallelism: {par}\n"
-            f"  nodeLeaseParallelism: {par}\n"
-            f"  podsOnNodeSyncParallelism: {par}\n"
-            f"---\n{stages}\n---\n{WORKLOAD_COMPLETE_STAGE}"
-        )
-        self._spawn(
-            "kwok",
-            [
-                str(bins.kwok),
-                f"--config={kwok_config}",
-                f"--kubeconfig={kc}",
-                "--manage-all-nodes=false",
-                "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
-                "--node-lease-duration-seconds=40",
-                f"--server-address=127.0.0.1:{ports['kwok']}",
-                "--cidr=10.244.0.0/16",
-                "--node-ip=10.240.0.1",
-                "--v=INFO",
-            ],
-            tie,
-        )
+        kwok_config.write_text(_argv.kwok_config(stages, self.tuning))
+        self._spawn("kwok", _argv.kwok(bins, kwok_config, kc, ports), tie)
         insecure = ssl.create_default_context()
         insecure.check_hostname = False
         insecure.verify_mode = ssl.CERT_NONE  # components serve self-signed certs

@@ -14,9 +14,16 @@ from typing import Any
 
 from kubernetes_asyncio.config.kube_config import KUBE_CONFIG_DEFAULT_LOCATION
 
+from gpuop._local import LocalClusterMissing, local_cluster
 from gpuop.informer import Informer, ResourceSpec
 from gpuop.kube import KubeconfigError, api_client
 from gpuop.rest import Rest
+from gpuop.upgrades_cli._render import (
+    plan_json,
+    render_plan,
+    render_status,
+    status_json,
+)
 from gpuop.upgrades_cli._snapshot import (
     DAEMONSET,
     NODE,
@@ -30,13 +37,8 @@ from gpuop.upgrades_cli._snapshot import (
     list_objects,
     snapshot,
 )
-from statemachine.fleet_report import (
-    StatusReport,
-    plan_upgrade,
-    render_plan,
-    render_status,
-    status_report,
-)
+from statemachine.fleet_plan import plan_upgrade
+from statemachine.fleet_report import StatusReport, status_report
 from statemachine.rollout_gate import GatePolicy
 
 #: A burst of watch events (a node moving through several states) redraws once.
@@ -50,12 +52,17 @@ def kubeconfig_for(args: argparse.Namespace) -> Path | None:
         return Path(args.kubeconfig)
     if os.environ.get("KUBECONFIG") or "KUBERNETES_SERVICE_HOST" in os.environ:
         return None
-    from gpuop.cluster import LocalCluster
-
-    local = LocalCluster(Path(args.dir) if args.dir else None)
+    default = Path(KUBE_CONFIG_DEFAULT_LOCATION).expanduser()
+    try:
+        local = local_cluster(Path(args.dir) if args.dir else None)
+    except LocalClusterMissing:  # the operator image: kubectl's default or nothing
+        if default.is_file():
+            return None
+        raise KubeconfigError(
+            f"no cluster to read: pass --kubeconfig or set $KUBECONFIG ({default} does not exist)"
+        ) from None
     if local.info() is not None:
         return local.kubeconfig
-    default = Path(KUBE_CONFIG_DEFAULT_LOCATION).expanduser()
     if not default.is_file():
         raise KubeconfigError(
             f"no cluster to read: pass --kubeconfig, set $KUBECONFIG or start one with "
@@ -81,7 +88,7 @@ def _status(snap: Snapshot) -> StatusReport:
 
 def _print_status(report: StatusReport, output: str) -> None:
     if output == "json":
-        print(json.dumps(report.as_json(), indent=2, sort_keys=True))
+        print(json.dumps(status_json(report), indent=2, sort_keys=True))
     else:
         sys.stdout.write(render_status(report, wide=output == "wide"))
 
@@ -163,19 +170,7 @@ async def _plan_main(args: argparse.Namespace) -> int:
         proposed=bool(args.set),
     )
     if args.output == "json":
-        print(
-            json.dumps(
-                {
-                    "waves": [[n.name for n in w] for w in plan.waves],
-                    "restartOnly": [n.name for w in plan.waves for n in w if n.restart_only],
-                    "notStarted": dict(plan.excluded),
-                    "blockers": [{"node": n, "why": b} for n, b in plan.blockers],
-                    "estimateSeconds": plan.estimate_seconds,
-                },
-                indent=2,
-                sort_keys=True,
-            )
-        )
+        print(json.dumps(plan_json(plan), indent=2, sort_keys=True))
     else:
         sys.stdout.write(render_plan(plan, proposal=", ".join(args.set or ())))
     return 0

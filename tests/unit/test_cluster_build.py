@@ -7,11 +7,12 @@ from pathlib import Path
 import pytest
 
 from gpuop.cluster import BinaryPaths, ClusterError, Versions, cache_dir
-from gpuop.cluster._build import _STAGING_REPLACE, _go_failure, _minor
+from gpuop.cluster._build import _STAGING_REPLACE, _minor
+from gpuop.cluster._go import go_failure
 
 
 def test_missing_version_is_named_as_such() -> None:
-    err = _go_failure(
+    err = go_failure(
         "kubernetes v1.34.99",
         "go: k8s.io/kubernetes@v1.34.99: reading proxy: 404 Not Found\n"
         "\tserver response: not found: unknown revision v1.34.99",
@@ -21,7 +22,7 @@ def test_missing_version_is_named_as_such() -> None:
 
 
 def test_other_failures_quote_the_last_line() -> None:
-    err = _go_failure("etcd v3.5.35", "# pkg\n./x.go:1: undefined: y\n")
+    err = go_failure("etcd v3.5.35", "# pkg\n./x.go:1: undefined: y\n")
     assert str(err).startswith("etcd v3.5.35 failed: ./x.go:1: undefined: y")
 
 

@@ -107,3 +107,14 @@ def test_dockerignore_keeps_the_context_to_the_packages() -> None:
     ]
     assert lines[0] == "*"
     assert {"!gpuop/", "!statemachine/", "!components/", "!crd/", "!pyproject.toml"} <= set(lines)
+
+
+def test_the_image_leaves_the_simulator_and_nvml_fake_out() -> None:
+    lines = [ln.strip() for ln in (ROOT / ".dockerignore").read_text().splitlines()]
+    # after "!gpuop/", so they are excluded again
+    assert lines.index("gpuop/cluster/") > lines.index("!gpuop/")
+    assert lines.index("gpuop/nvml/fake.py") > lines.index("!gpuop/")
+    _, stages = _stages()
+    build_runs = " ".join(r for s in stages[:-1] for r in s.all("RUN"))
+    assert "find_spec" in build_runs
+    assert '"gpuop.cluster", "gpuop.nvml.fake"' in build_runs

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpuop.upgrades_cli._render import render_plan, render_status, status_json
 from statemachine.eviction import RemovalRules
+from statemachine.fleet_plan import plan_upgrade
 from statemachine.fleet_report import (
     NodeFacts,
     Rules,
-    plan_upgrade,
-    render_plan,
     selector_matches,
     status_report,
 )
@@ -145,3 +145,24 @@ def test_status_counts_failed_and_says_why() -> None:
     assert report.failed == ("f",)
     assert report.totals == {"upgrade-done": 1, "upgrade-failed": 1}
     assert report.rows[1].waits_for == "boom"
+
+
+def test_status_text_and_json_name_the_failed_node_and_the_budget() -> None:
+    failed = NodeFacts(node=node("f", "upgrade-failed", **{REASON_ANNOTATION: "boom"}))
+    report = status_report(
+        [failed, facts("a", state="upgrade-done", revision="new")],
+        POLICY,
+        RULES,
+        [],
+        "new",
+        namespace="gpu-operator",
+        now=0.0,
+    )
+    text = render_status(report)
+    assert "f: waiting for boom" in text
+    assert "FAILED: f" in text
+    assert "budget: in progress 1/2" in text  # a failed node keeps its slot
+    assert "WAITING FOR" in render_status(report, wide=True)
+    data = status_json(report)
+    assert data["failed"] == ["f"]
+    assert data["budget"]["maxParallelUpgrades"] == 2

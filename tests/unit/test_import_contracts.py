@@ -7,6 +7,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -51,7 +52,9 @@ def test_the_tree_keeps_every_contract(tree: Path) -> None:
         # the operator imports _active (through the cluster pass): back again is a circle
         ("gpuop/controller/_active.py", "import gpuop.controller._operator", "no import cycle"),
         # the DRA simulator belongs to the local cluster, never to the operator
-        ("gpuop/controller/_apply.py", "import gpuop.cluster._dra", "never imports the local"),
+        ("gpuop/controller/_apply.py", "import gpuop.cluster._dra", "never import the local"),
+        # the node agent runs in the image, which has no NVML fake
+        ("gpuop/nodeagent/validate.py", "import gpuop.nvml.fake", "never import the local"),
     ],
 )
 def test_a_wrong_import_breaks_its_contract(
@@ -63,3 +66,31 @@ def test_a_wrong_import_breaks_its_contract(
     assert result.returncode != 0, result.stdout
     broken = result.stdout.split("Broken contracts", 1)[-1]
     assert contract in broken, result.stdout
+
+
+#: The CLI's own modules: they import the local cluster lazily, where the install has it.
+CLI_MODULES = {
+    "gpuop.cli",
+    "gpuop.cli_errors",
+    "gpuop._local",
+    "gpuop.upgrades_cli",
+    "gpuop.__main__",
+}
+
+
+def test_every_product_module_is_kept_from_the_simulator() -> None:
+    """A new module of gpuop falls under the contract unless it is the CLI's."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    (contract,) = (c for c in config["contracts"] if c["id"] == "operator-without-simulator")
+    forbidden = set(contract["forbidden_modules"])
+    modules = set()
+    for path in (ROOT / "gpuop").rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        modules.add(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    covered = {
+        m
+        for m in modules
+        if any(m == s or m.startswith(s + ".") for s in (*contract["source_modules"], *CLI_MODULES))
+        or any(m == f or m.startswith(f + ".") for f in forbidden)
+    }
+    assert modules - covered <= {"gpuop", "gpuop.nvml"}, sorted(modules - covered - {"gpuop"})

@@ -21,7 +21,7 @@ import pytest
 
 import crd
 from components import RenderContext, validator
-from gpuop.nodeagent import cli
+from gpuop.nodeagent import cli, commands
 from gpuop.nodeagent.devchar import DevCharError, DevCharLinker, possible_nodes
 from gpuop.nodeagent.driver_root import DriverInfo, container_driver, host_driver
 from gpuop.nodeagent.kube_memory import InMemoryKube
@@ -143,7 +143,7 @@ async def validate(node: Node, policy: dict[str, Any], nvml_root: str) -> bool:
     for name in ("driver_root", "host_root", "validations_dir", "dev_char_dir"):
         setattr(args, name, node.here(str(getattr(args, name))))
     kube = InMemoryKube(allocatable={NODE: {"nvidia.com/gpu": "2"}})
-    checks = cli.build_checks(args, kube, nvml_for=node.nvml_at(nvml_root), fs_root=node.root)
+    checks = commands.build_checks(args, kube, nvml_for=node.nvml_at(nvml_root), fs_root=node.root)
     for check in checks:  # no waiting between pod polls in a unit test
         if hasattr(check, "poll_s"):
             setattr(check, "poll_s", 0)  # noqa: B010

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuop.nodeagent import cli
+from gpuop.nodeagent import cli, commands
 
 
 def parser() -> argparse.ArgumentParser:
@@ -91,10 +91,10 @@ def _validate_args(tmp_path: Path, *extra: str) -> argparse.Namespace:
 
 
 async def test_validate_once_exit_codes(tmp_path: Path) -> None:
-    assert await cli.validate_main(_validate_args(tmp_path)) == 1
+    assert await commands.validate_main(_validate_args(tmp_path)) == 1
     assert not (tmp_path / "validations/toolkit-ready").exists()
     _toolkit_host(tmp_path / "host")
-    assert await cli.validate_main(_validate_args(tmp_path)) == 0
+    assert await commands.validate_main(_validate_args(tmp_path)) == 0
     assert (tmp_path / "validations/toolkit-ready").read_text() == ""  # as upstream's
 
 
@@ -103,12 +103,12 @@ async def test_validate_needs_a_node_name_for_cluster_checks(
 ) -> None:
     monkeypatch.delenv("NODE_NAME", raising=False)
     args = _validate_args(tmp_path, "--checks", "cuda")
-    assert await cli.validate_main(args) == 2
+    assert await commands.validate_main(args) == 2
 
 
 async def test_validate_wait_stops_on_sigterm_and_removes_files(tmp_path: Path) -> None:
     _toolkit_host(tmp_path / "host")
-    task = asyncio.create_task(cli.validate_main(_validate_args(tmp_path, "--wait")))
+    task = asyncio.create_task(commands.validate_main(_validate_args(tmp_path, "--wait")))
     ready = tmp_path / "validations/toolkit-ready"
     async with asyncio.timeout(3):
         for _ in itertools.count():
