@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 PREFIX = "gpu_operator_"
 
@@ -41,6 +41,21 @@ class OperatorMetrics:
             f"{PREFIX}reconciliation_cpu_seconds",
             "CPU seconds the operator's ClusterPolicy reconciliations took (not counting "
             "waits on the API server): with gpu_operator_reconciliation_total, what one costs",
+            registry=r,
+        )
+        self.reconcile_duration_seconds = Histogram(
+            f"{PREFIX}reconcile_duration_seconds",
+            "Wall time of one pass of the operator's work queue, waits on the API server"
+            " included, by pass (cluster, node, upgrades, remediation, nvidiadrivers)",
+            ["pass"],
+            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+            registry=r,
+        )
+        self.api_requests_total = Counter(
+            f"{PREFIX}api_requests",
+            "Requests the operator made to the API server, by verb and resource"
+            " (an idle operator makes none)",
+            ["verb", "resource"],
             registry=r,
         )
         self.reconciliation_failed_total = Counter(

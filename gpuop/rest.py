@@ -15,7 +15,7 @@ import asyncio
 import json
 import random
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -105,6 +105,9 @@ class Rest:
     def __init__(self, api: client.ApiClient, timeout: float = REQUEST_TIMEOUT) -> None:
         self.api = api
         self.counts: Counter[tuple[str, str]] = Counter()
+        #: Told of every request (verb, resource) as it is counted: the operator's
+        #: ``gpu_operator_api_requests_total``. The REST layer knows no metrics library.
+        self.observer: Callable[[str, str], None] | None = None
         connect = min(timeout, CONNECT_TIMEOUT)
         #: Applied to every request that does not bring its own (only watches do).
         self.timeout = aiohttp.ClientTimeout(total=timeout, connect=connect, sock_connect=connect)
@@ -160,6 +163,8 @@ class Rest:
         timeout: Any,
     ) -> Any:
         self.counts[(verb, resource)] += 1
+        if self.observer is not None:
+            self.observer(verb, resource)
         headers = {"Accept": "application/json"}
         if content_type:
             headers["Content-Type"] = content_type

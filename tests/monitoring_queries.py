@@ -58,6 +58,8 @@ def served(families: Iterable[Metric]) -> set[str]:
         names.add(family.name)
         if family.type == "counter":
             names.add(f"{family.name}_total")
+        if family.type == "histogram":
+            names |= {f"{family.name}_{part}" for part in ("bucket", "sum", "count")}
     return names
 
 

@@ -92,6 +92,9 @@ class Operator:
         self.rest = rest
         self.config = config
         self.metrics = metrics
+        rest.observer = lambda verb, resource: metrics.api_requests_total.labels(
+            verb, resource
+        ).inc()
         self.queue = WorkQueue(self._reconcile, workers=config.workers)
         self.pace = ProgressPace()
         ns = config.namespace
@@ -357,6 +360,15 @@ class Operator:
 
     # ------------------------------------------------------------ dispatch
     async def _reconcile(self, key: str) -> None:
+        started = time.monotonic()
+        try:
+            await self._run_pass(key)
+        finally:
+            self.metrics.reconcile_duration_seconds.labels(_pass_name(key)).observe(
+                time.monotonic() - started
+            )
+
+    async def _run_pass(self, key: str) -> None:
         if key == CLUSTER_KEY:
             await self.cluster.reconcile()
         elif key == UPGRADES_KEY:
@@ -376,6 +388,11 @@ class Operator:
 
     def active_spec(self) -> ClusterPolicySpec | None:
         return self._active.spec()
+
+
+def _pass_name(key: str) -> str:
+    """The pass a work-queue key runs, for metrics: `node/<name>` counts as `node`."""
+    return "node" if key.startswith(NODE_PREFIX) else key
 
 
 def _budget_facts(node: Obj | None) -> Any:
