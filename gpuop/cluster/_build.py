@@ -67,27 +67,27 @@ def ensure_helm(version: str | None = None, root: Path | None = None) -> Path:
     """Return the cached Helm binary (the chart tests need it), building it if missing."""
     version = version or helm_version()
     root = root or cache_dir()
-    path = helm_path(root, version)
-    if path.is_file() and _stamped(path.parent):
-        return path
-    root.mkdir(parents=True, exist_ok=True)
-    with _build_lock(root):
-        if not _stamped(path.parent):
-            _build_helm(find_go(), root, version, path.parent)
-    return path
+    return _ensure_tool(helm_path(root, version), root, version, _build_helm)
 
 
 def ensure_promtool(version: str | None = None, root: Path | None = None) -> Path:
     """Return the cached promtool (the alert rule tests run it), building it if missing."""
     version = version or promtool_version()
     root = root or cache_dir()
-    path = promtool_path(root, version)
+    return _ensure_tool(promtool_path(root, version), root, version, _build_promtool)
+
+
+def _ensure_tool(
+    path: Path, root: Path, version: str, build: Callable[[str, Path, str, Path], None]
+) -> Path:
+    """A single-binary tool at `path`: returned when its stamp says it is complete, else
+    built under the cache lock (another process may have built it meanwhile)."""
     if path.is_file() and _stamped(path.parent):
         return path
     root.mkdir(parents=True, exist_ok=True)
     with _build_lock(root):
         if not _stamped(path.parent):
-            _build_promtool(find_go(), root, version, path.parent)
+            build(find_go(), root, version, path.parent)
     return path
 
 
