@@ -112,3 +112,37 @@ def prometheus_rule(
         "metadata": meta,
         "spec": {"groups": rule_groups(node=node)},
     }
+
+
+def monitoring_objects(
+    component: str,
+    spec: ClusterPolicySpec,
+    ctx: RenderContext,
+    *,
+    app: str,
+    monitor_name: str,
+    port: str,
+    job_label: str,
+    rule_name: str,
+    node: bool,
+    settings: ServiceMonitorSpec | None = None,
+) -> list[Manifest]:
+    """The ServiceMonitor and the PrometheusRule of one metrics Service, each only where
+    its API is served: what the operator's and the node status exporter's metrics get."""
+    objects: list[Manifest] = []
+    if ctx.service_monitor_crd:
+        objects.append(
+            service_monitor(
+                monitor_name,
+                component,
+                spec,
+                ctx,
+                app=app,
+                port=port,
+                job_label=job_label,
+                settings=settings,
+            )
+        )
+    if ctx.prometheus_rule_crd:
+        objects.append(prometheus_rule(rule_name, component, spec, ctx, app=app, node=node))
+    return objects

@@ -36,7 +36,7 @@ from components.kinds import (
     SERVICE,
     SERVICE_MONITOR,
 )
-from components.monitoring import prometheus_rule, service_monitor
+from components.monitoring import monitoring_objects
 from crd import ClusterPolicySpec
 
 NAME = "node-status-exporter"
@@ -132,22 +132,17 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
             scrape=True,
         ),
     ]
-    if ctx.service_monitor_crd:
-        objects.append(
-            service_monitor(
-                SERVICE_NAME,
-                NAME,
-                spec,
-                ctx,
-                app=DAEMONSET_NAME,
-                port=SERVICE_PORT_NAME,
-                job_label=JOB_LABEL,
-            )
-        )
-    if ctx.prometheus_rule_crd:
-        objects.append(
-            prometheus_rule(PROMETHEUS_RULE_NAME, NAME, spec, ctx, app=DAEMONSET_NAME, node=True)
-        )
+    objects += monitoring_objects(
+        NAME,
+        spec,
+        ctx,
+        app=DAEMONSET_NAME,
+        monitor_name=SERVICE_NAME,
+        port=SERVICE_PORT_NAME,
+        job_label=JOB_LABEL,
+        rule_name=PROMETHEUS_RULE_NAME,
+        node=True,
+    )
     return objects
 
 

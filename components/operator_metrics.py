@@ -8,7 +8,7 @@ from components._k8s import service
 from components.component import Component, always
 from components.context import Manifest, RenderContext
 from components.kinds import PROMETHEUS_RULE, SERVICE, SERVICE_MONITOR
-from components.monitoring import prometheus_rule, service_monitor
+from components.monitoring import monitoring_objects
 from crd import ClusterPolicySpec
 
 NAME = "operator-metrics"
@@ -37,26 +37,22 @@ def _service(spec: ClusterPolicySpec, ctx: RenderContext) -> Manifest:
 
 
 def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
-    objects = [_service(spec, ctx)]
-    if ctx.service_monitor_crd:
-        settings = spec.operator.metrics.service_monitor if spec.operator.metrics else None
-        objects.append(
-            service_monitor(
-                SERVICE_MONITOR_NAME,
-                NAME,
-                spec,
-                ctx,
-                app=OPERATOR_APP,
-                port=METRICS_PORT_NAME,
-                job_label=JOB_LABEL,
-                settings=settings,
-            )
-        )
-    if ctx.prometheus_rule_crd:
-        objects.append(
-            prometheus_rule(PROMETHEUS_RULE_NAME, NAME, spec, ctx, app=OPERATOR_APP, node=False)
-        )
-    return objects
+    settings = spec.operator.metrics.service_monitor if spec.operator.metrics else None
+    return [
+        _service(spec, ctx),
+        *monitoring_objects(
+            NAME,
+            spec,
+            ctx,
+            app=OPERATOR_APP,
+            monitor_name=SERVICE_MONITOR_NAME,
+            port=METRICS_PORT_NAME,
+            job_label=JOB_LABEL,
+            rule_name=PROMETHEUS_RULE_NAME,
+            node=False,
+            settings=settings,
+        ),
+    ]
 
 
 COMPONENT = Component(
