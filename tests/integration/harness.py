@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from kubernetes_asyncio import client
 
 from gpuop.cluster import ClusterInfo, LocalCluster, cache_dir
@@ -104,3 +106,30 @@ async def policy_state(rest: Rest, name: str = "cluster-policy") -> str | None:
 
 async def policy_state_is(rest: Rest, state: str, name: str = "cluster-policy") -> bool:
     return await policy_state(rest, name) == state
+
+
+async def watch_from(
+    call: Callable[..., Awaitable[Any]], rv: str, what: str, **params: Any
+) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    """Every event of a raw watch (``Rest.lister``'s call) from resourceVersion ``rv``,
+    for ever: re-watches from the last version seen when the server ends a watch, skips
+    bookmarks, and fails on an ERROR event (a test's watcher must never miss one)."""
+    while True:
+        resp = await call(
+            **params,
+            watch=True,
+            resource_version=rv,
+            allow_watch_bookmarks=True,
+            timeout_seconds=600,
+            _request_timeout=aiohttp.ClientTimeout(total=None, sock_read=None),
+        )
+        assert resp.status == 200, await resp.read()
+        async with resp:
+            while line := await resp.content.readline():
+                event = json.loads(line)
+                obj = event["object"]
+                if event["type"] == "ERROR":
+                    raise AssertionError(f"watch of {what} failed: {obj}")
+                rv = obj["metadata"]["resourceVersion"]
+                if event["type"] != "BOOKMARK":
+                    yield event["type"], obj

@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 from kubernetes_asyncio import client
 
@@ -43,7 +42,7 @@ from statemachine.upgrade_keys import (
     STATE_SINCE_ANNOTATION,
     UpgradeState,
 )
-from tests.integration.harness import eventually, own_cluster
+from tests.integration.harness import eventually, own_cluster, watch_from
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
@@ -164,6 +163,18 @@ def _in_progress(node: dict[str, Any]) -> bool:
         return False
 
 
+def _budget_use(nodes: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+    """(nodes upgrading, nodes unavailable: upgrading or cordoned), by name: what the
+    upgrade budget counts."""
+    in_progress = sorted(n["metadata"]["name"] for n in nodes if _in_progress(n))
+    unavailable = sorted(
+        n["metadata"]["name"]
+        for n in nodes
+        if _in_progress(n) or n.get("spec", {}).get("unschedulable")
+    )
+    return in_progress, unavailable
+
+
 # ---------------------------------------------------------------- watcher
 @dataclass
 class Watcher:
@@ -193,41 +204,19 @@ class Watcher:
         body = json.loads(await resp.read())
         store.update({o["metadata"]["name"]: o for o in body["items"]})
         rv = body["metadata"]["resourceVersion"]
-        while True:
-            resp = await call(
-                label_selector=selector,
-                watch=True,
-                resource_version=rv,
-                allow_watch_bookmarks=True,
-                timeout_seconds=600,
-                _request_timeout=aiohttp.ClientTimeout(total=None, sock_read=None),
-            )
-            assert resp.status == 200, await resp.read()
-            async with resp:
-                while line := await resp.content.readline():
-                    event = json.loads(line)
-                    obj = event["object"]
-                    if event["type"] == "ERROR":
-                        raise AssertionError(f"watch of {kind.plural} failed: {obj}")
-                    rv = obj["metadata"]["resourceVersion"]
-                    if event["type"] == "BOOKMARK":
-                        continue
-                    name = obj["metadata"]["name"]
-                    if event["type"] == "DELETED":
-                        store.pop(name, None)
-                    else:
-                        store[name] = obj
-                    self.check(f"{event['type']} {kind.kind} {name} rv={rv}")
+        async for kind_of_event, obj in watch_from(call, rv, kind.plural, label_selector=selector):
+            name = obj["metadata"]["name"]
+            if kind_of_event == "DELETED":
+                store.pop(name, None)
+            else:
+                store[name] = obj
+            version = obj["metadata"]["resourceVersion"]
+            self.check(f"{kind_of_event} {kind.kind} {name} rv={version}")
 
     def check(self, what: str) -> None:
         self.observations += 1
         gpu = [n for n in self.nodes.values() if _labels(n).get(NFD_GPU_LABEL) == "true"]
-        in_progress = sorted(n["metadata"]["name"] for n in gpu if _in_progress(n))
-        unavailable = sorted(
-            n["metadata"]["name"]
-            for n in gpu
-            if _in_progress(n) or n.get("spec", {}).get("unschedulable")
-        )
+        in_progress, unavailable = _budget_use(gpu)
         self.peak_in_progress = max(self.peak_in_progress, len(in_progress))
         self.peak_unavailable = max(self.peak_unavailable, len(unavailable))
         if len(in_progress) > MAX_PARALLEL:
@@ -529,12 +518,7 @@ class DriverWatcher(Watcher):
         for node in gpu:
             groups.setdefault(_target(node), []).append(node)
         for owner, nodes in groups.items():
-            in_progress = sorted(n["metadata"]["name"] for n in nodes if _in_progress(n))
-            unavailable = sorted(
-                n["metadata"]["name"]
-                for n in nodes
-                if _in_progress(n) or n.get("spec", {}).get("unschedulable")
-            )
+            in_progress, unavailable = _budget_use(nodes)
             self.peak_in_progress = max(self.peak_in_progress, len(in_progress))
             self.peak_unavailable = max(self.peak_unavailable, len(unavailable))
             if len(in_progress) > NVD_PARALLEL:

@@ -29,7 +29,6 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 import pytest
 
 import crd
@@ -48,6 +47,7 @@ from tests.integration.harness import (
     eventually,
     own_cluster,
     policy_state_is,
+    watch_from,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.partition]
@@ -169,24 +169,8 @@ class Watcher:
         self.pods.update({o["metadata"]["name"]: o for o in body["items"]})
         rv = body["metadata"]["resourceVersion"]
         self.synced = True
-        while True:
-            resp = await call(
-                watch=True,
-                resource_version=rv,
-                allow_watch_bookmarks=True,
-                timeout_seconds=600,
-                _request_timeout=aiohttp.ClientTimeout(total=None, sock_read=None),
-            )
-            assert resp.status == 200, await resp.read()
-            async with resp:
-                while line := await resp.content.readline():
-                    event = json.loads(line)
-                    obj = event["object"]
-                    if event["type"] == "ERROR":
-                        raise AssertionError(f"watch of pods failed: {obj}")
-                    rv = obj["metadata"]["resourceVersion"]
-                    if event["type"] != "BOOKMARK":
-                        self.observe(event["type"], obj)
+        async for kind_of_event, obj in watch_from(call, rv, "pods"):
+            self.observe(kind_of_event, obj)
 
     def observe(self, kind: str, pod: dict[str, Any]) -> None:
         self.events += 1
