@@ -160,6 +160,8 @@ def _upgrade_labels(
     policy = policy_view(spec)
     if not (policy.auto_upgrade and c.is_gpu_node(labels)):
         return labels
+    if labels.get(DEPLOY_DRIVER_LABEL) != TRUE:
+        return labels  # a VM host (sandbox workloads): no driver pod, nothing to upgrade
     enrols = labels.get(DEPLOY_DRIVER_LABEL) == TRUE and OWNER_LABEL not in labels
     if enrols and not spec.driver.use_nvidia_driver_crd:
         enrolling = NodeUpgradeView(name=name, now=0.0, labels=labels, enrolling=True)
