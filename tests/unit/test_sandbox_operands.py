@@ -152,3 +152,47 @@ def test_a_vm_host_takes_its_operands_in_order(workload_order: tuple[str, ...]) 
     driver, then the vGPU devices, the validator, and the device plugin last."""
     positions = [NODE_ORDER.index(name) for name in workload_order]
     assert positions == sorted(positions)
+
+
+@pytest.mark.parametrize(
+    ("workload", "mode", "expected"),
+    [
+        # The CC manager's label goes on every VM host (upstream's); the component itself
+        # runs in mode kata only, so here the node machine observes it absent.
+        (
+            "vm-passthrough",
+            "kubevirt",
+            ("vfio-manager", "sandbox-validation", "sandbox-device-plugin", "cc-manager"),
+        ),
+        (
+            "vm-passthrough",
+            "kata",
+            ("vfio-manager", "sandbox-validation", "kata-device-plugin", "cc-manager"),
+        ),
+        (
+            "vm-vgpu",
+            "kata",
+            (
+                "vgpu-manager",
+                "vgpu-device-manager",
+                "sandbox-validation",
+                "sandbox-device-plugin",
+                "cc-manager",
+            ),
+        ),
+    ],
+)
+def test_workload_node_order(workload: str, mode: str, expected: tuple[str, ...]) -> None:
+    assert c.registry.workload_node_order(workload, mode) == expected
+
+
+def test_container_node_order_has_no_sandbox_operand() -> None:
+    order = c.registry.workload_node_order("container")
+    assert order[:4] == ("driver", "container-toolkit", "operator-validation", "device-plugin")
+    assert not set(order) & set(SANDBOX)
+    assert set(order) | {
+        n
+        for w in ("vm-passthrough", "vm-vgpu")
+        for m in ("kubevirt", "kata")
+        for n in c.registry.workload_node_order(w, m)
+    } == set(NODE_ORDER)
