@@ -12,22 +12,40 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from components import (
+    cc_manager,
     dcgm,
     dcgm_exporter,
     device_plugin,
     driver,
     gfd,
+    kata_device_plugin,
     mig_manager,
     mps,
     node_status_exporter,
     operator_metrics,
     prerequisites,
+    sandbox_device_plugin,
+    sandbox_validator,
     toolkit,
     validator,
+    vfio_manager,
+    vgpu_device_manager,
+    vgpu_manager,
 )
-from components.component import Component, ObjectKind
+from components.component import (
+    EVERY_WORKLOAD,
+    PASSTHROUGH_ONLY,
+    Component,
+    ObjectKind,
+    Placement,
+)
 from components.context import Manifest, RenderContext
-from components.keys import DEPLOY_CLIENT_LABEL
+from components.keys import (
+    CONTAINER_WORKLOAD,
+    DEPLOY_CLIENT_LABEL,
+    DEPLOY_KATA_MANAGER_LABEL,
+    KUBEVIRT_MODE,
+)
 from crd import ClusterPolicySpec
 
 COMPONENTS: tuple[Component, ...] = (
@@ -43,12 +61,27 @@ COMPONENTS: tuple[Component, ...] = (
     gfd.COMPONENT,
     mig_manager.COMPONENT,
     node_status_exporter.COMPONENT,
+    # GPUs for VMs (sandboxWorkloads): upstream's order, but for the VFIO manager, which
+    # comes before the sandbox validator here: the validator checks what it did.
+    vgpu_manager.COMPONENT,
+    vgpu_device_manager.COMPONENT,
+    vfio_manager.COMPONENT,
+    sandbox_validator.COMPONENT,
+    sandbox_device_plugin.COMPONENT,
+    kata_device_plugin.COMPONENT,
+    cc_manager.COMPONENT,
 )
 """Rollout order: every enabled component is applied in each pass, and each GPU node
-    takes them in this order (its per-node machine, `statemachine.node_rollout`)."""
+    takes them in this order (its per-node machine, `statemachine.node_rollout`): on a
+    VM host the vGPU or VFIO manager, the vGPU device manager, the validator, then the
+    device plugin."""
 
-EXTRA_DEPLOY_LABELS: tuple[str, ...] = (DEPLOY_CLIENT_LABEL,)
-"""Deploy labels set with the operands' though no operand of ours owns them (upstream's)."""
+EXTRA_DEPLOY_LABELS: tuple[tuple[str, Placement], ...] = (
+    (DEPLOY_KATA_MANAGER_LABEL, PASSTHROUGH_ONLY),
+    (DEPLOY_CLIENT_LABEL, EVERY_WORKLOAD),
+)
+"""Deploy labels set with the operands' though no operand of ours owns them (upstream's),
+with the workloads whose nodes get them."""
 
 
 def rollout_order(components: Iterable[Component]) -> tuple[str, ...]:
@@ -62,10 +95,23 @@ def node_order(components: Iterable[Component]) -> tuple[str, ...]:
     return tuple(c.name for c in components if any(k.kind == "DaemonSet" for k in c.kinds))
 
 
+def workload_node_order(
+    workload: str, mode: str = KUBEVIRT_MODE, components: Iterable[Component] = COMPONENTS
+) -> tuple[str, ...]:
+    """The per-node states of a node serving `workload` under sandbox `mode`: the node
+    components whose deploy label such a node carries (the MPS daemon, which has none,
+    goes with the device plugin), in rollout order. A VM host's: the vGPU or VFIO
+    manager, the vGPU device manager, the sandbox validator, then its device plugin."""
+    order = node_order(components)
+    return tuple(
+        c.name for c in components if c.name in order and c.placement.applies(workload, mode)
+    )
+
+
 def deploy_labels(components: Iterable[Component]) -> tuple[str, ...]:
     """Every deploy label we manage: the operands' in rollout order, then the extras."""
     owned = (c.deploy_label for c in components if c.deploy_label)
-    return tuple(dict.fromkeys((*owned, *EXTRA_DEPLOY_LABELS)))
+    return tuple(dict.fromkeys((*owned, *(label for label, _ in EXTRA_DEPLOY_LABELS))))
 
 
 def owned_kinds(components: Iterable[Component]) -> tuple[ObjectKind, ...]:
@@ -76,10 +122,10 @@ def owned_kinds(components: Iterable[Component]) -> tuple[ObjectKind, ...]:
 ROLLOUT_ORDER = rollout_order(COMPONENTS)
 NODE_ORDER = node_order(COMPONENTS)
 DEPLOY_LABELS = deploy_labels(COMPONENTS)
-"""Like upstream, all are set on every GPU node whether or not the policy enables that
-operand (but only where the operand is eligible: the MIG manager's on MIG-capable nodes),
-so enabling an operand later needs no node relabelling and users' node selectors see
-the same labels as with upstream."""
+"""Like upstream, those of a node's workload are set on every GPU node whether or not the
+policy enables that operand (but only where the operand is eligible: the MIG manager's
+on MIG-capable nodes), so enabling an operand later needs no node relabelling and users'
+node selectors see the same labels as with upstream."""
 OWNED_KINDS = owned_kinds(COMPONENTS)
 
 _BY_NAME = {c.name: c for c in COMPONENTS}
@@ -96,12 +142,20 @@ def enabled_components(spec: ClusterPolicySpec) -> list[str]:
 
 
 def eligible_deploy_labels(
-    labels: Mapping[str, str], components: Iterable[Component] = COMPONENTS
+    labels: Mapping[str, str],
+    workload: str = CONTAINER_WORKLOAD,
+    mode: str = KUBEVIRT_MODE,
+    components: Iterable[Component] = COMPONENTS,
 ) -> set[str]:
-    """The deploy labels a GPU node with these labels should carry."""
-    return {c.deploy_label for c in components if c.deploy_label and c.eligible(labels)} | set(
-        EXTRA_DEPLOY_LABELS
-    )
+    """The deploy labels a GPU node with these labels, serving `workload`, should carry
+    under sandbox `mode` (`sandboxWorkloads.mode`)."""
+    owned = {
+        c.deploy_label
+        for c in components
+        if c.deploy_label and c.placement.applies(workload, mode) and c.eligible(labels)
+    }
+    extras = {label for label, where in EXTRA_DEPLOY_LABELS if where.applies(workload, mode)}
+    return owned | extras
 
 
 def desired_objects(spec: ClusterPolicySpec, ctx: RenderContext) -> dict[str, list[Manifest]]:
