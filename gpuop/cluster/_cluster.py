@@ -439,12 +439,13 @@ class LocalCluster:
 
 async def publish_dra(api: Any) -> None:
     """Publish the simulated nodes' GPUs as DRA devices (idempotent)."""
+    from gpuop.kinds import KINDS
     from gpuop.rest import Rest
 
     from ._dra import publish
 
     progress = Progress("DRA devices")
-    done = await publish(Rest(api))
+    done = await publish(Rest(api, KINDS))
     progress.finish(
         f"ResourceSlices of gpu.nvidia.com: {len(done.created)} created, "
         f"{len(done.replaced)} replaced, {len(done.deleted)} deleted"

@@ -31,8 +31,9 @@ from gpuop.controller._rollout_gate import RolloutGate
 from gpuop.controller._upgrade import Upgrades, policy_view, requeue_after
 from gpuop.controller._upgrade_inputs import state_of
 from gpuop.informer import Informer, Obj
+from gpuop.kinds import by_kind
 from gpuop.log import get_logger
-from gpuop.rest import Rest, by_kind
+from gpuop.rest import Rest
 from statemachine import Action, Decision, UpgradePolicyView
 from statemachine.driver_owner import NEXT_OWNER_LABEL
 from statemachine.upgrade import next_step

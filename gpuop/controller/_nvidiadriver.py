@@ -48,8 +48,8 @@ from gpuop.controller._nvidiadriver_status import StatusWriter, is_policy_driver
 from gpuop.controller._pods import PodSubset, is_driver_pod, pod_app
 from gpuop.controller._upgrade_inputs import policy_view, state_of
 from gpuop.informer import Informer, Obj, ResourceSpec
+from gpuop.kinds import by_kind
 from gpuop.log import get_logger
-from gpuop.rest import by_kind
 from statemachine import UpgradePolicyView
 from statemachine.driver_owner import NEXT_OWNER_LABEL, DriverResource, assign_owners
 from statemachine.upgrade_keys import IN_PROGRESS_STATES, SKIP_LABEL, STATE_LABEL, UpgradeState

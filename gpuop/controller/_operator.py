@@ -57,9 +57,10 @@ from gpuop.controller._rollout_view import NodeRollouts, pod_facts
 from gpuop.controller._site_config import SiteConfigMaps
 from gpuop.controller._upgrade import Upgrades
 from gpuop.informer import Handler, Informer, Obj, ResourceSpec
+from gpuop.kinds import by_kind
 from gpuop.log import get_logger
 from gpuop.metrics import OperatorMetrics
-from gpuop.rest import Kind, Rest, by_kind
+from gpuop.rest import Kind, Rest
 from statemachine.driver_owner import NEXT_OWNER_LABEL
 from statemachine.upgrade_keys import SKIP_LABEL, STATE_LABEL
 

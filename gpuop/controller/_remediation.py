@@ -39,9 +39,10 @@ from gpuop.controller._upgrade import Upgrades
 from gpuop.controller._upgrade_inputs import policy_view as upgrade_policy_view
 from gpuop.events import EventRecorder
 from gpuop.informer import Obj
+from gpuop.kinds import by_kind
 from gpuop.log import get_logger
 from gpuop.metrics import OperatorMetrics
-from gpuop.rest import Rest, by_kind
+from gpuop.rest import Rest
 from statemachine import cordon
 from statemachine.remediation import (
     ACTION_ANNOTATION,

@@ -20,9 +20,10 @@ from gpuop.controller._nodes import is_ready, labels
 from gpuop.controller._status import condition_change, write_policy_conditions
 from gpuop.events import EventRecorder
 from gpuop.informer import Obj
+from gpuop.kinds import by_kind
 from gpuop.log import get_logger
 from gpuop.metrics import OperatorMetrics
-from gpuop.rest import Rest, by_kind
+from gpuop.rest import Rest
 from statemachine.rollout_gate import (
     RECORD_ANNOTATION,
     RESUME_ANNOTATION,

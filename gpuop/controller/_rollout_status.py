@@ -21,9 +21,10 @@ from gpuop.controller._policy_status import policy_ref, stored_condition
 from gpuop.controller._rollout_view import NodeRollouts, RolloutView
 from gpuop.events import EventRecorder
 from gpuop.informer import Obj
+from gpuop.kinds import by_kind
 from gpuop.log import get_logger
 from gpuop.metrics import OperatorMetrics
-from gpuop.rest import Rest, by_kind
+from gpuop.rest import Rest
 from statemachine.node_rollout import NODE_ORDER
 from statemachine.stale_pods import OUT_OF_SERVICE_TAINT, StalePod, plan_release
 
