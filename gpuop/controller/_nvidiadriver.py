@@ -41,18 +41,23 @@ from crd import (
     parse_nvidiadriver,
 )
 from gpuop.controller._apply import owned_by, owner_reference
-from gpuop.controller._keys import CLUSTER_KEY, UPGRADES_KEY, node_key
+from gpuop.controller._keys import CLUSTER_KEY, NVD_KEY, UPGRADES_KEY, node_key
 from gpuop.controller._memo import VersionMemo
 from gpuop.controller._nodes import labels
 from gpuop.controller._nvidiadriver_status import StatusWriter, is_policy_driver, nvd_owner
 from gpuop.controller._pods import PodSubset, is_driver_pod, pod_app
-from gpuop.controller._upgrade_inputs import policy_view, state_of
+from gpuop.controller._upgrade_inputs import policy_view
 from gpuop.informer import Informer, Obj, ResourceSpec
 from gpuop.kinds import by_kind
 from gpuop.log import get_logger
 from statemachine import UpgradePolicyView
 from statemachine.driver_owner import NEXT_OWNER_LABEL, DriverResource, assign_owners
-from statemachine.upgrade_keys import IN_PROGRESS_STATES, SKIP_LABEL, STATE_LABEL, UpgradeState
+from statemachine.upgrade_keys import (
+    SLOT_STATES,
+    STATE_LABEL,
+    parse_state,
+    skipped,
+)
 
 if TYPE_CHECKING:
     from gpuop.controller._driver_host import DriverHost
@@ -60,7 +65,6 @@ if TYPE_CHECKING:
 
 log = get_logger(__name__)
 
-NVD_KEY = "nvidiadrivers"
 NVD = by_kind(NVD_API_VERSION, NVD_KIND)
 NODE = by_kind("v1", "Node")
 DAEMONSET = by_kind("apps/v1", "DaemonSet")
@@ -238,7 +242,7 @@ class NVIDIADrivers:
             n["metadata"]["name"]
             for n in self.op.nodes.values()
             if (labels(n).get(OWNER_LABEL) or labels(n).get(NEXT_OWNER_LABEL))
-            and labels(n).get(SKIP_LABEL) != "true"
+            and not skipped(labels(n))
             and labels(n).get(STATE_LABEL) not in (None, "", "upgrade-done")
         )
 
@@ -287,7 +291,7 @@ class NVIDIADrivers:
             name
             for name, node_labels in gpu.items()
             if NEXT_OWNER_LABEL not in node_labels
-            and state_of(node_labels) in (*IN_PROGRESS_STATES, UpgradeState.UPGRADE_FAILED)
+            and parse_state(node_labels.get(STATE_LABEL)) in SLOT_STATES
         }
         assignment = assign_owners(gpu, resources, self._held_nodes(), managed, busy)
         intended = assignment.targets  # once every hand-over is done

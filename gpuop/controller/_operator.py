@@ -24,9 +24,12 @@ from gpuop.controller._cluster import ClusterReconciler
 from gpuop.controller._config import OperatorConfig
 from gpuop.controller._keys import (
     CLUSTER_KEY,
-    NODE_PREFIX,
+    NVD_KEY,
+    REMEDIATION_KEY,
+    STUCK_KEY,
     UPGRADES_KEY,
     node_key,
+    node_of,
 )
 from gpuop.controller._node import NodeReconciler
 from gpuop.controller._nodes import (
@@ -36,7 +39,7 @@ from gpuop.controller._nodes import (
     node_out_of_service,
     trim_node,
 )
-from gpuop.controller._nvidiadriver import NVD_KEY, NVIDIADrivers
+from gpuop.controller._nvidiadriver import NVIDIADrivers
 from gpuop.controller._nvidiadriver_status import is_driver_object
 from gpuop.controller._owned import ALWAYS_WATCHED, OptionalWatches
 from gpuop.controller._pace import ProgressPace
@@ -49,10 +52,10 @@ from gpuop.controller._pods import (
     trim_revision,
 )
 from gpuop.controller._policy_status import PolicyStatusWriter, generation
-from gpuop.controller._remediation import REMEDIATION_KEY, Remediation, upgrade_drain
+from gpuop.controller._remediation import Remediation, upgrade_drain
 from gpuop.controller._remediation_views import policy_facts
 from gpuop.controller._rollout_gate import RolloutGate, gate_facts
-from gpuop.controller._rollout_status import STUCK_KEY, RolloutReports
+from gpuop.controller._rollout_status import RolloutReports
 from gpuop.controller._rollout_view import NodeRollouts, pod_facts
 from gpuop.controller._site_config import SiteConfigMaps
 from gpuop.controller._upgrade import Upgrades
@@ -62,7 +65,7 @@ from gpuop.log import get_logger
 from gpuop.metrics import OperatorMetrics
 from gpuop.rest import Kind, Rest
 from statemachine.driver_owner import NEXT_OWNER_LABEL
-from statemachine.upgrade_keys import SKIP_LABEL, STATE_LABEL
+from statemachine.upgrade_keys import STATE_LABEL, skipped
 
 log = get_logger(__name__)
 
@@ -370,12 +373,13 @@ class Operator:
             )
 
     async def _run_pass(self, key: str) -> None:
-        if key == CLUSTER_KEY:
+        node = node_of(key)
+        if node is not None:
+            await self.node_passes.reconcile_node(node)
+        elif key == CLUSTER_KEY:
             await self.cluster.reconcile()
         elif key == UPGRADES_KEY:
             await self.node_passes.reconcile_upgrades()
-        elif key.startswith(NODE_PREFIX):
-            await self.node_passes.reconcile_node(key[len(NODE_PREFIX) :])
         elif key == REMEDIATION_KEY:
             await self.remediation.reconcile()
         elif key == NVD_KEY:
@@ -393,7 +397,7 @@ class Operator:
 
 def _pass_name(key: str) -> str:
     """The pass a work-queue key runs, for metrics: `node/<name>` counts as `node`."""
-    return "node" if key.startswith(NODE_PREFIX) else key
+    return key if node_of(key) is None else "node"
 
 
 def _budget_facts(node: Obj | None) -> Any:
@@ -405,7 +409,7 @@ def _budget_facts(node: Obj | None) -> Any:
         node_labels.get(STATE_LABEL),
         node_labels.get(OWNER_LABEL),  # which budget the node counts in
         node_labels.get(NEXT_OWNER_LABEL),
-        node_labels.get(SKIP_LABEL),
+        skipped(node_labels),
         is_gpu_node(node_labels),
         node["spec"].get("unschedulable", False),
         is_ready(node),

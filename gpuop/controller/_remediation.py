@@ -27,6 +27,7 @@ from crd import ClusterPolicySpec
 from crd import format_time as format_condition_time
 from gpuop.controller._active import ActivePolicy
 from gpuop.controller._eviction import EVICTION_RETRY_SECONDS
+from gpuop.controller._keys import REMEDIATION_KEY
 from gpuop.controller._nodes import labels
 from gpuop.controller._remediation_views import (
     node_facts,
@@ -71,7 +72,6 @@ from statemachine.remediation import (
 
 log = get_logger(__name__)
 
-REMEDIATION_KEY = "remediation"
 NODE = by_kind("v1", "Node")
 POLICY = by_kind("nvidia.com/v1", "ClusterPolicy")
 #: Condition times have whole seconds; waking this much after a settle deadline makes

@@ -37,9 +37,9 @@ from statemachine.rollout_gate import (
 )
 from statemachine.upgrade_keys import (
     FAILED_REVISION_ANNOTATION,
-    SKIP_LABEL,
     STATE_LABEL,
     parse_state,
+    skipped,
 )
 
 log = get_logger(__name__)
@@ -100,7 +100,7 @@ def gate_nodes(
                 failed_revision=annotations.get(FAILED_REVISION_ANNOTATION),
                 unschedulable=bool(node["spec"].get("unschedulable")),
                 ready=is_ready(node),
-                skip=node_labels.get(SKIP_LABEL) == "true",
+                skip=skipped(node_labels),
             )
         )
     return result

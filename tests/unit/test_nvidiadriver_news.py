@@ -12,9 +12,9 @@ from typing import Any
 
 from components.driver import COMPONENT_POD_LABEL
 from crd import OWNER_LABEL
-from gpuop.controller._keys import CLUSTER_KEY, UPGRADES_KEY, node_key
+from gpuop.controller._keys import CLUSTER_KEY, NVD_KEY, UPGRADES_KEY, node_key
 from gpuop.controller._nodes import trim_node
-from gpuop.controller._nvidiadriver import NVD_KEY, NVIDIADrivers
+from gpuop.controller._nvidiadriver import NVIDIADrivers
 from gpuop.informer import Informer, ResourceSpec, key_of
 
 Obj = dict[str, Any]
