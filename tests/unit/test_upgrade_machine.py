@@ -14,6 +14,7 @@ from transitions import Event, EventData, Machine
 
 from statemachine import upgrade
 from statemachine.upgrade import next_step
+from statemachine.upgrade_bookkeeping import NodeModel
 from statemachine.upgrade_guards import GuardContext
 from statemachine.upgrade_keys import (
     DRAIN_START_ANNOTATION,
@@ -211,7 +212,7 @@ def test_at_most_one_transition_is_enabled_per_state(
 ) -> None:
     """Guards leaving a state are mutually exclusive: trigger order never matters."""
     machine = upgrade._MACHINE.machine
-    model = upgrade._NodeModel(GuardContext(v, policy, may_start))
+    model = NodeModel(GuardContext(v, policy, may_start))
     state = machine.get_state(v.state.value)
     for source in machine.states:
         enabled = []
