@@ -79,7 +79,7 @@ class NVIDIADrivers:
         rest = operator.rest
         self.drivers = Informer(ResourceSpec("nvidiadrivers", rest.lister(NVD)), self._on_driver)
         #: Every driver pod (the ClusterPolicy's and each NVIDIADriver's), followed
-        #: through the operator's cache of operand pods (``Operator._on_pod``).
+        #: through the operator's cache of operand pods (``follow_pod``).
         self.driver_pods = PodSubset(is_driver_pod)
         self._parsed: VersionMemo[str, NVIDIADriver | None] = VersionMemo()
         #: Fleet-wide answers read by every cluster pass and every NVIDIADriver pass,
@@ -124,27 +124,10 @@ class NVIDIADrivers:
             return  # only status changed (most likely our own write)
         self.op.queue.add(NVD_KEY)
 
-    def on_pod(self, event: str, old: Obj | None, new: Obj | None) -> None:
-        """An event of the operand pods cache: driver pods only."""
-        if not self.driver_pods.update(old, new):
-            return
-        pod = new or old
-        assert pod is not None
-        node = (pod.get("spec") or {}).get("nodeName")
-        if node:
-            self.op.queue.add(node_key(node))  # the node's upgrade reads its driver pod
-        if event == "MODIFIED":
-            return  # hand-over gates and the fleet budget only ask whether one is there
-        self.op.queue.add(NVD_KEY)
-        if not is_policy_driver(pod_app(pod)):
-            # The ClusterPolicy's driver waits while an NVIDIADriver's pod runs. Its own
-            # pods coming and going is rollout progress: the operator's paced pass
-            # counts it (queued at once here, 1,000 creations were 1,000 passes).
-            self.op.queue.add(CLUSTER_KEY)
-        if self.op.node_passes.upgrades_queued():
-            # Only a node waiting for a slot reads whether it has a driver pod. Queued at
-            # once, a fresh install's 1,000 driver pods were 1,000 fleet passes.
-            self.op.node_passes.fleet_soon()
+    def follow_pod(self, old: Obj | None, new: Obj | None) -> bool:
+        """Follow one event of the operand pods cache; True when it was a driver pod's.
+        What that wakes is the operator's router's to say (`_routes.route_pod`)."""
+        return self.driver_pods.update(old, new)
 
     # ----------------------------------------------------------- questions
     def _enabled(self) -> bool:

@@ -14,7 +14,6 @@ import time
 from typing import Any
 
 from components._k8s import MANAGED_BY, MANAGED_BY_LABEL
-from components.driver import DAEMONSET_NAME as DRIVER_DS
 from components.keys import MIG_CAPABLE_LABEL
 from components.labels import is_gpu_node
 from crd import OWNER_LABEL, ClusterPolicy, ClusterPolicySpec
@@ -44,9 +43,7 @@ from gpuop.controller._nvidiadriver_status import is_driver_object
 from gpuop.controller._owned import ALWAYS_WATCHED, OptionalWatches
 from gpuop.controller._pace import ProgressPace
 from gpuop.controller._pods import (
-    WATCHED_APPS,
     PodShape,
-    pod_app,
     pod_index,
     trim_pod,
     trim_revision,
@@ -56,7 +53,8 @@ from gpuop.controller._remediation import Remediation, upgrade_drain
 from gpuop.controller._remediation_views import policy_facts
 from gpuop.controller._rollout_gate import RolloutGate, gate_facts
 from gpuop.controller._rollout_status import RolloutReports
-from gpuop.controller._rollout_view import NodeRollouts, pod_facts
+from gpuop.controller._rollout_view import NodeRollouts
+from gpuop.controller._routes import route_pod
 from gpuop.controller._site_config import SiteConfigMaps
 from gpuop.controller._upgrade import Upgrades
 from gpuop.informer import Handler, Informer, Obj, ResourceSpec
@@ -317,19 +315,12 @@ class Operator:
             self.queue.add(NVD_KEY)  # NVIDIADriver status, and the driver hand-over
 
     def _on_pod(self, event: str, old: Obj | None, new: Obj | None) -> None:
-        pod = new or old
-        assert pod is not None
-        self.nvd.on_pod(event, old, new)
-        if pod_facts(old) != pod_facts(new):
-            self._progress()  # where that node stands in the rollout
-        node = (pod.get("spec") or {}).get("nodeName")
-        app = pod_app(pod)
-        if node and app in WATCHED_APPS:
-            self.queue.add(node_key(node))
-            # The fleet budget only asks whether a node waiting for a slot has a
-            # driver pod at all.
-            if app == DRIVER_DS and event != "MODIFIED" and self.node_passes.upgrades_queued():
-                self.node_passes.fleet_soon()
+        """Routed once (`_routes.route_pod`); NVIDIADrivers only follows its driver pods."""
+        driver = self.nvd.follow_pod(old, new)
+        wake = route_pod(
+            event, old, new, driver=driver, upgrades_queued=self.node_passes.upgrades_queued
+        )
+        wake.apply(self.queue.add, self.node_passes.fleet_soon, self._progress)
 
     def _progress(self) -> None:
         """Something the cluster pass only counts moved: run it soon, coalescing the
