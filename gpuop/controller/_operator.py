@@ -165,7 +165,6 @@ class Operator:
             self.nodes,
             self.policies,
             self.active_policy,
-            self.queue.add_after,
             upgrade_drain(self.upgrades),
         )
         self.applier = Applier(
@@ -372,7 +371,9 @@ class Operator:
         elif key == UPGRADES_KEY:
             await self.node_passes.reconcile_upgrades()
         elif key == REMEDIATION_KEY:
-            await self.remediation.reconcile()
+            again = await self.remediation.reconcile()
+            if again is not None:
+                self.queue.add_after(REMEDIATION_KEY, again)
         elif key == NVD_KEY:
             await self.nvd.reconcile()
         elif key == STUCK_KEY:
