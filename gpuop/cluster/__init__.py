@@ -3,15 +3,10 @@ from the Go module proxy, simulated GPU nodes through kwok."""
 
 from ._argv import ClientTuning
 from ._build import ensure_binaries
-from ._cluster import (
-    ClusterInfo,
-    LocalCluster,
-    create_nodes,
-    default_dir,
-    wait_nodes_ready,
-)
+from ._cluster import ClusterInfo, LocalCluster, default_dir
 from ._errors import ClusterError
 from ._nodes import GPU_MODELS, NFD_GPU_LABEL, SIMULATED_LABEL, node_manifest, node_manifests
+from ._populate import create_nodes, wait_nodes_ready
 from ._versions import BinaryPaths, Versions, cache_dir
 
 __all__ = [

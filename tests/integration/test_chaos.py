@@ -33,8 +33,9 @@ from kubernetes_asyncio import client
 import crd
 from gpuop.cluster import NFD_GPU_LABEL, ClusterInfo
 from gpuop.install import ensure_namespace, install_crd
+from gpuop.kinds import KINDS, by_kind
 from gpuop.kube import api_client as make_api_client
-from gpuop.rest import Kind, Rest, by_kind
+from gpuop.rest import Kind, Rest
 from statemachine.driver_owner import NEXT_OWNER_LABEL
 from statemachine.upgrade_keys import (
     IN_PROGRESS_STATES,
@@ -82,7 +83,7 @@ def chaos_cluster() -> Iterator[ClusterInfo]:
 @pytest.fixture(scope="module")
 async def chaos_rest(chaos_cluster: ClusterInfo) -> AsyncIterator[Rest]:
     async with make_api_client(chaos_cluster.kubeconfig, user_agent="gpuop-chaos") as api:
-        rest = Rest(api)
+        rest = Rest(api, KINDS)
         await install_crd(rest)
         await ensure_namespace(rest, OPERATOR_NS)
         await ensure_namespace(rest, WORKLOAD_NS)
