@@ -24,6 +24,8 @@ import aiohttp
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from components.dra import KINDS as DRA_KINDS
+from components.dra import RESOURCE_KINDS as DRA_RESOURCE_KINDS
 from components.registry import OWNED_KINDS
 
 FIELD_MANAGER = "gpuop"
@@ -63,11 +65,15 @@ _KINDS = [
     Kind("apps/v1", "ControllerRevision", "controllerrevisions", True),
     Kind("nvidia.com/v1", "ClusterPolicy", "clusterpolicies", False),
     Kind("nvidia.com/v1alpha1", "NVIDIADriver", "nvidiadrivers", False),
+    Kind("nvidia.com/v1alpha1", "GPUCluster", "gpuclusters", False),
     Kind("coordination.k8s.io/v1", "Lease", "leases", True),
     Kind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets", True),
     Kind("apiextensions.k8s.io/v1", "CustomResourceDefinition", "customresourcedefinitions", False),
 ]
-_KINDS += [Kind(k.api_version, k.kind, k.plural, k.namespaced) for k in OWNED_KINDS]
+_KINDS += [
+    Kind(k.api_version, k.kind, k.plural, k.namespaced)
+    for k in (*OWNED_KINDS, *DRA_KINDS, *DRA_RESOURCE_KINDS)
+]
 """Operand kinds come from the operand registry: a new operand's kinds need no entry here."""
 KINDS: dict[tuple[str, str], Kind] = {(k.api_version, k.kind): k for k in _KINDS}
 
