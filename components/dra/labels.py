@@ -37,11 +37,12 @@ def _not_ours(value: str | None) -> bool:
     return value == FALSE or (value is not None and value.startswith(PAUSED_PREFIX))
 
 
-def gpucluster_label_changes(labels: Mapping[str, str]) -> LabelChanges:
-    """The label patch for one node while a GPUCluster (and no ClusterPolicy) is active;
-    empty at the fixed point."""
+def gpucluster_label_changes(labels: Mapping[str, str], active: bool = True) -> LabelChanges:
+    """The label patch for one node while no ClusterPolicy is active: with a GPUCluster
+    (`active`) its labels, without one none of ours (the DRA labels included); empty at
+    the fixed point."""
     changes: LabelChanges = {}
-    gpu = is_gpu_node(labels)
+    gpu = is_gpu_node(labels) and active
     present = labels.get(GPU_PRESENT_LABEL)
     if gpu and present != TRUE and not _not_ours(present):
         changes[GPU_PRESENT_LABEL] = TRUE

@@ -22,6 +22,7 @@ from gpuop.controller._active import ActivePolicies
 from gpuop.controller._apply import Applier, object_key
 from gpuop.controller._cluster import ClusterReconciler
 from gpuop.controller._config import OperatorConfig
+from gpuop.controller._gpucluster import GC_KEY, GPUClusters
 from gpuop.controller._keys import (
     CLUSTER_KEY,
     NODE_PREFIX,
@@ -175,6 +176,10 @@ class Operator:
         self.synced = False
         self._started = time.monotonic()
         self.nvd = NVIDIADrivers(self, self.upgrades.events)
+        self.gpuclusters = GPUClusters(
+            rest, ns, self.queue.add, self.queue.add_after, self.policies,
+            self.upgrades.events, self._gpucluster_changed, config.operator_image,
+        )  # fmt: skip
         self.rollouts = NodeRollouts(
             self.pods,
             self.revisions,
@@ -206,6 +211,7 @@ class Operator:
             timers=self.queue,
             site_config=self.site_config,
         )
+        self.cluster.gpucluster_conflict = self.gpuclusters.conflict
         self.node_passes = NodeReconciler(
             rest=rest,
             nodes=self.nodes,
@@ -215,6 +221,7 @@ class Operator:
             gate=self.gate,
             nvd=self.nvd,
         )
+        self.node_passes.gpuclusters = self.gpuclusters
 
     # ------------------------------------------------------------- informers
     @property
@@ -242,6 +249,7 @@ class Operator:
             )
             group.create_task(self.queue.run(), name="workqueue")
             group.create_task(self.nvd.run(), name="nvidiadrivers")
+            group.create_task(self.gpuclusters.run(), name="gpuclusters")
             group.create_task(self.watches.run(), name="optional-watches")
             self.queue.add(CLUSTER_KEY)
             self.queue.add(UPGRADES_KEY)
@@ -292,10 +300,17 @@ class Operator:
         self.queue.add(CLUSTER_KEY)
         self.queue.add(UPGRADES_KEY)
         self.queue.add(NVD_KEY)
+        self.queue.add(GC_KEY)  # a ClusterPolicy beside a GPUCluster is a conflict
         # Enabled components decide each node's deploy labels.
         for name, node in self.nodes.store.items():
             if is_gpu_node(labels(node)):
                 self.queue.add(node_key(name))
+
+    def _gpucluster_changed(self) -> None:
+        """A GPUCluster came, went or is deleting: the conflict and the node labels."""
+        self.queue.add(CLUSTER_KEY)
+        for name in self.nodes.store:
+            self.queue.add(node_key(name))
 
     def _on_owned(self, kind: Kind, event: str, old: Obj | None, new: Obj | None) -> None:
         obj = new or old
@@ -379,6 +394,8 @@ class Operator:
             await self.remediation.reconcile()
         elif key == NVD_KEY:
             await self.nvd.reconcile()
+        elif key == GC_KEY:
+            await self.gpuclusters.reconcile()
         elif key == STUCK_KEY:
             self.queue.add(CLUSTER_KEY)  # a node is due to count as stuck
 
