@@ -63,6 +63,7 @@ log = get_logger(__name__)
 GC_KEY = "gpuclusters"
 GPUCLUSTER = by_kind(GC_API_VERSION, GC_KIND)
 NAMESPACE = by_kind("v1", "Namespace")
+DAEMONSET = by_kind("apps/v1", "DaemonSet")
 FINALIZER = "gpucluster.nvidia.com/dra-resourceclaim"
 """Upstream's: holds a deleted GPUCluster until its claim-holding DaemonSets are gone."""
 ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
@@ -240,23 +241,21 @@ class GPUClusters:
         daemonsets = [d for d in self.owned["DaemonSet"].values() if controlled_by(d, uid)]
         draining = claim_consumers(daemonsets)
         if draining:
-            for ds in daemonsets:
-                if ds["metadata"]["name"] in draining and not ds["metadata"].get(
-                    "deletionTimestamp"
-                ):
-                    await self.rest.delete(
-                        by_kind("apps/v1", "DaemonSet"),
-                        ds["metadata"]["name"],
-                        self.namespace,
-                        body=FOREGROUND,
-                    )
-                    log.info("draining claim consumer", daemonset=ds["metadata"]["name"])
-            await self.events.record(
-                raw,
-                "DrainingClaimConsumers",
-                "Waiting for ResourceClaim-consuming DaemonSet(s) to terminate: "
-                + ", ".join(draining),
-            )
+            started = [
+                d["metadata"]["name"]
+                for d in daemonsets
+                if d["metadata"]["name"] in draining and not d["metadata"].get("deletionTimestamp")
+            ]
+            for name in started:
+                await self.rest.delete(DAEMONSET, name, self.namespace, body=FOREGROUND)
+                log.info("draining claim consumer", daemonset=name)
+            if started:  # one Event per deletion started, not one per pass while waiting
+                await self.events.record(
+                    raw,
+                    "DrainingClaimConsumers",
+                    "Waiting for ResourceClaim-consuming DaemonSet(s) to terminate: "
+                    + ", ".join(draining),
+                )
             self._add_after(GC_KEY, DRAIN_RETRY_S)
             return
         finalizers = [f for f in meta.get("finalizers") or [] if f != FINALIZER]
