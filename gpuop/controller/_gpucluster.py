@@ -135,12 +135,20 @@ class GPUClusters:
         async with asyncio.TaskGroup() as group:
             for informer in self.informers:
                 group.create_task(informer.run(), name=f"watch-{informer.spec.name}")
+            await self.clusters.synced.wait()
+            self._on_change()  # node labels may follow whether a GPUCluster exists
             await asyncio.gather(*(i.synced.wait() for i in self.informers))
             self._add(GC_KEY)
-            self._on_change()
 
     def has_listed(self) -> bool:
+        """Every cache has listed: only then may a pass apply, prune or drain."""
         return all(i.synced.is_set() for i in self.informers)
+
+    def knows_whether_one_exists(self) -> bool:
+        """The GPUCluster cache has listed (enough for node labels). Its own: a cluster
+        that does not serve the DRA APIs (before Kubernetes 1.34) never lists the
+        DeviceClass cache, and must not hold the ClusterPolicy's uninstall back."""
+        return self.clusters.synced.is_set()
 
     def current(self) -> Obj | None:
         """The GPUCluster, if one exists (deleting or not)."""

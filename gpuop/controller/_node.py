@@ -97,7 +97,7 @@ class NodeReconciler:
         dra = self.gpuclusters
         if spec is not None or dra is None:
             return node_label_changes(node_labels, spec)
-        if not dra.has_listed():
+        if not dra.knows_whether_one_exists():
             return {}
         return gpucluster_label_changes(node_labels, active=dra.active())
 
