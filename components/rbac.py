@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from components.component import Component, Rule
+from components.component import Component, ObjectKind, Rule
 from components.registry import owned_kinds
 
 NAMESPACED_VERBS = ("list", "watch", "create", "patch", "delete")
@@ -93,3 +94,36 @@ def missing(
     (`role_rules`) do not grant; a ClusterRole's grant holds in the namespace too."""
     namespaced = [*cluster_rules, *role_rules]
     return [n for n in needs if not allows(cluster_rules if n.cluster_wide else namespaced, n)]
+
+
+def rendered_needs(
+    objects: Iterable[Mapping[str, Any]], kinds: Iterable[ObjectKind], why: str
+) -> list[Need]:
+    """What the operator must hold to write `objects` (of `kinds`) as a controller with
+    its own caches does: the rules their Roles and ClusterRoles grant, the verbs on each
+    kind, and patch and delete by name on each cluster-scoped object."""
+    listed = list(objects)
+    needs: list[Need] = []
+    for obj in listed:
+        if obj.get("kind") not in ("Role", "ClusterRole"):
+            continue
+        grants = f"{obj['kind']} {obj['metadata']['name']} grants it"
+        needs += [
+            Need(obj["kind"] == "ClusterRole", group, resource, verb, why=grants)
+            for rule in obj.get("rules") or ()
+            for group in rule.get("apiGroups", ())
+            for resource in rule.get("resources", ())
+            for verb in rule.get("verbs", ())
+        ]
+    for kind in kinds:
+        verbs = NAMESPACED_VERBS if kind.namespaced else CLUSTER_VERBS
+        needs += [Need(not kind.namespaced, kind.group, kind.plural, v, why=why) for v in verbs]
+        if kind.namespaced:
+            continue
+        needs += [
+            Need(True, kind.group, kind.plural, v, str(obj["metadata"]["name"]), why=why)
+            for obj in listed
+            if obj.get("kind") == kind.kind
+            for v in CLUSTER_NAMED_VERBS
+        ]
+    return needs

@@ -129,9 +129,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_crd(args: argparse.Namespace) -> int:
-    from crd import render_crd_yaml, render_nvd_crd_yaml
+    from crd import render_crd_yaml, render_gc_crd_yaml, render_nvd_crd_yaml
 
-    sys.stdout.write(render_nvd_crd_yaml() if args.which == "nvidiadrivers" else render_crd_yaml())
+    renders = {"nvidiadrivers": render_nvd_crd_yaml, "gpuclusters": render_gc_crd_yaml}
+    sys.stdout.write(renders.get(args.which, render_crd_yaml)())
     return 0
 
 
@@ -153,7 +154,10 @@ def _cmd_crds(args: argparse.Namespace) -> int:
             rest = Rest(api, KINDS)
             if args.action == "apply":
                 await install_crd(rest)
-                print("CRDs applied: clusterpolicies.nvidia.com, nvidiadrivers.nvidia.com")
+                print(
+                    "CRDs applied: clusterpolicies.nvidia.com, nvidiadrivers.nvidia.com,"
+                    " gpuclusters.nvidia.com"
+                )
             else:
                 deleted = await delete_crds(rest)
                 print(f"CRDs deleted: {', '.join(deleted) or 'none were there'}")
@@ -232,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
         "which",
         nargs="?",
         default="clusterpolicies",
-        choices=["clusterpolicies", "nvidiadrivers"],
+        choices=["clusterpolicies", "nvidiadrivers", "gpuclusters"],
         help="which CRD (default clusterpolicies)",
     )
     crd_cmd.set_defaults(func=_cmd_crd)

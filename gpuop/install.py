@@ -17,7 +17,7 @@ NAMESPACE = by_kind("v1", "Namespace")
 
 async def install_crd(rest: Rest, timeout: float = 60.0) -> None:
     """Apply the generated CRDs (ClusterPolicy, NVIDIADriver) and wait until served."""
-    for manifest in (crd.crd_manifest(), crd.nvd_crd_manifest()):
+    for manifest in (crd.crd_manifest(), crd.nvd_crd_manifest(), crd.gc_crd_manifest()):
         await _install_one(rest, manifest, timeout)
 
 
@@ -38,7 +38,7 @@ async def delete_crds(rest: Rest) -> list[str]:
     """Delete our CRDs (and with them every ClusterPolicy and NVIDIADriver): what the
     chart's `operator.cleanupCRD` pre-delete hook runs. Returns the names deleted."""
     deleted = []
-    for manifest in (crd.crd_manifest(), crd.nvd_crd_manifest()):
+    for manifest in (crd.crd_manifest(), crd.nvd_crd_manifest(), crd.gc_crd_manifest()):
         name = manifest["metadata"]["name"]
         if await rest.delete(CRD_KIND, name):
             deleted.append(name)

@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from components import OWNED_KINDS, ObjectKind
+from components.dra import KINDS as DRA_KINDS
+from components.dra import RESOURCE_KINDS as DRA_RESOURCE_KINDS
 
 _OWN_KINDS = (
     ObjectKind("v1", "Node", "nodes", False),
@@ -21,6 +23,7 @@ _OWN_KINDS = (
     ObjectKind("apps/v1", "ControllerRevision", "controllerrevisions"),
     ObjectKind("nvidia.com/v1", "ClusterPolicy", "clusterpolicies", False),
     ObjectKind("nvidia.com/v1alpha1", "NVIDIADriver", "nvidiadrivers", False),
+    ObjectKind("nvidia.com/v1alpha1", "GPUCluster", "gpuclusters", False),
     ObjectKind("coordination.k8s.io/v1", "Lease", "leases"),
     ObjectKind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets"),
     ObjectKind(
@@ -30,7 +33,7 @@ _OWN_KINDS = (
 """Kinds the operator uses itself (nodes, pods, its own CRDs, leases, events)."""
 
 KINDS: dict[tuple[str, str], ObjectKind] = {
-    (k.api_version, k.kind): k for k in (*_OWN_KINDS, *OWNED_KINDS)
+    (k.api_version, k.kind): k for k in (*_OWN_KINDS, *OWNED_KINDS, *DRA_KINDS, *DRA_RESOURCE_KINDS)
 }
 
 

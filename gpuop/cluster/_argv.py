@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._stages import WORKLOAD_COMPLETE_STAGE
+from ._stages import CLAIM_POD_TERMINATED_STAGE, WORKLOAD_COMPLETE_STAGE
 from ._versions import BinaryPaths
 
 if TYPE_CHECKING:
@@ -155,7 +155,7 @@ def kwok_config(stages: str, tuning: ClientTuning) -> str:
         f"  nodePlayStageParallelism: {par}\n"
         f"  nodeLeaseParallelism: {par}\n"
         f"  podsOnNodeSyncParallelism: {par}\n"
-        f"---\n{stages}\n---\n{WORKLOAD_COMPLETE_STAGE}"
+        f"---\n{stages}\n---\n{WORKLOAD_COMPLETE_STAGE}\n---\n{CLAIM_POD_TERMINATED_STAGE}"
     )
 
 

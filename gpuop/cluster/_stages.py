@@ -45,3 +45,45 @@ spec:
             finishedAt: {{{{ Now | Quote }}}}
       {{{{ end }}}}
 """
+
+CLAIM_POD_TERMINATED_STAGE = """apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: gpuop-claim-pod-terminated
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Pod
+  selector:
+    matchExpressions:
+    - key: '.metadata.deletionTimestamp'
+      operator: 'Exists'
+    - key: '.status.phase'
+      operator: 'In'
+      values: ['Running', 'Pending']
+    - key: '.spec.resourceClaims'
+      operator: 'Exists'
+  weight: 1
+  next:
+    statusTemplate: |
+      phase: Succeeded
+      containerStatuses:
+      {{ range .spec.containers }}
+      - name: {{ .name | Quote }}
+        image: {{ .image | Quote }}
+        ready: false
+        started: false
+        restartCount: 0
+        state:
+          terminated:
+            exitCode: 0
+            reason: Completed
+            startedAt: {{ Now | Quote }}
+            finishedAt: {{ Now | Quote }}
+      {{ end }}
+"""
+"""A deleted pod holding ResourceClaims reaches a terminal phase before it goes, as the
+kubelet moves every deleted pod (Kubernetes 1.27+): only then does the resourceclaim
+controller release its claims. kwok's own pod-delete stage deletes the pod at once, and
+a pod deleted in the foreground (its DaemonSet was) then waits for claims that wait for
+it. The weight makes this stage win over pod-delete, which follows once the phase moved."""

@@ -10,6 +10,7 @@ readiness, per-node rollout counts, refusals and whether NFD has labelled any no
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -19,7 +20,7 @@ from components.driver_config import config_problems, referenced_config_maps
 from components.hashing import with_hash
 from components.kinds import PROMETHEUS_RULE, SERVICE_MONITOR
 from components.readiness import component_ready
-from crd import ClusterPolicySpec
+from crd import REASON_RECONCILE_FAILED, ClusterPolicySpec, not_ready_status
 from gpuop.controller._active import ActivePolicy
 from gpuop.controller._apply import Applier, owned_by, owner_reference
 from gpuop.controller._config import OperatorConfig
@@ -97,6 +98,8 @@ class ClusterReconciler:
     _facts_memo: tuple[int, tuple[NodeFacts, ...]] | None = field(default=None, init=False)
     _gpu_nodes: GpuNodes = field(init=False)
     label_gate: LabelGate = field(default_factory=LabelGate)
+    gpucluster_conflict: Callable[[], str | None] = field(default=lambda: None)
+    """Set by the operator: the name of a GPUCluster that exists, if one does."""
     _psa: PodSecurityLabels = field(init=False)
 
     def __post_init__(self) -> None:
@@ -149,6 +152,27 @@ class ClusterReconciler:
             log.warning(
                 "ClusterPolicy is invalid", policy=raw["metadata"]["name"], problems=problems
             )
+            return
+
+        gpucluster = self.gpucluster_conflict()
+        if gpucluster is not None:
+            # As upstream: the two cannot coexist, and the ClusterPolicy stands aside
+            # (its operands stay as they are) until the GPUCluster is gone.
+            message = (
+                f'conflicting GPUCluster resource "{gpucluster}" detected;'
+                " ClusterPolicy and GPUCluster cannot co-exist"
+            )
+            status = not_ready_status(
+                self.config.namespace,
+                reason=REASON_RECONCILE_FAILED,
+                message=message,
+                error=True,
+                generation=gen,
+                now=now(),
+                previous=previous,
+            )
+            await self.status.write(raw, status)
+            self.metrics.reconciliation_status.set(STATUS_ERROR)
             return
 
         spec = model.spec

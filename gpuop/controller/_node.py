@@ -13,9 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from components.dra import gpucluster_label_changes
 from components.driver import DAEMONSET_NAME as DRIVER_DS
 from components.keys import DEPLOY_DRIVER_LABEL, TRUE
-from components.labels import apply_label_changes, is_gpu_node, node_label_changes
+from components.labels import LabelChanges, apply_label_changes, is_gpu_node, node_label_changes
 from crd import OWNER_LABEL, ClusterPolicySpec
 from gpuop.controller._active import ActivePolicy
 from gpuop.controller._keys import (
@@ -39,6 +40,7 @@ from statemachine.upgrade import next_step
 from statemachine.upgrade_keys import STATE_LABEL, UpgradeState, parse_state
 
 if TYPE_CHECKING:
+    from gpuop.controller._gpucluster import GPUClusters
     from gpuop.controller._nvidiadriver import NVIDIADrivers
     from gpuop.workqueue import WorkQueue
 
@@ -60,6 +62,8 @@ class NodeReconciler:
     upgrades: Upgrades
     gate: RolloutGate
     nvd: NVIDIADrivers
+    gpuclusters: GPUClusters | None = None
+    """Set by the operator: with no ClusterPolicy, a GPUCluster's labels hold."""
     _fleet_cpu_s: float = field(default=0.0, init=False)
     _queued: VersionMemo[str, bool] = field(default_factory=VersionMemo, init=False)
 
@@ -85,6 +89,19 @@ class NodeReconciler:
         )
         self.queue.add_after(UPGRADES_KEY, wait)
 
+    def _label_changes(
+        self, node_labels: Mapping[str, str], spec: ClusterPolicySpec | None
+    ) -> LabelChanges:
+        """The ClusterPolicy's labels; with none, a GPUCluster's (DRA deploy labels) or,
+        with neither, none of ours. Nothing changes before the GPUCluster cache has
+        listed: whether one exists is not known yet."""
+        dra = self.gpuclusters
+        if spec is not None or dra is None:
+            return node_label_changes(node_labels, spec)
+        if not dra.knows_whether_one_exists():
+            return {}
+        return gpucluster_label_changes(node_labels, active=dra.active())
+
     async def reconcile_node(self, name: str) -> None:
         node = self.nodes.get(name)
         if node is None:
@@ -95,7 +112,7 @@ class NodeReconciler:
         if raw is not None and (model is None or problems):
             return  # an invalid policy changes nothing on nodes; its status says why
         spec = model.spec if model is not None else None
-        changes = node_label_changes(labels(node), spec)
+        changes = self._label_changes(labels(node), spec)
         if changes:
             patch: dict[str, Any] = {"metadata": {"labels": dict(changes)}}
             first = await self._enrolment(node, changes, spec)

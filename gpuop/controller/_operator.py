@@ -21,6 +21,7 @@ from gpuop.controller._active import ActivePolicies
 from gpuop.controller._apply import Applier, object_key
 from gpuop.controller._cluster import ClusterReconciler
 from gpuop.controller._config import OperatorConfig
+from gpuop.controller._gpucluster import GC_KEY, GPUClusters
 from gpuop.controller._keys import (
     CLUSTER_KEY,
     NVD_KEY,
@@ -176,6 +177,10 @@ class Operator:
         self.synced = False
         self._started = time.monotonic()
         self.nvd = NVIDIADrivers(self, self.upgrades.events)
+        self.gpuclusters = GPUClusters(
+            rest, ns, self.queue.add, self.queue.add_after, self.policies,
+            self.upgrades.events, self._gpucluster_changed, config.operator_image,
+        )  # fmt: skip
         self.rollouts = NodeRollouts(
             self.pods,
             self.revisions,
@@ -207,6 +212,7 @@ class Operator:
             timers=self.queue,
             site_config=self.site_config,
         )
+        self.cluster.gpucluster_conflict = self.gpuclusters.conflict
         self.node_passes = NodeReconciler(
             rest=rest,
             nodes=self.nodes,
@@ -216,6 +222,7 @@ class Operator:
             gate=self.gate,
             nvd=self.nvd,
         )
+        self.node_passes.gpuclusters = self.gpuclusters
 
     # ------------------------------------------------------------- informers
     @property
@@ -243,6 +250,7 @@ class Operator:
             )
             group.create_task(self.queue.run(), name="workqueue")
             group.create_task(self.nvd.run(), name="nvidiadrivers")
+            group.create_task(self.gpuclusters.run(), name="gpuclusters")
             group.create_task(self.watches.run(), name="optional-watches")
             self.queue.add(CLUSTER_KEY)
             self.queue.add(UPGRADES_KEY)
@@ -293,10 +301,17 @@ class Operator:
         self.queue.add(CLUSTER_KEY)
         self.queue.add(UPGRADES_KEY)
         self.queue.add(NVD_KEY)
+        self.queue.add(GC_KEY)  # a ClusterPolicy beside a GPUCluster is a conflict
         # Enabled components decide each node's deploy labels.
         for name, node in self.nodes.store.items():
             if is_gpu_node(labels(node)):
                 self.queue.add(node_key(name))
+
+    def _gpucluster_changed(self) -> None:
+        """A GPUCluster came, went or is deleting: the conflict and the node labels."""
+        self.queue.add(CLUSTER_KEY)
+        for name in self.nodes.store:
+            self.queue.add(node_key(name))
 
     def _on_owned(self, kind: Kind, event: str, old: Obj | None, new: Obj | None) -> None:
         obj = new or old
@@ -376,6 +391,8 @@ class Operator:
                 self.queue.add_after(REMEDIATION_KEY, again)
         elif key == NVD_KEY:
             await self.nvd.reconcile()
+        elif key == GC_KEY:
+            await self.gpuclusters.reconcile()
         elif key == STUCK_KEY:
             self.queue.add(CLUSTER_KEY)  # a node is due to count as stuck
 

@@ -27,10 +27,13 @@ import yaml
 
 import components as c
 import crd
+from components.dra import gpucluster_label_changes
+from components.dra import render as render_gpucluster
 from components.keys import DEPLOY_DRIVER_LABEL, TRUE
 from crd import OWNER_LABEL
 from gpuop.cluster._nodes import node_manifests
 from gpuop.controller._apply import owned_by, owner_reference
+from gpuop.controller._gpucluster_objects import gpucluster_owner
 from gpuop.controller._upgrade_inputs import policy_view
 from statemachine.upgrade import next_step
 from statemachine.upgrade_views import DriverPodView, NodeUpgradeView
@@ -222,6 +225,25 @@ def _gpu_node_labels(nodes: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, 
     return result
 
 
+def ours_gpucluster(folder: Path) -> tuple[list[dict[str, Any]], dict[str, dict[str, str]]]:
+    """Our objects and GPU node labels for a scenario whose policy is a GPUCluster, as
+    `gpuop.controller._gpucluster` applies and labels them."""
+    cluster = crd.parse_gpucluster(yaml.safe_load((folder / "policy.yaml").read_text()))
+    nodes = []
+    for node in simulated_nodes():
+        labels = dict(node["metadata"]["labels"])
+        labels = c.apply_label_changes(labels, gpucluster_label_changes(labels))
+        nodes.append({**node, "metadata": {**node["metadata"], "labels": labels}})
+    ctx = c.RenderContext(namespace=NAMESPACE, operator_image=OPERATOR_IMAGE)
+    owner = gpucluster_owner({"name": cluster.name, "uid": "-"})
+    objects = [
+        c.with_hash(owned_by(o, owner))
+        for objs in render_gpucluster(cluster.spec, ctx).values()
+        for o in objs
+    ]
+    return objects, _gpu_node_labels(nodes)
+
+
 def upstream(folder: Path) -> tuple[list[dict[str, Any]], dict[str, dict[str, str]]]:
     docs = [d for d in yaml.safe_load_all((folder / "rendered.yaml").read_text()) if d]
     labels = next((d["nodes"] for d in docs if d.get("kind") == "NodeLabels"), {})
@@ -257,8 +279,11 @@ SERVER_METADATA = (
 )
 """Metadata the API server writes (the recorded data has them stripped already)."""
 
-SERVER_ANNOTATIONS = ("deprecated.daemonset.template.generation",)
-"""Annotations the DaemonSet controller writes on every object it stores."""
+SERVER_ANNOTATIONS = (
+    "deprecated.daemonset.template.generation",
+    "deployment.kubernetes.io/revision",
+)
+"""Annotations the DaemonSet and Deployment controllers write on every object they store."""
 
 SERVER_SERVICE_FIELDS = ("clusterIP", "clusterIPs")
 """Allocated by the API server at create time; not part of anyone's render."""
@@ -363,6 +388,15 @@ def _server_defaults(obj: dict[str, Any]) -> dict[str, Any]:
             rolling = strategy.setdefault("rollingUpdate", {})
             rolling.setdefault("maxUnavailable", "25%")
             rolling.setdefault("maxSurge", "25%")
+    if kind == "ResourceClaimTemplate" and isinstance(spec, dict):
+        spec.setdefault("metadata", {})
+    if kind == "ValidatingAdmissionPolicy" and isinstance(spec, dict):
+        match = spec.setdefault("matchConstraints", {})
+        match.setdefault("matchPolicy", "Equivalent")
+        match.setdefault("namespaceSelector", {})
+        match.setdefault("objectSelector", {})
+        for resource_rule in match.get("resourceRules") or ():
+            resource_rule.setdefault("scope", "*")
     if kind == "Service" and isinstance(spec, dict):
         for key in SERVER_SERVICE_FIELDS:
             spec.pop(key, None)
@@ -519,11 +553,23 @@ def normalize(obj: Mapping[str, Any]) -> dict[str, Any]:
     return result
 
 
+def is_gpucluster(folder: Path) -> bool:
+    """Whether the scenario's policy is a GPUCluster rather than a ClusterPolicy."""
+    return bool(yaml.safe_load((folder / "policy.yaml").read_text())["kind"] == crd.GC_KIND)
+
+
+def ours_for(folder: Path) -> tuple[list[dict[str, Any]], dict[str, dict[str, str]]]:
+    """Our objects and node labels for a scenario, whichever kind its policy is."""
+    if is_gpucluster(folder):
+        return ours_gpucluster(folder)
+    return ours(load_policy(folder)[0], load_node_labels(folder))
+
+
 def compare(folder: Path) -> list[Difference]:
     """Every difference between our rendering and upstream's for one scenario."""
     name = folder.name
-    spec, diffs = load_policy(folder)
-    our_objects, our_labels = ours(spec, load_node_labels(folder))
+    diffs = [] if is_gpucluster(folder) else load_policy(folder)[1]
+    our_objects, our_labels = ours_for(folder)
     their_objects, their_labels = upstream(folder)
     mine = {_key(o): o for o in our_objects}
     theirs = {_key(o): o for o in their_objects}

@@ -39,7 +39,7 @@ async def test_crds_apply_serves_the_models_crds(local_cluster: ClusterInfo, res
         )
         assert proc.returncode == 0, proc.stderr
         assert "CRDs applied" in proc.stdout
-    for manifest in (crd.crd_manifest(), crd.nvd_crd_manifest()):
+    for manifest in (crd.crd_manifest(), crd.nvd_crd_manifest(), crd.gc_crd_manifest()):
         stored = await rest.get(CRD_KIND, manifest["metadata"]["name"])
         assert stored is not None
         assert stored["spec"]["versions"] == manifest["spec"]["versions"]

@@ -18,6 +18,8 @@ import yaml
 
 import crd
 from components import COMPONENTS, RenderContext, monitoring, rbac
+from components.dra import KINDS as DRA_KINDS
+from components.dra import render as render_dra
 from gpuop.cluster._build import ensure_helm
 from gpuop.controller._owned import OWNED_CLUSTER, OWNED_NAMESPACED
 from gpuop.leader import DEFAULT_LEASES
@@ -402,6 +404,17 @@ def test_operator_holds_what_it_does_and_what_it_grants_nothing_more() -> None:
     assert {"ClusterRole", "Role", "ServiceMonitor", "PrometheusRule"} <= kinds
     for plural in ("servicemonitors", "prometheusrules"):
         need(False, "monitoring.coreos.com", plural, ["list", "watch", "create", "patch", "delete"])
+    # The GPUCluster (gpuop/controller/_gpucluster.py): its own object, status and
+    # finalizer, and what its DRA stack's objects and roles need (every state on).
+    need(True, "nvidia.com", "gpuclusters", ["get", "list", "watch", "patch"])
+    need(True, "nvidia.com", "gpuclusters/status", ["patch"])
+    need(True, "nvidia.com", "gpuclusters/finalizers", ["update"])
+    gates = {"MPSSupport": True}
+    dra_doc = {"draDriver": {"featureGates": gates}, "dcgm": {"enabled": True}, "dcgmExporter": {}}
+    dra_spec = crd.parse_gpucluster({"spec": dra_doc}).spec
+    dra = [o for objs in render_dra(dra_spec, ctx).values() for o in objs]
+    for n in rbac.rendered_needs(dra, DRA_KINDS, "GPUCluster"):
+        need(n.cluster_wide, n.group, n.resource, [n.verb], n.name)
 
     for cluster_wide, group, resource, verb, name in needed:
         rules = cluster if cluster_wide else namespaced
@@ -712,26 +725,20 @@ def test_crd_hooks_apply_on_upgrade_and_delete_on_uninstall_as_upstream() -> Non
 
 
 #: The values keys the chart accepts but does not act on, each with a value that asks for
-#: something; NOTES.txt must name every one (draDriver only beside gpuCluster.deployCR:
-#: without it upstream ignores draDriver too).
+#: something; NOTES.txt must name every one.
 INERT_VALUES: dict[str, Any] = {
     "platform.openshift": True,
-    "gpuCluster.deployCR": True,
-    "draDriver.version": "v0.5.0",
     "nfd.nodefeaturerules": True,
     "operator.logging.develMode": True,
     "operator.logging.timeEncoding": "iso8601",
 }
-#: The same keys asking for nothing (draDriver's value is upstream's, unused there too).
+#: The same keys asking for nothing.
 INERT_OFF: dict[str, Any] = {
     "platform.openshift": False,
-    "gpuCluster.deployCR": False,
-    "draDriver.version": "v0.5.0",
     "nfd.nodefeaturerules": False,
     "operator.logging.develMode": False,
     "operator.logging.timeEncoding": "epoch",
 }
-_NAMED = {"draDriver.version": "draDriver"}
 
 
 def _nested(flat: dict[str, Any]) -> dict[str, Any]:
@@ -785,7 +792,7 @@ def test_notes_name_every_values_key_that_does_nothing(tmp_path: Path) -> None:
     the same as with it asking for nothing."""
     on = _values_file(tmp_path, "on", INERT_VALUES)
     off = _values_file(tmp_path, "off", INERT_OFF)
-    assert _warned(_notes(tmp_path, [on])) == {_NAMED.get(k, k) for k in INERT_VALUES}
+    assert _warned(_notes(tmp_path, [on])) == set(INERT_VALUES)
     assert _warned(_notes(tmp_path, [off])) == set()
     assert template(values=[on]) == template(values=[off])
     # The defaults ask for nothing inert (upgradeCRD acts: the pre-upgrade hook); with
@@ -795,9 +802,6 @@ def test_notes_name_every_values_key_that_does_nothing(tmp_path: Path) -> None:
     assert "Helm never upgrades crds/" not in defaults
     no_hook = _values_file(tmp_path, "nohook", {"operator.upgradeCRD": False})
     assert "Helm never upgrades crds/" in _notes(tmp_path, [no_hook])
-    # draDriver alone is ignored by upstream too (it needs gpuCluster.deployCR).
-    alone = _values_file(tmp_path, "dra", {**INERT_OFF, "draDriver.version": "v9"})
-    assert _warned(_notes(tmp_path, [alone])) == set()
 
 
 #: Sections switched on for the sweep below, so keys only read when they are on count.
@@ -812,6 +816,7 @@ _SWEEP_BASE: dict[str, Any] = {
     "migManager.config.data": {"a": "b"},
     "monitoring.alertRules.configMap": True,
     "monitoring.dashboard.enabled": True,
+    "gpuCluster.deployCR": True,
 }
 
 
@@ -845,7 +850,7 @@ def test_every_other_values_key_changes_what_the_chart_renders(tmp_path: Path) -
     base = template("--include-crds", values=[base_file])
     effective = {**dict(_value_leaves(yaml.safe_load((CHART / "values.yaml").read_text())))}
     effective.update({tuple(k.split(".")): v for k, v in _SWEEP_BASE.items()})
-    inert = {tuple(k.split(".")) for k in INERT_VALUES} | {("draDriver",)}
+    inert = {tuple(k.split(".")) for k in INERT_VALUES}
 
     def acts(item: tuple[int, tuple[tuple[str, ...], Any]]) -> str | None:
         i, (path, value) = item
@@ -863,3 +868,32 @@ def test_every_other_values_key_changes_what_the_chart_renders(tmp_path: Path) -
     with ThreadPoolExecutor(2) as pool:
         silent = sorted(k for k in pool.map(acts, enumerate(items)) if k is not None)
     assert silent == []
+
+
+def test_gpucluster_deploy_cr_renders_a_gpucluster_with_the_dra_driver_values() -> None:
+    """gpuCluster.deployCR writes the GPUCluster our models parse, carrying draDriver
+    and the dcgm, dcgmExporter, hostPaths and daemonsets values; kept on uninstall."""
+    docs = documents(
+        template(
+            *_set(
+                [
+                    "gpuCluster.deployCR=true",
+                    "clusterPolicy.deployCR=false",
+                    "draDriver.version=v9.9.9",
+                    "draDriver.featureGates.MPSSupport=true",
+                    "draDriver.computeDomains.enabled=false",
+                    "dcgm.enabled=true",
+                ]
+            )
+        )
+    )
+    gc = one(docs, "GPUCluster")
+    assert gc["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    spec = crd.parse_gpucluster(gc).spec
+    assert spec.dra_driver.version == "v9.9.9"
+    assert spec.dra_driver.feature_gates == {"MPSSupport": True}
+    assert not spec.dra_driver.compute_domains.enabled
+    assert spec.dcgm_enabled
+    assert spec.exporter_enabled
+    assert not [d for d in docs if d["kind"] == "ClusterPolicy"]
+    assert not [d for d in documents(template()) if d["kind"] == "GPUCluster"]

@@ -20,7 +20,9 @@ import yaml
 from kubernetes_asyncio import client
 
 import crd
-from components import COMPONENTS, DEPLOY_LABELS, RenderContext
+from components import COMPONENTS, DEPLOY_LABELS, RenderContext, rbac
+from components.dra import KINDS as DRA_KINDS
+from components.dra import render as render_dra
 from components.keys import GPU_PRESENT_LABEL
 from gpuop.cluster import NFD_GPU_LABEL, SIMULATED_LABEL, ClusterInfo
 from gpuop.controller import Operator, OperatorConfig
@@ -388,6 +390,31 @@ async def _granted_is_what_the_recorded_run_used(
     not_exercised_here |= {("nvidia.com", "nvidiadrivers", "get")}
     # Only with spec.psa.enabled, off here (tests/integration/test_psa.py labels it).
     not_exercised_here |= {("", "namespaces", "get"), ("", "namespaces", "patch")}
+    # No GPUCluster exists in this scenario (tests/integration/test_gpucluster.py runs
+    # one): its caches list and watch, but its stack's grants are only handed on and
+    # its objects, status and finalizer never written here.
+    dra_spec = crd.parse_gpucluster(
+        {
+            "spec": {
+                "draDriver": {"featureGates": {"MPSSupport": True}},
+                "dcgm": {},
+                "dcgmExporter": {},
+            }
+        }
+    ).spec
+    dra = [o for objs in render_dra(dra_spec, ctx).values() for o in objs]
+    for need in rbac.rendered_needs(dra, DRA_KINDS, "GPUCluster"):
+        if need.why != "GPUCluster":
+            delegated.add((need.group, need.resource, need.verb))  # its Roles grant it
+        elif need.verb not in ("list", "watch"):  # its caches list and watch here
+            not_exercised_here.add((need.group, need.resource, need.verb))
+    not_exercised_here |= {
+        ("nvidia.com", "gpuclusters", "get"),
+        ("nvidia.com", "gpuclusters", "patch"),
+        ("nvidia.com", "gpuclusters/status", "patch"),
+        ("nvidia.com", "gpuclusters/finalizers", "update"),
+        ("apps", "deployments", "get"),
+    }
     unused = granted - used - delegated - not_exercised_here
     assert not unused, f"granted but never used in the recorded run: {sorted(unused)}"
 

@@ -10,7 +10,7 @@ import pytest
 from kubernetes_asyncio import client
 
 import components as c
-from tests.conformance._diff import conformance_dir, load_policy, ours, scenarios
+from tests.conformance._diff import conformance_dir, ours_for, scenarios
 
 pytestmark = pytest.mark.integration
 
@@ -21,8 +21,7 @@ SCENARIOS = scenarios(conformance_dir())
 async def test_rendered_daemonsets_pass_server_validation(
     folder: Path, namespace: str, api_client: client.ApiClient
 ) -> None:
-    spec, _ = load_policy(folder)
-    objects, _ = ours(spec)
+    objects, _ = ours_for(folder)
     apps = client.AppsV1Api(api_client)
     daemonsets = [o for o in objects if o["kind"] == "DaemonSet"]
     assert daemonsets

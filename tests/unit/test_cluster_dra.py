@@ -22,7 +22,7 @@ from gpuop.cluster._dra import (
 from gpuop.nvml.fake import A100_SXM4_80GB, H100_80GB_HBM3, TESLA_T4, make_gpus
 
 MiB = 1024 * 1024
-RECORDED = Path(__file__).parents[1] / "conformance/upstream/next/gpucluster-default/rendered.yaml"
+RECORDED = Path(__file__).parents[1] / "conformance/upstream/gpucluster-default/rendered.yaml"
 
 
 def _node(index: int, gpu: bool, uid: str = "uid-1") -> dict[str, Any]:

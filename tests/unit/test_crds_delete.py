@@ -1,4 +1,4 @@
-"""`gpuop crds delete` (the chart's `operator.cleanupCRD` hook) deletes exactly our two
+"""`gpuop crds delete` (the chart's `operator.cleanupCRD` hook) deletes exactly our three
 CRDs and says which were there."""
 
 from __future__ import annotations
@@ -19,11 +19,12 @@ class _Rest:
         return name in self.present
 
 
-def test_deletes_both_crds_and_names_those_that_were_there() -> None:
+def test_deletes_every_crd_and_names_those_that_were_there() -> None:
     rest = _Rest({"clusterpolicies.nvidia.com"})
     deleted = asyncio.run(delete_crds(rest))  # type: ignore[arg-type]
     assert deleted == ["clusterpolicies.nvidia.com"]
     assert rest.deleted == [
         (CRD_KIND, "clusterpolicies.nvidia.com"),
         (CRD_KIND, "nvidiadrivers.nvidia.com"),
+        (CRD_KIND, "gpuclusters.nvidia.com"),
     ]

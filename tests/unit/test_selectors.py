@@ -7,14 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conformance._diff import (
-    conformance_dir,
-    load_node_labels,
-    load_policy,
-    ours,
-    scenarios,
-    upstream,
-)
+from tests.conformance._diff import conformance_dir, ours_for, scenarios, upstream
 
 SCENARIOS = scenarios(conformance_dir())
 SELECTING = ("DaemonSet", "Deployment")
@@ -22,9 +15,7 @@ SELECTING = ("DaemonSet", "Deployment")
 
 @pytest.mark.parametrize("folder", SCENARIOS, ids=[f.name for f in SCENARIOS])
 def test_every_selector_is_upstreams(folder: Path) -> None:
-    spec, _ = load_policy(folder)
-    objects = ours(spec, load_node_labels(folder))[0]
-    mine = {(o["kind"], o["metadata"]["name"]): o for o in objects}
+    mine = {(o["kind"], o["metadata"]["name"]): o for o in ours_for(folder)[0]}
     theirs = [o for o in upstream(folder)[0] if o["kind"] in SELECTING]
     assert theirs
     for obj in theirs:
@@ -35,8 +26,7 @@ def test_every_selector_is_upstreams(folder: Path) -> None:
 
 @pytest.mark.parametrize("folder", SCENARIOS, ids=[f.name for f in SCENARIOS])
 def test_our_pods_carry_their_selector(folder: Path) -> None:
-    spec, _ = load_policy(folder)
-    for obj in ours(spec, load_node_labels(folder))[0]:
+    for obj in ours_for(folder)[0]:
         if obj["kind"] in SELECTING:
             labels = obj["spec"]["template"]["metadata"]["labels"]
             wanted = obj["spec"]["selector"]["matchLabels"]

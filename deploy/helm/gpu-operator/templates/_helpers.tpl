@@ -102,6 +102,68 @@ enabled: {{ .enabled }}
 {{- include "gpuop.componentFields" . }}
 {{- end -}}
 
+{{/* A dcgmExporter section (ClusterPolicy and GPUCluster take the same fields). */}}
+{{- define "gpuop.dcgmExporter" -}}
+{{- include "gpuop.component" . }}
+{{- with (.config | default dict).name }}
+config:
+  name: {{ . | quote }}
+{{- end }}
+{{- with .service }}
+{{- if or .type .internalTrafficPolicy }}
+service:
+  {{- with .type }}
+  type: {{ . }}
+  {{- end }}
+  {{- with .internalTrafficPolicy }}
+  internalTrafficPolicy: {{ . }}
+  {{- end }}
+{{- end }}
+{{- end }}
+{{- with .serviceMonitor }}
+{{- if .enabled }}
+serviceMonitor:
+  enabled: true
+  {{- with .interval }}
+  interval: {{ . | quote }}
+  {{- end }}
+  {{- with .scrapeTimeout }}
+  scrapeTimeout: {{ . | quote }}
+  {{- end }}
+  honorLabels: {{ .honorLabels | default false }}
+  {{- with .additionalLabels }}
+  additionalLabels:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .relabelings }}
+  relabelings:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end }}
+{{- end }}
+{{- with .annotations }}
+annotations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- if .hostPID }}
+hostPID: true
+{{- end }}
+{{- if .enablePodLabels }}
+enablePodLabels: true
+{{- end }}
+{{- if .enablePodUID }}
+enablePodUID: true
+{{- end }}
+{{- with .podLabelAllowlistRegex }}
+podLabelAllowlistRegex:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .hpcJobMapping }}
+hpcJobMapping:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
 {{/* NFD's labels and selector labels. */}}
 {{- define "gpuop.nfdSelectorLabels" -}}
 app.kubernetes.io/name: node-feature-discovery

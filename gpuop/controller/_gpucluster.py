@@ -1,0 +1,366 @@
+"""The GPUCluster controller: upstream's DRA stack from one `nvidia.com/v1alpha1` object.
+
+One serial key (``gpuclusters``) does the whole pass: the GPUCluster is a singleton (its
+CRD allows only `gpu-cluster`). What a pass wants comes from pure code
+(:mod:`components.dra`); this module reads caches and writes. Its objects carry
+upstream's `nvidia.com/gpu-operator.state` label, which its own caches select on, so
+the ClusterPolicy's caches (selected on our managed-by label) never see, re-apply or
+prune them, and NVIDIA's operator's objects of the same states are adopted.
+
+As upstream:
+
+* A ClusterPolicy beside it is a conflict: the GPUCluster is notReady with an Error
+  condition (`PrerequisiteNotMet`) and nothing is applied; the ClusterPolicy side does
+  the same (`gpuop.controller._cluster`).
+* The operator namespace is labelled `resource.kubernetes.io/admin-access=true` before
+  the admin-access claim templates are written (the API server refuses them without
+  it); the label stays, other consumers may rely on it.
+* A finalizer holds a deleted GPUCluster until the DaemonSets whose pods hold
+  ResourceClaims are gone (deleted with foreground propagation, so each waits for its
+  pods): garbage collection alone would remove the kubelet plugin too, and pods whose
+  claims nobody can unprepare hang in Terminating.
+
+Everything is decided from stored state (the object, its finalizer, the caches), so a
+restarted operator resumes where the last one stopped; a pass that changes nothing
+writes nothing, and an invalid spec is a status condition, never a crash loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from components import RenderContext, daemonset_ready, with_hash
+from components.dra import KINDS, STATE_LABEL, claim_consumers, render
+from crd import (
+    CONDITION_ERROR,
+    CONDITION_READY,
+    GC_API_VERSION,
+    GC_KIND,
+    REASON_INVALID_SPEC,
+    REASON_OPERAND_NOT_READY,
+    REASON_PREREQUISITE_NOT_MET,
+    REASON_RECONCILE_FAILED,
+    REASON_RECONCILED,
+    Condition,
+    ImageRefError,
+    parse_gpucluster,
+)
+from crd._status import format_time, set_conditions
+from gpuop.controller._apply import Applier, object_key, owned_by
+from gpuop.controller._gpucluster_objects import gpucluster_owner
+from gpuop.events import EventRecorder
+from gpuop.informer import Informer, Obj, ResourceSpec
+from gpuop.kinds import by_kind
+from gpuop.log import get_logger
+from gpuop.rest import Kind, Rest
+
+log = get_logger(__name__)
+
+GC_KEY = "gpuclusters"
+GPUCLUSTER = by_kind(GC_API_VERSION, GC_KIND)
+NAMESPACE = by_kind("v1", "Namespace")
+DAEMONSET = by_kind("apps/v1", "DaemonSet")
+FINALIZER = "gpucluster.nvidia.com/dra-resourceclaim"
+"""Upstream's: holds a deleted GPUCluster until its claim-holding DaemonSets are gone."""
+ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
+"""The namespace label the API server requires before adminAccess claims are admitted."""
+FOREGROUND = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Foreground"}
+DRAIN_RETRY_S = 5.0
+"""Backstop while claim consumers drain (their deletion events also wake the pass)."""
+STATE_READY, STATE_NOT_READY = "ready", "notReady"
+
+
+def controlled_by(obj: Obj, uid: str) -> bool:
+    return any(
+        ref.get("kind") == GC_KIND and ref.get("controller") and ref.get("uid") == uid
+        for ref in obj["metadata"].get("ownerReferences") or ()
+    )
+
+
+def conflict_message(policy: str) -> str:
+    return (
+        f'A ClusterPolicy CR "{policy}" exists; a ClusterPolicy CR and GPUCluster CR'
+        " may not exist at the same time"
+    )
+
+
+class GPUClusters:
+    """The GPUCluster side of the operator: its own caches, the operator's queue."""
+
+    def __init__(
+        self,
+        rest: Rest,
+        namespace: str,
+        add: Callable[[str], None],
+        add_after: Callable[[str, float], None],
+        policies: Informer,
+        events: EventRecorder,
+        on_change: Callable[[], None],
+        operator_image: str,
+    ) -> None:
+        self.rest = rest
+        self.namespace = namespace
+        self._add = add
+        self._add_after = add_after
+        self.policies = policies
+        self.events = events
+        #: Told when a GPUCluster comes, goes or starts deleting: node labels and the
+        #: ClusterPolicy's conflict depend on it.
+        self._on_change = on_change
+        self.operator_image = operator_image
+        self.clusters = Informer(
+            ResourceSpec("gpuclusters", rest.lister(GPUCLUSTER)), self._on_cluster
+        )
+        self.owned: dict[str, Informer] = {k.kind: self._owned_informer(k) for k in KINDS}
+        self.applier = Applier(rest, self.owned, lambda d: add_after(GC_KEY, d), events)
+
+    def _owned_informer(self, kind: Any) -> Informer:
+        rest_kind = by_kind(kind.api_version, kind.kind)
+        lister = self.rest.lister(rest_kind, self.namespace if kind.namespaced else None)
+        spec = ResourceSpec(f"gpucluster-{kind.plural}", lister, label_selector=STATE_LABEL)
+        return Informer(spec, lambda event, old, new: self._on_owned(rest_kind, event, old, new))
+
+    # ------------------------------------------------------------ watching
+    @property
+    def informers(self) -> list[Informer]:
+        return [self.clusters, *self.owned.values()]
+
+    async def run(self) -> None:
+        """Watch GPUClusters and their objects; without the CRD the GPUCluster informer
+        backs off and retries, and nothing is done until every cache has listed."""
+        async with asyncio.TaskGroup() as group:
+            for informer in self.informers:
+                group.create_task(informer.run(), name=f"watch-{informer.spec.name}")
+            await self.clusters.synced.wait()
+            self._on_change()  # node labels may follow whether a GPUCluster exists
+            await asyncio.gather(*(i.synced.wait() for i in self.informers))
+            self._add(GC_KEY)
+
+    def has_listed(self) -> bool:
+        """Every cache has listed: only then may a pass apply, prune or drain."""
+        return all(i.synced.is_set() for i in self.informers)
+
+    def knows_whether_one_exists(self) -> bool:
+        """The GPUCluster cache has listed (enough for node labels). Its own: a cluster
+        that does not serve the DRA APIs (before Kubernetes 1.34) never lists the
+        DeviceClass cache, and must not hold the ClusterPolicy's uninstall back."""
+        return self.clusters.synced.is_set()
+
+    def current(self) -> Obj | None:
+        """The GPUCluster, if one exists (deleting or not)."""
+        return next(iter(self.clusters.values()), None)
+
+    def active(self) -> bool:
+        """Whether a GPUCluster exists and is not being deleted: its node labels hold."""
+        raw = self.current()
+        return raw is not None and not raw["metadata"].get("deletionTimestamp")
+
+    def conflict(self) -> str | None:
+        """The GPUCluster's name while one exists (the ClusterPolicy must stand aside)."""
+        raw = self.current()
+        return str(raw["metadata"]["name"]) if raw is not None else None
+
+    def _on_cluster(self, event: str, old: Obj | None, new: Obj | None) -> None:
+        if (
+            event == "MODIFIED"
+            and old is not None
+            and new is not None
+            and old["metadata"].get("generation") == new["metadata"].get("generation")
+            and old["metadata"].get("deletionTimestamp") == new["metadata"].get("deletionTimestamp")
+            and old["metadata"].get("finalizers") == new["metadata"].get("finalizers")
+        ):
+            return  # only status changed (most likely our own write)
+        self._add(GC_KEY)
+        self._on_change()
+
+    def _on_owned(self, kind: Kind, event: str, old: Obj | None, new: Obj | None) -> None:
+        obj = new or old
+        assert obj is not None
+        if event == "DELETED":
+            self.applier.deleted(object_key(obj, kind.kind))
+        self._add(GC_KEY)
+
+    # ------------------------------------------------------------ the pass
+    async def reconcile(self) -> None:
+        if not self.has_listed():
+            return
+        raw = self.current()
+        if raw is None:
+            return  # owner references: garbage collection removed what we applied
+        if raw["metadata"].get("deletionTimestamp"):
+            await self._drain(raw)
+            return
+        if FINALIZER not in (raw["metadata"].get("finalizers") or []):
+            raw = await self._add_finalizer(raw)
+        policy = next(iter(self.policies.values()), None)
+        if policy is not None:
+            message = conflict_message(policy["metadata"]["name"])
+            await self._status(raw, STATE_NOT_READY, (False, REASON_PREREQUISITE_NOT_MET, message))
+            log.warning(
+                "GPUCluster waits: a ClusterPolicy exists", policy=policy["metadata"]["name"]
+            )
+            return
+        try:
+            spec = parse_gpucluster(raw).spec
+            ctx = RenderContext(namespace=self.namespace, operator_image=self.operator_image)
+            desired = render(spec, ctx)
+        except (ValidationError, ImageRefError) as err:
+            message = f"invalid GPUCluster: {_problems(err)}"
+            await self._status(raw, STATE_NOT_READY, (False, REASON_INVALID_SPEC, message))
+            log.warning("GPUCluster is invalid", problems=message)
+            return
+        await self._ensure_admin_access_label()
+        owner = gpucluster_owner(raw["metadata"])
+        objects = [with_hash(owned_by(o, owner)) for objs in desired.values() for o in objs]
+        refused = await self.applier.apply_all(objects)
+        await self._prune(objects, str(raw["metadata"]["uid"]))
+        if refused:
+            first = refused[0]
+            message = f"{first.kind} {first.name} refused ({first.code}): {first.message}"
+            await self._status(raw, STATE_NOT_READY, (False, REASON_RECONCILE_FAILED, message))
+            return
+        waiting = self._not_ready(objects)
+        if waiting:
+            message = "Waiting for operand pods to be ready: " + ", ".join(waiting)
+            await self._status(raw, STATE_NOT_READY, (False, REASON_OPERAND_NOT_READY, message))
+            return
+        done = "All resources have been successfully reconciled"
+        await self._status(raw, STATE_READY, (True, REASON_RECONCILED, done))
+
+    async def _add_finalizer(self, raw: Obj) -> Obj:
+        meta = raw["metadata"]
+        finalizers = [*(meta.get("finalizers") or []), FINALIZER]
+        patch = {"metadata": {"finalizers": finalizers, "resourceVersion": meta["resourceVersion"]}}
+        patched = await self.rest.merge_patch(GPUCLUSTER, meta["name"], patch)
+        self.clusters.observe(patched)
+        return patched
+
+    async def _drain(self, raw: Obj) -> None:
+        """Delete the claim-holding DaemonSets (foreground) and release the GPUCluster
+        only once they are gone; the rest goes by garbage collection after it."""
+        meta = raw["metadata"]
+        if FINALIZER not in (meta.get("finalizers") or []):
+            return
+        uid = str(meta["uid"])
+        daemonsets = [d for d in self.owned["DaemonSet"].values() if controlled_by(d, uid)]
+        draining = claim_consumers(daemonsets)
+        if draining:
+            started = [
+                d["metadata"]["name"]
+                for d in daemonsets
+                if d["metadata"]["name"] in draining and not d["metadata"].get("deletionTimestamp")
+            ]
+            for name in started:
+                await self.rest.delete(DAEMONSET, name, self.namespace, body=FOREGROUND)
+                log.info("draining claim consumer", daemonset=name)
+            if started:  # one Event per deletion started, not one per pass while waiting
+                await self.events.record(
+                    raw,
+                    "DrainingClaimConsumers",
+                    "Waiting for ResourceClaim-consuming DaemonSet(s) to terminate: "
+                    + ", ".join(draining),
+                )
+            self._add_after(GC_KEY, DRAIN_RETRY_S)
+            return
+        finalizers = [f for f in meta.get("finalizers") or [] if f != FINALIZER]
+        patch = {"metadata": {"finalizers": finalizers, "resourceVersion": meta["resourceVersion"]}}
+        self.clusters.observe(await self.rest.merge_patch(GPUCLUSTER, meta["name"], patch))
+        log.info("GPUCluster released", name=meta["name"])
+
+    async def _ensure_admin_access_label(self) -> None:
+        ns = await self.rest.get(NAMESPACE, self.namespace)
+        if ns is None or (ns["metadata"].get("labels") or {}).get(ADMIN_ACCESS_LABEL) == "true":
+            return
+        patch = {"metadata": {"labels": {ADMIN_ACCESS_LABEL: "true"}}}
+        await self.rest.merge_patch(NAMESPACE, self.namespace, patch)
+        log.info("namespace labelled for admin-access claims", namespace=self.namespace)
+
+    async def _prune(self, wanted: list[Obj], uid: str) -> None:
+        """Delete what this GPUCluster controls and no state wants any more (a state
+        switched off: DCGM, compute domains)."""
+        keep = {object_key(o) for o in wanted}
+        for kind_name, informer in self.owned.items():
+            kind = next(by_kind(k.api_version, k.kind) for k in KINDS if k.kind == kind_name)
+            for obj in informer.values():
+                meta = obj["metadata"]
+                if object_key(obj, kind_name) in keep or not controlled_by(obj, uid):
+                    continue
+                if meta.get("deletionTimestamp"):
+                    continue
+                await self.rest.delete(kind, meta["name"], meta.get("namespace"))
+                self.applier.deleted(object_key(obj, kind_name))
+                log.info("deleted", kind=kind_name, name=meta["name"])
+
+    def _not_ready(self, objects: list[Obj]) -> list[str]:
+        """The DaemonSets and Deployments not rolled out yet, by name."""
+        waiting = []
+        for obj in objects:
+            if obj["kind"] not in ("DaemonSet", "Deployment"):
+                continue
+            observed = self.owned[obj["kind"]].get(object_key(obj)[1])
+            if observed is None or not _rolled_out(observed):
+                waiting.append(str(obj["metadata"]["name"]))
+        return waiting
+
+    async def _status(self, raw: Obj, state: str, ready: tuple[bool, str, str]) -> None:
+        """Write upstream's status (state, namespace, Ready and Error conditions) when
+        it differs from what is stored; an unchanged condition keeps its time."""
+        holds, reason, message = ready
+        stamp = format_time(datetime.now(UTC))
+        error = (False, CONDITION_READY, "") if holds else (True, reason, message)
+        previous = [Condition.model_validate(c) for c in _stored(raw).get("conditions") or []]
+        conditions = set_conditions(
+            previous,
+            Condition(
+                type=CONDITION_READY,
+                status="True" if holds else "False",
+                reason=reason if holds else CONDITION_ERROR,
+                message=message if holds else "",
+                last_transition_time=stamp,
+            ),
+            Condition(
+                type=CONDITION_ERROR,
+                status="True" if error[0] else "False",
+                reason=error[1],
+                message=error[2],
+                last_transition_time=stamp,
+            ),
+        )
+        status = {
+            "state": state,
+            "namespace": self.namespace,
+            "conditions": [
+                c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in conditions
+            ],
+        }
+        if _stored(raw) == status:
+            return
+        patched = await self.rest.merge_patch(
+            GPUCLUSTER, raw["metadata"]["name"], {"status": status}, subresource="status"
+        )
+        self.clusters.observe(patched)
+
+
+def _stored(raw: Obj) -> dict[str, Any]:
+    return dict(raw.get("status") or {})
+
+
+def _rolled_out(obj: Obj) -> bool:
+    if obj.get("kind", "DaemonSet") == "Deployment" or "replicas" in (obj.get("spec") or {}):
+        status = obj.get("status") or {}
+        wanted = (obj.get("spec") or {}).get("replicas", 1)
+        return bool(status.get("readyReplicas", 0) >= wanted)
+    return daemonset_ready(obj)[0]
+
+
+def _problems(err: ValidationError | ImageRefError) -> str:
+    if isinstance(err, ImageRefError):
+        return str(err)
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors())[
+        :32000
+    ]

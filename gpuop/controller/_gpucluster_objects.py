@@ -1,0 +1,21 @@
+"""How the GPUCluster controller marks what it applies: the owner reference, shared
+with the conformance test so both sides compare the same objects."""
+
+from __future__ import annotations
+
+from crd import GC_API_VERSION, GC_KIND
+from gpuop.informer import Obj
+
+
+def gpucluster_owner(meta: Obj) -> Obj:
+    """A controller reference to the GPUCluster with ``meta``. As upstream's, it blocks
+    the owner's foreground deletion until the object is gone (the operator may set it:
+    it holds update on gpuclusters/finalizers)."""
+    return {
+        "apiVersion": GC_API_VERSION,
+        "kind": GC_KIND,
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }

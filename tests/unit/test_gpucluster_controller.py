@@ -1,0 +1,177 @@
+"""The GPUCluster controller's decisions from cached state, with a recording API stand-in:
+an invalid spec is a status condition written once (no crash, no apply, then no writes),
+and a deleted GPUCluster drains its claim-holding DaemonSets in the foreground before
+its finalizer goes. The real API server runs these in tests/integration/test_gpucluster.py."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from typing import Any
+
+from gpuop.controller._gpucluster import FINALIZER, FOREGROUND, GPUClusters
+from gpuop.informer import Informer, Obj, ResourceSpec
+
+NS = "gpu-operator"
+UID = "gc-uid"
+
+
+class _Rest:
+    """Records writes; answers a merge patch with the stored object patched."""
+
+    def __init__(self) -> None:
+        self.writes: list[tuple[str, str, Any]] = []
+        self.stored: dict[str, Obj] = {}
+
+    def lister(self, kind: Any, namespace: str | None = None) -> Any:
+        async def never(**_: Any) -> None:
+            raise AssertionError("not listed in a unit test")
+
+        return never
+
+    async def get(self, kind: Any, name: str, namespace: str | None = None) -> Obj | None:
+        return {
+            "metadata": {"name": name, "labels": {"resource.kubernetes.io/admin-access": "true"}}
+        }
+
+    async def merge_patch(
+        self,
+        kind: Any,
+        name: str,
+        patch: Obj,
+        namespace: str | None = None,
+        subresource: str | None = None,
+    ) -> Obj:
+        self.writes.append(("patch", f"{kind.plural}/{subresource or ''}", patch))
+        obj = copy.deepcopy(self.stored[name])
+        if "status" in patch:
+            obj["status"] = patch["status"]
+        if "finalizers" in patch.get("metadata", {}):
+            obj["metadata"]["finalizers"] = patch["metadata"]["finalizers"]
+        obj["metadata"]["resourceVersion"] = str(int(obj["metadata"]["resourceVersion"]) + 1)
+        self.stored[name] = obj
+        return obj
+
+    async def delete(
+        self, kind: Any, name: str, namespace: str | None = None, body: Obj | None = None
+    ) -> bool:
+        self.writes.append(("delete", f"{kind.plural}/{name}", body))
+        return True
+
+    async def apply(self, obj: Obj) -> Obj:
+        self.writes.append(("apply", obj["kind"], obj["metadata"]["name"]))
+        return obj
+
+
+class _Events:
+    def __init__(self) -> None:
+        self.reasons: list[str] = []
+
+    async def record(self, involved: Obj, reason: str, message: str, warning: bool = False) -> None:
+        self.reasons.append(reason)
+
+
+def _controller(rest: _Rest, gpucluster: Obj, *daemonsets: Obj) -> tuple[GPUClusters, _Events]:
+    events = _Events()
+    policies = Informer(ResourceSpec("clusterpolicies", rest.lister(None)), lambda *_: None)
+    ctl = GPUClusters(
+        rest,  # type: ignore[arg-type]
+        NS,
+        lambda _: None,
+        lambda _key, _delay: None,
+        policies,
+        events,  # type: ignore[arg-type]
+        lambda: None,
+        "gpuop:test",
+    )
+    rest.stored[gpucluster["metadata"]["name"]] = gpucluster
+    ctl.clusters.store[gpucluster["metadata"]["name"]] = gpucluster
+    for ds in daemonsets:
+        ctl.owned["DaemonSet"].store[f"{NS}/{ds['metadata']['name']}"] = ds
+    for informer in (*ctl.informers, policies):
+        informer.synced.set()
+    return ctl, events
+
+
+def _gpucluster(spec: Obj, **meta: Any) -> Obj:
+    return {
+        "apiVersion": "nvidia.com/v1alpha1",
+        "kind": "GPUCluster",
+        "metadata": {
+            "name": "gpu-cluster",
+            "uid": UID,
+            "resourceVersion": "1",
+            "generation": 1,
+            "finalizers": [FINALIZER],
+            **meta,
+        },
+        "spec": spec,
+    }
+
+
+def _daemonset(name: str, claims: bool, **meta: Any) -> Obj:
+    pod: Obj = {"containers": [{"name": "c", "image": "i"}]}
+    if claims:
+        pod["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "t"}]
+    owner = {"apiVersion": "nvidia.com/v1alpha1", "kind": "GPUCluster", "name": "gpu-cluster"}
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "ownerReferences": [{**owner, "uid": UID, "controller": True}],
+            **meta,
+        },
+        "spec": {"template": {"spec": pod}},
+    }
+
+
+def test_an_invalid_spec_is_a_condition_written_once_and_nothing_applied() -> None:
+    rest = _Rest()
+    ctl, _ = _controller(rest, _gpucluster({"draDriver": {"gpus": {"bogus": True}}}))
+    asyncio.run(ctl.reconcile())
+    ((verb, where, patch),) = rest.writes
+    assert (verb, where) == ("patch", "gpuclusters/status")
+    status = patch["status"]
+    assert status["state"] == "notReady"
+    error = next(c for c in status["conditions"] if c["type"] == "Error")
+    assert (error["status"], error["reason"]) == ("True", "InvalidSpec")
+    assert "draDriver.gpus.bogus" in error["message"]
+    ctl.clusters.store["gpu-cluster"] = rest.stored["gpu-cluster"]  # the watch event
+    asyncio.run(ctl.reconcile())
+    assert len(rest.writes) == 1  # the same verdict again writes nothing
+
+
+def test_delete_drains_claim_holders_in_the_foreground_then_releases() -> None:
+    rest = _Rest()
+    deleting = _gpucluster({"draDriver": {}}, deletionTimestamp="2026-01-01T00:00:00Z")
+    plugin = _daemonset("nvidia-dra-driver-kubelet-plugin", claims=False)
+    validator = _daemonset("nvidia-dra-validator", claims=True)
+    exporter = _daemonset("nvidia-dcgm-exporter-dra", claims=True)
+    ctl, events = _controller(rest, deleting, plugin, validator, exporter)
+
+    asyncio.run(ctl.reconcile())
+    assert rest.writes == [
+        ("delete", "daemonsets/nvidia-dra-validator", FOREGROUND),
+        ("delete", "daemonsets/nvidia-dcgm-exporter-dra", FOREGROUND),
+    ]
+    assert events.reasons == ["DrainingClaimConsumers"]
+
+    # Deleting (foreground: still there until their pods are gone): no second delete.
+    for ds in (validator, exporter):
+        key = f"{NS}/{ds['metadata']['name']}"
+        ctl.owned["DaemonSet"].store[key] = {
+            **ds,
+            "metadata": {**ds["metadata"], "deletionTimestamp": "2026-01-01T00:00:01Z"},
+        }
+    asyncio.run(ctl.reconcile())
+    assert len(rest.writes) == 2
+    assert events.reasons == ["DrainingClaimConsumers"]
+
+    # Gone: the finalizer goes; the plugin is left to garbage collection.
+    for ds in (validator, exporter):
+        del ctl.owned["DaemonSet"].store[f"{NS}/{ds['metadata']['name']}"]
+    asyncio.run(ctl.reconcile())
+    verb, where, patch = rest.writes[-1]
+    assert (verb, where) == ("patch", "gpuclusters/")
+    assert patch["metadata"]["finalizers"] == []
+    assert not [w for w in rest.writes if "kubelet-plugin" in w[1]]
