@@ -11,13 +11,25 @@ from ._cluster import (
     wait_nodes_ready,
 )
 from ._errors import ClusterError
-from ._nodes import GPU_MODELS, NFD_GPU_LABEL, SIMULATED_LABEL, node_manifest, node_manifests
+from ._nodes import (
+    GPU_MODELS,
+    NFD_GPU_LABEL,
+    SIMULATED_LABEL,
+    WORKLOAD_LABEL,
+    WORKLOADS,
+    node_manifest,
+    node_manifests,
+    parse_workload,
+    workload_labels,
+)
 from ._versions import BinaryPaths, Versions, cache_dir
 
 __all__ = [
     "GPU_MODELS",
     "NFD_GPU_LABEL",
     "SIMULATED_LABEL",
+    "WORKLOADS",
+    "WORKLOAD_LABEL",
     "BinaryPaths",
     "ClientTuning",
     "ClusterError",
@@ -30,5 +42,7 @@ __all__ = [
     "ensure_binaries",
     "node_manifest",
     "node_manifests",
+    "parse_workload",
     "wait_nodes_ready",
+    "workload_labels",
 ]
