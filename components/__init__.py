@@ -3,9 +3,9 @@
 Each operand is a `Component` listed once in `COMPONENTS` (components/registry.py); the
 rollout order, deploy labels, owned kinds and operand permissions are derived from that
 list. The controller asks this package what each operand should have (`Component.objects`),
-which labels a node should carry (`node_label_changes`), whether an object must be written
-(`needs_apply` on `with_hash` output) and whether a component is rolled out
-(`daemonset_ready`, `component_ready`).
+which labels a node should carry (`node_label_changes`, for the workload `node_workload`
+reads), whether an object must be written (`needs_apply` on `with_hash` output) and
+whether a component is rolled out (`daemonset_ready`, `component_ready`).
 """
 
 from components._k8s import (
@@ -43,14 +43,18 @@ from components.keys import (
     MPS_CAPABLE_LABEL,
     NFD_GPU_LABELS,
     PAUSED_PREFIX,
+    WORKLOAD_CONFIG_LABEL,
+    WORKLOADS,
 )
 from components.labels import (
     LabelChanges,
+    NodeWorkload,
     any_mig_capable,
     apply_label_changes,
     is_gpu_node,
     is_mig_capable,
     node_label_changes,
+    node_workload,
     wanted_deploy_labels,
 )
 from components.readiness import component_ready, daemonset_ready
@@ -93,10 +97,13 @@ __all__ = [
     "PART_OF_LABEL",
     "PAUSED_PREFIX",
     "ROLLOUT_ORDER",
+    "WORKLOADS",
+    "WORKLOAD_CONFIG_LABEL",
     "Component",
     "LabelChanges",
     "Manifest",
     "NodeFacts",
+    "NodeWorkload",
     "ObjectKind",
     "Permissions",
     "RenderContext",
@@ -114,6 +121,7 @@ __all__ = [
     "needs_apply",
     "node_facts",
     "node_label_changes",
+    "node_workload",
     "wanted_deploy_labels",
     "with_hash",
 ]

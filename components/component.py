@@ -12,6 +12,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from components.context import Manifest, RenderContext
+from components.keys import (
+    CONTAINER_WORKLOAD,
+    VM_PASSTHROUGH_WORKLOAD,
+    VM_VGPU_WORKLOAD,
+)
 from crd import ClusterPolicySpec
 
 Render = Callable[[ClusterPolicySpec, RenderContext], list[Manifest]]
@@ -55,6 +60,35 @@ def every_gpu_node(_labels: Mapping[str, str]) -> bool:
 
 
 @dataclass(frozen=True)
+class Placement:
+    """Which GPU workloads (`nvidia.com/gpu.workload.config`) a deploy label goes with,
+    as upstream's per-workload label sets: a node serving containers gets the container
+    stack's, a VM host the sandbox operands' (never both, so the NVIDIA driver and
+    vfio-pci never claim one GPU together)."""
+
+    workloads: frozenset[str] = frozenset({CONTAINER_WORKLOAD})
+    passthrough_mode: str | None = None
+    """On vm-passthrough nodes, only in this `sandboxWorkloads.mode` (the KubeVirt and
+    the Kata device plugins); None: in every mode."""
+
+    def applies(self, workload: str, mode: str) -> bool:
+        """Whether a node of `workload` gets the label under sandbox `mode`."""
+        if workload not in self.workloads:
+            return False
+        return workload != VM_PASSTHROUGH_WORKLOAD or self.passthrough_mode in (None, mode)
+
+
+CONTAINER_ONLY = Placement()
+"""The container stack (driver, toolkit, device plugin, ...): the default."""
+VM_HOSTS = Placement(frozenset({VM_PASSTHROUGH_WORKLOAD, VM_VGPU_WORKLOAD}))
+PASSTHROUGH_ONLY = Placement(frozenset({VM_PASSTHROUGH_WORKLOAD}))
+VGPU_ONLY = Placement(frozenset({VM_VGPU_WORKLOAD}))
+EVERY_WORKLOAD = Placement(
+    frozenset({CONTAINER_WORKLOAD, VM_PASSTHROUGH_WORKLOAD, VM_VGPU_WORKLOAD})
+)
+
+
+@dataclass(frozen=True)
 class Component:
     """One operand, that is one rollout state of the operator.
 
@@ -76,6 +110,8 @@ class Component:
     """The RBAC rules its own Role and ClusterRole grant its pods."""
     eligible: NodeFilter = every_gpu_node
     """Which GPU nodes carry `deploy_label` (the MIG manager's: MIG-capable ones)."""
+    placement: Placement = CONTAINER_ONLY
+    """Which nodes' workloads carry `deploy_label` (see `components.labels.node_workload`)."""
 
     def enabled(self, spec: ClusterPolicySpec) -> bool:
         """Whether the policy switches this component on."""

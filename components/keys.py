@@ -37,6 +37,37 @@ DEPLOY_CLIENT_LABEL = "nvidia.com/gpu.deploy.client"
 """Set with the operands' labels, as upstream does; selects GPU clients run on the node's
 behalf. No operand of ours owns it (see `components.registry.DEPLOY_LABELS`)."""
 
+DEPLOY_VGPU_MANAGER_LABEL = "nvidia.com/gpu.deploy.vgpu-manager"
+DEPLOY_VGPU_DEVICE_MANAGER_LABEL = "nvidia.com/gpu.deploy.vgpu-device-manager"
+DEPLOY_VFIO_MANAGER_LABEL = "nvidia.com/gpu.deploy.vfio-manager"
+DEPLOY_SANDBOX_VALIDATOR_LABEL = "nvidia.com/gpu.deploy.sandbox-validator"
+DEPLOY_SANDBOX_DEVICE_PLUGIN_LABEL = "nvidia.com/gpu.deploy.sandbox-device-plugin"
+DEPLOY_KATA_DEVICE_PLUGIN_LABEL = "nvidia.com/gpu.deploy.kata-sandbox-device-plugin"
+DEPLOY_CC_MANAGER_LABEL = "nvidia.com/gpu.deploy.cc-manager"
+DEPLOY_KATA_MANAGER_LABEL = "nvidia.com/gpu.deploy.kata-manager"
+"""Set on vm-passthrough nodes as upstream does, though upstream deploys no Kata manager
+any more (deprecated) and neither do we: Kata runtime classes may still select on it."""
+
+WORKLOAD_CONFIG_LABEL = "nvidia.com/gpu.workload.config"
+"""The user's (with `sandboxWorkloads.enabled`): what a GPU node's GPUs serve."""
+CONTAINER_WORKLOAD = "container"
+"""Containers on the node's own driver: the driver, toolkit, device plugin, ... stack."""
+VM_PASSTHROUGH_WORKLOAD = "vm-passthrough"
+"""Whole GPUs bound to vfio-pci and handed to virtual machines (KubeVirt or Kata)."""
+VM_VGPU_WORKLOAD = "vm-vgpu"
+"""GPUs split into vGPUs by the vGPU host driver, handed to virtual machines."""
+WORKLOADS: tuple[str, ...] = (CONTAINER_WORKLOAD, VM_PASSTHROUGH_WORKLOAD, VM_VGPU_WORKLOAD)
+KUBEVIRT_MODE = "kubevirt"
+KATA_MODE = "kata"
+"""`sandboxWorkloads.mode`: which runtime gets vm-passthrough GPUs (its device plugin)."""
+
+VGPU_CONFIG_LABEL = "nvidia.com/vgpu.config"
+"""The user's: which vGPU layout (`vgpuDeviceManager.config`) a vm-vgpu node gets; the
+vGPU device manager applies `vgpuDeviceManager.config.default` where it is missing."""
+CC_MODE_LABEL = "nvidia.com/cc.mode"
+"""The user's: a node's confidential-computing mode; the CC manager applies
+`ccManager.defaultMode` where it is missing."""
+
 MIG_CAPABLE_LABEL = "nvidia.com/mig.capable"
 """Set by GPU feature discovery: `true` on nodes whose GPUs support MIG."""
 

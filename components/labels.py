@@ -6,24 +6,31 @@ Ownership is read from values, so nothing needs remembering between passes: `tru
 alone). Only our own values are ever removed, and the result is a fixed point: applying
 it and asking again yields no change.
 
-As upstream, every GPU node gets every operand's deploy label whether or not the policy
-enables that operand (the DaemonSet decides what runs), where the operand is eligible
-(`Component.eligible`: the MIG manager's only on MIG-capable nodes), and a MIG-capable node without
-`nvidia.com/mig.config` gets the policy's default layout. That label is a request, not
-a mark of ours: once set, it is never changed or removed (uninstall included).
+As upstream, every GPU node gets the deploy label of every operand of its workload
+(`node_workload`: containers, or with `sandboxWorkloads` a VM host) whether or not the
+policy enables that operand (the DaemonSet decides what runs), where the operand is
+eligible (`Component.eligible`: the MIG manager's only on MIG-capable nodes), and a
+MIG-capable node without `nvidia.com/mig.config` gets the policy's default layout. That
+label is a request, not a mark of ours: once set, it is never changed or removed
+(uninstall included). A node whose workload changes loses the other workload's labels
+(ours) in the same patch that gives it the new ones.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 from components.keys import (
+    CONTAINER_WORKLOAD,
     DEPLOY_OPERANDS_LABEL,
     FALSE,
     GPU_PRESENT_LABEL,
     MIG_CONFIG_LABEL,
     PAUSED_PREFIX,
     TRUE,
+    WORKLOAD_CONFIG_LABEL,
+    WORKLOADS,
 )
 from components.keys import is_gpu_node as is_gpu_node
 from components.keys import is_mig_capable as is_mig_capable
@@ -34,12 +41,51 @@ LabelChanges = dict[str, str | None]
 """Label key to new value, or None to remove it."""
 
 
+@dataclass(frozen=True)
+class NodeWorkload:
+    """What a node's GPUs serve, as the labeller reads it (upstream's rules)."""
+
+    name: str
+    """`container`, `vm-passthrough` or `vm-vgpu`."""
+    invalid_value: str | None = None
+    """The node's `nvidia.com/gpu.workload.config` when it names no workload (the node
+    then serves the policy's default): worth a Warning Event naming the node."""
+
+    @property
+    def problem(self) -> str | None:
+        """What is wrong with the node's label, for the Event; None when nothing is."""
+        if self.invalid_value is None:
+            return None
+        return (
+            f"{WORKLOAD_CONFIG_LABEL}={self.invalid_value!r} is not one of "
+            f"{', '.join(WORKLOADS)}: the node serves the default workload {self.name!r}"
+        )
+
+
+def node_workload(labels: Mapping[str, str], spec: ClusterPolicySpec | None) -> NodeWorkload:
+    """A node's workload: `container` unless `sandboxWorkloads.enabled`; then its
+    `nvidia.com/gpu.workload.config` label, or `sandboxWorkloads.defaultWorkload` where
+    the label is missing or invalid (as upstream falls back; an invalid value is
+    reported in `invalid_value`)."""
+    if spec is None or not spec.sandbox_workloads.enabled:
+        return NodeWorkload(CONTAINER_WORKLOAD)
+    default = spec.sandbox_workloads.default_workload
+    value = labels.get(WORKLOAD_CONFIG_LABEL)
+    if value is None:
+        return NodeWorkload(default)
+    if value in WORKLOADS:
+        return NodeWorkload(value)
+    return NodeWorkload(default, invalid_value=value)
+
+
 def wanted_deploy_labels(labels: Mapping[str, str], spec: ClusterPolicySpec | None) -> set[str]:
     """Deploy labels that should be `true` on this node (before respecting user values):
-    on a GPU node those of every operand it is eligible for, none elsewhere."""
+    on a GPU node those of every operand of its workload it is eligible for, none
+    elsewhere."""
     if spec is None or not is_gpu_node(labels) or labels.get(DEPLOY_OPERANDS_LABEL) == FALSE:
         return set()
-    return eligible_deploy_labels(labels)
+    workload = node_workload(labels, spec).name
+    return eligible_deploy_labels(labels, workload, spec.sandbox_workloads.mode)
 
 
 def _default_mig_config(labels: Mapping[str, str], spec: ClusterPolicySpec | None) -> str | None:

@@ -25,9 +25,30 @@ from components import (
     toolkit,
     validator,
 )
-from components.component import Component, ObjectKind
+from components.component import (
+    EVERY_WORKLOAD,
+    PASSTHROUGH_ONLY,
+    VGPU_ONLY,
+    VM_HOSTS,
+    Component,
+    ObjectKind,
+    Placement,
+)
 from components.context import Manifest, RenderContext
-from components.keys import DEPLOY_CLIENT_LABEL
+from components.keys import (
+    CONTAINER_WORKLOAD,
+    DEPLOY_CC_MANAGER_LABEL,
+    DEPLOY_CLIENT_LABEL,
+    DEPLOY_KATA_DEVICE_PLUGIN_LABEL,
+    DEPLOY_KATA_MANAGER_LABEL,
+    DEPLOY_SANDBOX_DEVICE_PLUGIN_LABEL,
+    DEPLOY_SANDBOX_VALIDATOR_LABEL,
+    DEPLOY_VFIO_MANAGER_LABEL,
+    DEPLOY_VGPU_DEVICE_MANAGER_LABEL,
+    DEPLOY_VGPU_MANAGER_LABEL,
+    KATA_MODE,
+    KUBEVIRT_MODE,
+)
 from crd import ClusterPolicySpec
 
 COMPONENTS: tuple[Component, ...] = (
@@ -47,8 +68,19 @@ COMPONENTS: tuple[Component, ...] = (
 """Rollout order: every enabled component is applied in each pass, and each GPU node
     takes them in this order (its per-node machine, `statemachine.node_rollout`)."""
 
-EXTRA_DEPLOY_LABELS: tuple[str, ...] = (DEPLOY_CLIENT_LABEL,)
-"""Deploy labels set with the operands' though no operand of ours owns them (upstream's)."""
+EXTRA_DEPLOY_LABELS: tuple[tuple[str, Placement], ...] = (
+    (DEPLOY_VGPU_MANAGER_LABEL, VGPU_ONLY),
+    (DEPLOY_VGPU_DEVICE_MANAGER_LABEL, VGPU_ONLY),
+    (DEPLOY_VFIO_MANAGER_LABEL, PASSTHROUGH_ONLY),
+    (DEPLOY_SANDBOX_VALIDATOR_LABEL, VM_HOSTS),
+    (DEPLOY_SANDBOX_DEVICE_PLUGIN_LABEL, Placement(VM_HOSTS.workloads, KUBEVIRT_MODE)),
+    (DEPLOY_KATA_DEVICE_PLUGIN_LABEL, Placement(PASSTHROUGH_ONLY.workloads, KATA_MODE)),
+    (DEPLOY_CC_MANAGER_LABEL, VM_HOSTS),
+    (DEPLOY_KATA_MANAGER_LABEL, PASSTHROUGH_ONLY),
+    (DEPLOY_CLIENT_LABEL, EVERY_WORKLOAD),
+)
+"""Deploy labels set with the operands' though no operand of ours owns them (upstream's),
+with the workloads whose nodes get them."""
 
 
 def rollout_order(components: Iterable[Component]) -> tuple[str, ...]:
@@ -65,7 +97,7 @@ def node_order(components: Iterable[Component]) -> tuple[str, ...]:
 def deploy_labels(components: Iterable[Component]) -> tuple[str, ...]:
     """Every deploy label we manage: the operands' in rollout order, then the extras."""
     owned = (c.deploy_label for c in components if c.deploy_label)
-    return tuple(dict.fromkeys((*owned, *EXTRA_DEPLOY_LABELS)))
+    return tuple(dict.fromkeys((*owned, *(label for label, _ in EXTRA_DEPLOY_LABELS))))
 
 
 def owned_kinds(components: Iterable[Component]) -> tuple[ObjectKind, ...]:
@@ -76,10 +108,10 @@ def owned_kinds(components: Iterable[Component]) -> tuple[ObjectKind, ...]:
 ROLLOUT_ORDER = rollout_order(COMPONENTS)
 NODE_ORDER = node_order(COMPONENTS)
 DEPLOY_LABELS = deploy_labels(COMPONENTS)
-"""Like upstream, all are set on every GPU node whether or not the policy enables that
-operand (but only where the operand is eligible: the MIG manager's on MIG-capable nodes),
-so enabling an operand later needs no node relabelling and users' node selectors see
-the same labels as with upstream."""
+"""Like upstream, those of a node's workload are set on every GPU node whether or not the
+policy enables that operand (but only where the operand is eligible: the MIG manager's
+on MIG-capable nodes), so enabling an operand later needs no node relabelling and users'
+node selectors see the same labels as with upstream."""
 OWNED_KINDS = owned_kinds(COMPONENTS)
 
 _BY_NAME = {c.name: c for c in COMPONENTS}
@@ -96,12 +128,20 @@ def enabled_components(spec: ClusterPolicySpec) -> list[str]:
 
 
 def eligible_deploy_labels(
-    labels: Mapping[str, str], components: Iterable[Component] = COMPONENTS
+    labels: Mapping[str, str],
+    workload: str = CONTAINER_WORKLOAD,
+    mode: str = KUBEVIRT_MODE,
+    components: Iterable[Component] = COMPONENTS,
 ) -> set[str]:
-    """The deploy labels a GPU node with these labels should carry."""
-    return {c.deploy_label for c in components if c.deploy_label and c.eligible(labels)} | set(
-        EXTRA_DEPLOY_LABELS
-    )
+    """The deploy labels a GPU node with these labels, serving `workload`, should carry
+    under sandbox `mode` (`sandboxWorkloads.mode`)."""
+    owned = {
+        c.deploy_label
+        for c in components
+        if c.deploy_label and c.placement.applies(workload, mode) and c.eligible(labels)
+    }
+    extras = {label for label, where in EXTRA_DEPLOY_LABELS if where.applies(workload, mode)}
+    return owned | extras
 
 
 def desired_objects(spec: ClusterPolicySpec, ctx: RenderContext) -> dict[str, list[Manifest]]:

@@ -136,8 +136,8 @@ def test_components_by_name() -> None:
 
 
 def test_deploy_labels_are_upstreams() -> None:
-    """The derived list spells upstream's labels, in rollout order; gpu.deploy.client has
-    no component of ours, upstream sets it with the others."""
+    """The derived list spells upstream's labels, in rollout order; gpu.deploy.kata-manager
+    and gpu.deploy.client have no component of ours, upstream sets them with the others."""
     upstream = tuple(
         f"nvidia.com/gpu.deploy.{name}"
         for name in (
@@ -150,6 +150,14 @@ def test_deploy_labels_are_upstreams() -> None:
             "gpu-feature-discovery",
             "mig-manager",
             "node-status-exporter",
+            "vgpu-manager",
+            "vgpu-device-manager",
+            "vfio-manager",
+            "sandbox-validator",
+            "sandbox-device-plugin",
+            "kata-sandbox-device-plugin",
+            "cc-manager",
+            "kata-manager",
             "client",
         )
     )

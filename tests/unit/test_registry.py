@@ -70,7 +70,7 @@ def test_derived_lists() -> None:
     assert tuple(x.name for x in c.COMPONENTS) == c.ROLLOUT_ORDER
     # Every owned deploy label selects its operand's DaemonSet; the client label is
     # upstream's and no operand's.
-    assert c.DEPLOY_LABELS[-1] == c.registry.EXTRA_DEPLOY_LABELS[0]
+    assert c.DEPLOY_LABELS[-1] == c.registry.EXTRA_DEPLOY_LABELS[-1][0]
     assert len(set(c.DEPLOY_LABELS)) == len(c.DEPLOY_LABELS)
     mig_only = {x.deploy_label for x in c.COMPONENTS if not x.eligible({})}
     assert mig_only == {c.DEPLOY_MIG_MANAGER_LABEL}
