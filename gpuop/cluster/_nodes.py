@@ -12,16 +12,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from components.keys import MIG_CAPABLE_LABEL, NFD_GPU_LABELS
+from components.keys import MIG_CAPABLE_LABEL, NFD_GPU_LABELS, WORKLOAD_CONFIG_LABEL
+from components.keys import WORKLOADS as WORKLOADS
 
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 SIMULATED_LABEL = "gpuop.io/simulated"
 LEGACY_SIMULATED_LABEL = "gpuop.dev/simulated"
 """What clusters made before the single `gpuop.io/` domain label their nodes with."""
 NFD_GPU_LABEL = NFD_GPU_LABELS[0]
-WORKLOAD_LABEL = "nvidia.com/gpu.workload.config"
+WORKLOAD_LABEL = WORKLOAD_CONFIG_LABEL
 """The node label an administrator sets to say what a GPU node serves (upstream's)."""
-WORKLOADS = ("container", "vm-passthrough", "vm-vgpu")
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ from gpuop.controller._pace import ProgressPace
 from gpuop.controller._pods import (
     WATCHED_APPS,
     PodShape,
+    is_driver_pod,
     pod_app,
     pod_index,
     trim_pod,
@@ -56,6 +57,7 @@ from gpuop.controller._rollout_status import STUCK_KEY, RolloutReports
 from gpuop.controller._rollout_view import NodeRollouts, pod_facts
 from gpuop.controller._site_config import SiteConfigMaps
 from gpuop.controller._upgrade import Upgrades
+from gpuop.controller._workload import HANDOVER_APPS, WorkloadHandovers
 from gpuop.informer import Handler, Informer, Obj, ResourceSpec
 from gpuop.log import get_logger
 from gpuop.metrics import OperatorMetrics
@@ -214,6 +216,9 @@ class Operator:
             upgrades=self.upgrades,
             gate=self.gate,
             nvd=self.nvd,
+            workloads=WorkloadHandovers(
+                self.pods, self.upgrades.emptying, self.upgrades.events, self.nvd.driver_app
+            ),
         )
 
     # ------------------------------------------------------------- informers
@@ -320,7 +325,8 @@ class Operator:
             self._progress()  # where that node stands in the rollout
         node = (pod.get("spec") or {}).get("nodeName")
         app = pod_app(pod)
-        if node and app in WATCHED_APPS:
+        if node and (app in WATCHED_APPS or app in HANDOVER_APPS or is_driver_pod(pod)):
+            # Also every GPU claimant's pod: its going may end a workload hand-over.
             self.queue.add(node_key(node))
             # The fleet budget only asks whether a node waiting for a slot has a
             # driver pod at all.
