@@ -147,17 +147,24 @@ def daemonset(
     pod_annotations: Mapping[str, str] | None = None,
     host_network: bool | None = None,
     selector_labels: Mapping[str, str] | None = None,
+    selector_key: str = APP_LABEL,
+    grace_period: int | None = None,
 ) -> Manifest:
-    """A DaemonSet selecting `app=<name>` (and `selector_labels`, which its pods carry
-    too), with the policy's pod-wide settings applied: `spec.daemonsets.podSecurityContext`
-    on every operand pod, and `host_network` (the operand section's `hostNetwork`) as
-    upstream's `applyHostNetworkConfig` does it.
+    """A DaemonSet selecting `app=<name>` (`<selector_key>=<name>` where upstream's
+    selects on another key, its pods then without `app`; and `selector_labels`, which
+    its pods carry too), with the policy's pod-wide settings applied:
+    `spec.daemonsets.podSecurityContext` on every operand pod, and `host_network` (the
+    operand section's `hostNetwork`) as upstream's `applyHostNetworkConfig` does it.
+    `grace_period`: the pods' terminationGracePeriodSeconds, where not the default.
 
     The selector is immutable: it is upstream's for each DaemonSet, so that gpuop adopts
     the DaemonSets NVIDIA's operator created in place (see `Applier` for the ones
     that still need replacing).
     """
     labels = {**pod_labels(name, component, spec), **(selector_labels or {})}
+    if selector_key != APP_LABEL:
+        del labels[APP_LABEL]
+        labels = {selector_key: name, **labels}
     annotations = {**spec.daemonsets.annotations, **(pod_annotations or {})}
     template_meta: dict[str, Any] = {"labels": labels}
     if annotations:
@@ -175,6 +182,8 @@ def daemonset(
         full_pod["securityContext"] = dumped
     if host_network:
         use_host_network(full_pod)
+    if grace_period is not None:
+        full_pod["terminationGracePeriodSeconds"] = grace_period
     meta = metadata(name, component, spec, ctx)
     # Upstream labels the DaemonSet itself `app=<name>` too: `kubectl get ds -l app=...`
     # finds ours as it found NVIDIA's.
@@ -184,7 +193,7 @@ def daemonset(
         "kind": "DaemonSet",
         "metadata": meta,
         "spec": {
-            "selector": {"matchLabels": {APP_LABEL: name, **(selector_labels or {})}},
+            "selector": {"matchLabels": {selector_key: name, **(selector_labels or {})}},
             "updateStrategy": update_strategy or rolling_update_strategy(spec),
             "template": {"metadata": template_meta, "spec": full_pod},
         },

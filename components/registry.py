@@ -12,24 +12,29 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from components import (
+    cc_manager,
     dcgm,
     dcgm_exporter,
     device_plugin,
     driver,
     gfd,
+    kata_device_plugin,
     mig_manager,
     mps,
     node_status_exporter,
     operator_metrics,
     prerequisites,
+    sandbox_device_plugin,
+    sandbox_validator,
     toolkit,
     validator,
+    vfio_manager,
+    vgpu_device_manager,
+    vgpu_manager,
 )
 from components.component import (
     EVERY_WORKLOAD,
     PASSTHROUGH_ONLY,
-    VGPU_ONLY,
-    VM_HOSTS,
     Component,
     ObjectKind,
     Placement,
@@ -37,16 +42,8 @@ from components.component import (
 from components.context import Manifest, RenderContext
 from components.keys import (
     CONTAINER_WORKLOAD,
-    DEPLOY_CC_MANAGER_LABEL,
     DEPLOY_CLIENT_LABEL,
-    DEPLOY_KATA_DEVICE_PLUGIN_LABEL,
     DEPLOY_KATA_MANAGER_LABEL,
-    DEPLOY_SANDBOX_DEVICE_PLUGIN_LABEL,
-    DEPLOY_SANDBOX_VALIDATOR_LABEL,
-    DEPLOY_VFIO_MANAGER_LABEL,
-    DEPLOY_VGPU_DEVICE_MANAGER_LABEL,
-    DEPLOY_VGPU_MANAGER_LABEL,
-    KATA_MODE,
     KUBEVIRT_MODE,
 )
 from crd import ClusterPolicySpec
@@ -64,18 +61,22 @@ COMPONENTS: tuple[Component, ...] = (
     gfd.COMPONENT,
     mig_manager.COMPONENT,
     node_status_exporter.COMPONENT,
+    # GPUs for VMs (sandboxWorkloads): upstream's order, but for the VFIO manager, which
+    # comes before the sandbox validator here: the validator checks what it did.
+    vgpu_manager.COMPONENT,
+    vgpu_device_manager.COMPONENT,
+    vfio_manager.COMPONENT,
+    sandbox_validator.COMPONENT,
+    sandbox_device_plugin.COMPONENT,
+    kata_device_plugin.COMPONENT,
+    cc_manager.COMPONENT,
 )
 """Rollout order: every enabled component is applied in each pass, and each GPU node
-    takes them in this order (its per-node machine, `statemachine.node_rollout`)."""
+    takes them in this order (its per-node machine, `statemachine.node_rollout`): on a
+    VM host the vGPU or VFIO manager, the vGPU device manager, the validator, then the
+    device plugin."""
 
 EXTRA_DEPLOY_LABELS: tuple[tuple[str, Placement], ...] = (
-    (DEPLOY_VGPU_MANAGER_LABEL, VGPU_ONLY),
-    (DEPLOY_VGPU_DEVICE_MANAGER_LABEL, VGPU_ONLY),
-    (DEPLOY_VFIO_MANAGER_LABEL, PASSTHROUGH_ONLY),
-    (DEPLOY_SANDBOX_VALIDATOR_LABEL, VM_HOSTS),
-    (DEPLOY_SANDBOX_DEVICE_PLUGIN_LABEL, Placement(VM_HOSTS.workloads, KUBEVIRT_MODE)),
-    (DEPLOY_KATA_DEVICE_PLUGIN_LABEL, Placement(PASSTHROUGH_ONLY.workloads, KATA_MODE)),
-    (DEPLOY_CC_MANAGER_LABEL, VM_HOSTS),
     (DEPLOY_KATA_MANAGER_LABEL, PASSTHROUGH_ONLY),
     (DEPLOY_CLIENT_LABEL, EVERY_WORKLOAD),
 )

@@ -36,12 +36,6 @@ class UnsupportedField:
 _Check = Callable[[ClusterPolicySpec], bool]
 
 _FIELDS: tuple[tuple[str, _Check, str], ...] = (
-    (
-        "sandboxWorkloads.enabled",
-        lambda s: s.sandbox_workloads.enabled,
-        "VM workloads are not implemented: no vGPU, VFIO, sandbox or Kata operands are"
-        " deployed and nvidia.com/gpu.workload.config labels are not honoured",
-    ),
     ("kataManager.enabled", lambda s: s.kata_manager.enabled, "deprecated; upstream ignores it"),
     ("psp.enabled", lambda s: s.psp is not None and s.psp.enabled, "PodSecurityPolicy is gone"),
     ("cdi.default", lambda s: s.cdi.default, "no effect (upstream v26.7 ignores it too)"),
@@ -64,12 +58,6 @@ _HOST_NETWORK_OPERANDS = frozenset(
         "mig_manager",
         "node_status_exporter",
         "validator",
-    }
-)
-"""Sections whose `hostNetwork` puts their operand's pods in the node's network (the MPS
-control daemon follows `devicePlugin`'s), as upstream's transforms do."""
-_SANDBOX_OPERANDS = frozenset(
-    {
         "vgpu_manager",
         "vgpu_device_manager",
         "vfio_manager",
@@ -78,8 +66,9 @@ _SANDBOX_OPERANDS = frozenset(
         "cc_manager",
     }
 )
-"""Sections whose operand upstream deploys (and puts in the host network) but this
-operator does not."""
+"""Sections whose `hostNetwork` puts their operand's pods in the node's network (the MPS
+control daemon follows `devicePlugin`'s, the sandbox validator `validator`'s), as
+upstream's transforms do."""
 
 
 def _host_network(spec: ClusterPolicySpec) -> Iterator[UnsupportedField]:
@@ -90,11 +79,7 @@ def _host_network(spec: ClusterPolicySpec) -> Iterator[UnsupportedField]:
             and section.host_network
             and name not in _HOST_NETWORK_OPERANDS
         ):
-            reason = (
-                "its operand is not deployed (sandbox workloads are not implemented)"
-                if name in _SANDBOX_OPERANDS
-                else "no effect (upstream v26.7 ignores it too)"
-            )
+            reason = "no effect (upstream v26.7 ignores it too)"
             yield UnsupportedField(f"spec.{info.alias or name}.hostNetwork", reason)
 
 
@@ -129,7 +114,8 @@ def unsupported_fields(spec: ClusterPolicySpec) -> list[UnsupportedField]:
 _VGPU_HOST_MANAGER = (
     "rendered as the data-centre driver's pod: the vGPU host manager's own differences"
     " (the /sys/fs/cgroup and /dev/vfio mounts, no startup probe, a 120 s grace period)"
-    " are not applied (the sandbox family is not implemented)"
+    " are not applied (an NVIDIADriver of this type is not implemented; the ClusterPolicy's"
+    " vgpuManager is)"
 )
 
 

@@ -1,4 +1,4 @@
-"""``gpuop node-agent validate|export|health``: argument parsing.
+"""``gpuop node-agent validate|validate-sandbox|export|health``: argument parsing.
 
 ``gpuop/cli.py`` calls :func:`add_subcommands`; each leaf parser sets ``func``, a
 callable taking the parsed namespace and returning the exit status
@@ -13,11 +13,17 @@ from pathlib import Path
 from typing import Any
 
 from gpuop.log import get_logger
-from gpuop.nodeagent.commands import run_export, run_health, run_validate
+from gpuop.nodeagent.commands import (
+    run_export,
+    run_health,
+    run_validate,
+    run_validate_sandbox,
+)
 from gpuop.nodeagent.devchar import DEFAULT_DEV_CHAR
 from gpuop.nodeagent.devices import DEFAULT_SYSFS
 from gpuop.nodeagent.driver import CONTAINER_DRIVER_ROOT
 from gpuop.nodeagent.driver_root import DEFAULT_DRIVER_INSTALL_DIR
+from gpuop.nodeagent.sandbox import COMPONENTS as SANDBOX_COMPONENTS
 from gpuop.nodeagent.status import CHECK_NAMES, DEFAULT_VALIDATIONS_DIR
 from gpuop.nodeagent.toolkit import DEFAULT_CONFIG_PATHS, DEFAULT_RUNTIME_DIRS
 from gpuop.nodeagent.workload import DEFAULT_CUDA_IMAGE
@@ -139,6 +145,34 @@ def add_subcommands(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="with --wait: seconds between re-runs of driver, toolkit and plugin (0 = never)",
     )
     v.set_defaults(func=run_validate)
+
+    s = sub.add_parser(
+        "validate-sandbox",
+        help="validate one part of a VM host (vfio-pci, vGPU manager and devices, CC mode)",
+    )
+    _common(s)
+    s.add_argument(
+        "--component",
+        choices=SANDBOX_COMPONENTS,
+        default=os.environ.get("COMPONENT") or None,
+        required=not os.environ.get("COMPONENT"),
+        help="what to validate (default: $COMPONENT, as upstream's validator)",
+    )
+    s.add_argument(
+        "--wait",
+        action="store_true",
+        default=os.environ.get("WITH_WAIT", "").lower() == "true",
+        help="retry until passing (default: $WITH_WAIT)",
+    )
+    s.add_argument(
+        "--default-workload",
+        default=os.environ.get("DEFAULT_GPU_WORKLOAD_CONFIG", "container"),
+        help="the workload of a node without a valid nvidia.com/gpu.workload.config "
+        "(default: $DEFAULT_GPU_WORKLOAD_CONFIG)",
+    )
+    s.add_argument("--sysfs", type=Path, default=DEFAULT_SYSFS, help="the host's /sys")
+    s.add_argument("--host-root", type=Path, default=DEFAULT_HOST_ROOT, help="host / mount")
+    s.set_defaults(func=run_validate_sandbox)
 
     e = sub.add_parser("export", help="serve per-GPU health and validation status metrics")
     _common(e)

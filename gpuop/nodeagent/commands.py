@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from gpuop.nodeagent.exporter import serve
 from gpuop.nodeagent.health import HealthReporter, KubernetesNodeStatus, NodeStatusApi
 from gpuop.nodeagent.kube import KubeApi, KubernetesApi
 from gpuop.nodeagent.plugin import PluginCheck
+from gpuop.nodeagent.sandbox import SandboxPaths, validate_sandbox
 from gpuop.nodeagent.status import StatusFiles
 from gpuop.nodeagent.toolkit import ToolkitCheck
 from gpuop.nodeagent.validate import Backoff, Validator
@@ -234,6 +235,25 @@ async def health_main(args: argparse.Namespace) -> int:
 
 def run_validate(args: argparse.Namespace) -> int:
     return asyncio.run(validate_main(args))
+
+
+async def validate_sandbox_main(args: argparse.Namespace) -> int:
+    """One sandbox check (an init container of the sandbox validator); exit 0 once it
+    passed, 1 when it has not and ``--wait`` is off."""
+    api = KubernetesApi(await _api_client())
+
+    async def labels() -> Mapping[str, str]:
+        return await api.get_node_labels(args.node_name) or {}
+
+    paths = SandboxPaths(args.validations_dir, args.sysfs, args.host_root, args.driver_root)
+    passed = await validate_sandbox(
+        args.component, labels, args.default_workload, paths, wait=args.wait
+    )
+    return 0 if passed else 1
+
+
+def run_validate_sandbox(args: argparse.Namespace) -> int:
+    return asyncio.run(validate_sandbox_main(args))
 
 
 def run_export(args: argparse.Namespace) -> int:

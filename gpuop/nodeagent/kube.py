@@ -114,3 +114,11 @@ class KubernetesApi:
         if node is None:
             return None
         return dict((node.status and node.status.capacity) or {})
+
+    async def get_node_labels(self, name: str) -> Mapping[str, str] | None:
+        """The node's labels (its workload, its CC capability), or None when the node
+        does not exist."""
+        node = await self._call(self._core.read_node(name))
+        if node is None:
+            return None
+        return dict((node.metadata and node.metadata.labels) or {})

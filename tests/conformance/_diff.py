@@ -79,8 +79,28 @@ class Difference:
 # ---------------------------------------------------------------- our side
 
 
-def simulated_nodes() -> list[dict[str, Any]]:
-    return node_manifests(NODES, GPU_NODES)
+def simulated_nodes(
+    node_labels: Mapping[str, Mapping[str, str]] | None = None,
+) -> list[dict[str, Any]]:
+    """The recording cluster's nodes, with a scenario's `node-labels.yaml` applied (what
+    was labelled before upstream's operator started, e.g. the GPU workload)."""
+    nodes = node_manifests(NODES, GPU_NODES)
+    extra = dict(node_labels or {})
+    for node in nodes:
+        meta = node["metadata"]
+        meta["labels"] = {**meta["labels"], **extra.pop(meta["name"], {})}
+    if extra:
+        raise ValueError(f"node-labels.yaml names nodes the cluster does not have: {sorted(extra)}")
+    return nodes
+
+
+def load_node_labels(folder: Path) -> dict[str, dict[str, str]]:
+    """The scenario's `node-labels.yaml` (`{node: {key: value}}`); empty where it has none."""
+    path = folder / "node-labels.yaml"
+    if not path.is_file():
+        return {}
+    raw = yaml.safe_load(path.read_text()) or {}
+    return {str(n): {str(k): str(v) for k, v in labels.items()} for n, labels in raw.items()}
 
 
 def load_policy(folder: Path) -> tuple[crd.ClusterPolicySpec, list[Difference]]:
@@ -108,13 +128,16 @@ def load_policy(folder: Path) -> tuple[crd.ClusterPolicySpec, list[Difference]]:
     raise AssertionError("policy never parses")  # pragma: no cover
 
 
-def labelled_nodes(spec: crd.ClusterPolicySpec) -> list[dict[str, Any]]:
-    """The simulated nodes after our labeller reached its fixed point, then through our
+def labelled_nodes(
+    spec: crd.ClusterPolicySpec, node_labels: Mapping[str, Mapping[str, str]] | None = None
+) -> list[dict[str, Any]]:
+    """The simulated nodes (with the scenario's own labels) after our labeller reached its
+    fixed point, then through our
     upgrade machine as the controller drives it (`gpuop.controller._node`): enrolment
     in the deploy labels' write, then the node pass once the driver pod runs the
     DaemonSet's newest revision."""
     result = []
-    for node in simulated_nodes():
+    for node in simulated_nodes(node_labels):
         labels = dict(node["metadata"]["labels"])
         for _ in range(5):
             changes = c.node_label_changes(labels, spec)
@@ -137,6 +160,8 @@ def _upgrade_labels(
     policy = policy_view(spec)
     if not (policy.auto_upgrade and c.is_gpu_node(labels)):
         return labels
+    if labels.get(DEPLOY_DRIVER_LABEL) != TRUE:
+        return labels  # a VM host (sandbox workloads): no driver pod, nothing to upgrade
     enrols = labels.get(DEPLOY_DRIVER_LABEL) == TRUE and OWNER_LABEL not in labels
     if enrols and not spec.driver.use_nvidia_driver_crd:
         enrolling = NodeUpgradeView(name=name, now=0.0, labels=labels, enrolling=True)
@@ -158,9 +183,12 @@ def _apply(labels: Mapping[str, str], patch: Mapping[str, str | None]) -> dict[s
     return result
 
 
-def ours(spec: crd.ClusterPolicySpec) -> tuple[list[dict[str, Any]], dict[str, dict[str, str]]]:
-    """Our objects and our GPU nodes' `nvidia.com/*` labels for this policy."""
-    nodes = labelled_nodes(spec)
+def ours(
+    spec: crd.ClusterPolicySpec, node_labels: Mapping[str, Mapping[str, str]] | None = None
+) -> tuple[list[dict[str, Any]], dict[str, dict[str, str]]]:
+    """Our objects and our GPU nodes' `nvidia.com/*` labels for this policy, on nodes
+    labelled with `node_labels` first."""
+    nodes = labelled_nodes(spec, node_labels)
     gpu = [n for n in nodes if c.is_gpu_node(n["metadata"]["labels"])]
     ctx = c.RenderContext(
         namespace=NAMESPACE,
@@ -495,7 +523,7 @@ def compare(folder: Path) -> list[Difference]:
     """Every difference between our rendering and upstream's for one scenario."""
     name = folder.name
     spec, diffs = load_policy(folder)
-    our_objects, our_labels = ours(spec)
+    our_objects, our_labels = ours(spec, load_node_labels(folder))
     their_objects, their_labels = upstream(folder)
     mine = {_key(o): o for o in our_objects}
     theirs = {_key(o): o for o in their_objects}

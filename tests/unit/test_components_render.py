@@ -41,9 +41,23 @@ def ctx(**overrides: Any) -> c.RenderContext:
     return c.RenderContext(**values)
 
 
-def everything() -> crd.ClusterPolicySpec:
-    """A policy that turns every component on, with a device plugin config."""
+def everything(mode: str = "kubevirt") -> crd.ClusterPolicySpec:
+    """A policy that turns every component on, with a device plugin config: all but
+    the Kata device plugin and the CC manager in mode `kubevirt`, all but the KubeVirt
+    device plugin in mode `kata`."""
     return spec(
+        sandboxWorkloads={"enabled": True, "mode": mode},
+        vgpuManager={
+            "enabled": True,
+            "repository": "example.com",
+            "image": "vgpu-manager",
+            "version": "1.0",
+        },
+        vgpuDeviceManager={"enabled": True},
+        vfioManager={"enabled": True},
+        sandboxDevicePlugin={"enabled": True},
+        kataSandboxDevicePlugin={"enabled": True},
+        ccManager={"enabled": True},
         dcgm={"enabled": True},
         nodeStatusExporter={"enabled": True},
         devicePlugin={"config": {"name": "dp-configs", "default": "any"}},
@@ -102,9 +116,11 @@ def check_manifest(obj: c.Manifest, component: str) -> None:
 def check_daemonset(ds: c.Manifest) -> None:
     selector = ds["spec"]["selector"]["matchLabels"]
     template_labels = ds["spec"]["template"]["metadata"]["labels"]
-    # `app`, plus upstream's part-of label where upstream selects by it (test_selectors).
-    assert selector["app"] == ds["metadata"]["name"]
-    assert set(selector) <= {"app", c.PART_OF_LABEL}
+    # `app` (`name` where upstream's selects by it: the VFIO and CC managers), plus
+    # upstream's part-of label where upstream selects by it (test_selectors).
+    key = "name" if "name" in selector else "app"
+    assert selector[key] == ds["metadata"]["name"]
+    assert set(selector) <= {key, c.PART_OF_LABEL}
     assert selector.items() <= template_labels.items()
     assert template_labels[c.MANAGED_BY_LABEL] == "gpuop"
     spec_ = pod(ds)
@@ -189,8 +205,14 @@ def test_every_object_is_a_complete_manifest(policy: crd.ClusterPolicySpec) -> N
 
 
 def test_everything_policy_enables_every_component() -> None:
-    assert c.enabled_components(everything()) == [x.name for x in c.COMPONENTS]
-    assert all(c.desired_objects(everything(), ctx()).values())
+    kata_only = {"kata-device-plugin", "cc-manager"}
+    kubevirt = c.enabled_components(everything())
+    assert kubevirt == [x.name for x in c.COMPONENTS if x.name not in kata_only]
+    kata = c.enabled_components(everything("kata"))
+    assert kata == [x.name for x in c.COMPONENTS if x.name != "sandbox-device-plugin"]
+    for mode, names in (("kubevirt", kubevirt), ("kata", kata)):
+        rendered = c.desired_objects(everything(mode), ctx())
+        assert all(rendered[name] for name in names)
 
 
 EXPECTED_DAEMONSETS = {
@@ -204,6 +226,11 @@ EXPECTED_DAEMONSETS = {
     "gpu-feature-discovery": "gpu-feature-discovery",
     "mig-manager": "nvidia-mig-manager",
     "node-status-exporter": "nvidia-node-status-exporter",
+    "vgpu-manager": "nvidia-vgpu-manager-daemonset",
+    "vgpu-device-manager": "nvidia-vgpu-device-manager",
+    "vfio-manager": "nvidia-vfio-manager",
+    "sandbox-validation": "nvidia-sandbox-validator",
+    "sandbox-device-plugin": "nvidia-sandbox-device-plugin-daemonset",
 }
 
 

@@ -19,12 +19,11 @@ def paths(spec: dict[str, Any]) -> list[str]:
 
 
 ASKS: dict[str, dict[str, Any]] = {
-    "spec.sandboxWorkloads.enabled": {"sandboxWorkloads": {"enabled": True}},
     "spec.kataManager.enabled": {"kataManager": {"enabled": True}},
     "spec.psp.enabled": {"psp": {"enabled": True}},
     "spec.cdi.default": {"cdi": {"default": True}},
     "spec.operator.use_ocp_driver_toolkit": {"operator": {"use_ocp_driver_toolkit": True}},
-    "spec.kataSandboxDevicePlugin.hostNetwork": {"kataSandboxDevicePlugin": {"hostNetwork": True}},
+    "spec.kataManager.hostNetwork": {"kataManager": {"hostNetwork": True}},
     "spec.gds.hostNetwork": {"gds": {"hostNetwork": True}},
     "spec.driver.manager.imagePullPolicy": {
         "driver": {"manager": {"imagePullPolicy": "Sometimes"}}
@@ -62,7 +61,23 @@ ACTED_ON: dict[str, dict[str, Any]] = {
             "migManager",
             "nodeStatusExporter",
             "validator",
+            "vgpuManager",
+            "vgpuDeviceManager",
+            "vfioManager",
+            "sandboxDevicePlugin",
+            "kataSandboxDevicePlugin",
+            "ccManager",
         )
+    },
+    # GPUs for virtual machines (components.labels.node_workload and the sandbox
+    # operands: vgpu_manager, vfio_manager, sandbox_device_plugin, ...).
+    "sandboxWorkloads": {
+        "sandboxWorkloads": {"enabled": True, "defaultWorkload": "vm-vgpu", "mode": "kata"},
+        "vgpuManager": {"enabled": True, "kernelModuleConfig": {"name": "k"}},
+        "vgpuDeviceManager": {"enabled": True, "config": {"name": "v", "default": "A10-4Q"}},
+        "vfioManager": {"enabled": True},
+        "kataSandboxDevicePlugin": {"enabled": True},
+        "ccManager": {"enabled": True, "defaultMode": "on"},
     },
     # The kubelet's directories follow it (components._k8s.kubelet_path).
     "kubeletRootDir": {"hostPaths": {"kubeletRootDir": "/data/kubelet"}},

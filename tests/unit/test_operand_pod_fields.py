@@ -72,7 +72,12 @@ HOST_NETWORK_SECTIONS = {
     "gfd": ["gpu-feature-discovery"],
     "migManager": ["nvidia-mig-manager"],
     "nodeStatusExporter": ["nvidia-node-status-exporter"],
-    "validator": ["nvidia-operator-validator"],
+    # TransformSandboxValidator reads Validator.HostNetwork too.
+    "validator": ["nvidia-operator-validator", "nvidia-sandbox-validator"],
+    "vgpuManager": ["nvidia-vgpu-manager-daemonset"],
+    "vgpuDeviceManager": ["nvidia-vgpu-device-manager"],
+    "vfioManager": ["nvidia-vfio-manager"],
+    "sandboxDevicePlugin": ["nvidia-sandbox-device-plugin-daemonset"],
 }
 
 

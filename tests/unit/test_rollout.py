@@ -29,6 +29,13 @@ UPSTREAM_ORDER = [
     "gpu-feature-discovery",
     "mig-manager",
     "node-status-exporter",
+    "vgpu-manager",
+    "vgpu-device-manager",
+    "vfio-manager",  # upstream's comes after sandbox-validation (see components.registry)
+    "sandbox-validation",
+    "sandbox-device-plugin",
+    "kata-device-plugin",
+    "cc-manager",
 ]
 
 
@@ -114,8 +121,8 @@ def test_first_state_not_ready() -> None:
 
 
 def test_last_state_not_ready() -> None:
-    plan = plan_rollout(snapshot(not_ready=("node-status-exporter",)))
-    assert plan.current == "node-status-exporter"
+    plan = plan_rollout(snapshot(not_ready=("cc-manager",)))
+    assert plan.current == "cc-manager"
     assert plan.pending == ()
     assert plan.done == ROLLOUT_ORDER[:-1]
 
@@ -152,7 +159,7 @@ def test_unchanged_blocker_neither_moves_back_nor_forward() -> None:
 
 
 def test_unknown_previous_starts_from_the_beginning() -> None:
-    plan = plan_rollout(snapshot(not_ready=("driver",)), previous="sandbox-validation")
+    plan = plan_rollout(snapshot(not_ready=("driver",)), previous="kata-manager")
     assert plan.current == "driver"
     assert plan.triggers == ("advance", "advance")
 

@@ -1,0 +1,118 @@
+"""What the sandbox operands (GPUs handed to virtual machines) share: their switch, the
+driver manager init container of the two that take GPUs from the NVIDIA driver, and
+the init containers that hold a device plugin back until its node's GPUs are ready for
+VMs (the sandbox validator's status files).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from components._k8s import (
+    HOST_ROOT_MOUNT,
+    RUN_NVIDIA,
+    VALIDATIONS_DIR,
+    dump_env,
+    env,
+    field_env,
+    merge_env,
+    mount,
+    security_context,
+)
+from components.context import RenderContext
+from crd import ClusterPolicySpec, ComponentSpec, DriverManagerSpec, component_image
+
+WORKLOAD_TYPE_FILE = f"{VALIDATIONS_DIR}/workload-type"
+"""Written by the sandbox validator: the workload its node serves (container,
+vm-passthrough, vm-vgpu), so waits elsewhere know which checks apply to the node."""
+VFIO_PCI_READY = f"{VALIDATIONS_DIR}/vfio-pci-ready"
+VGPU_DEVICES_READY = f"{VALIDATIONS_DIR}/vgpu-devices-ready"
+
+MANAGER_RESOURCES = {"limits": {"memory": "200Mi"}, "requests": {"cpu": "100m", "memory": "200Mi"}}
+"""Upstream's resources for the VFIO and CC managers where the policy sets none."""
+
+
+def sandbox_enabled(spec: ClusterPolicySpec) -> bool:
+    """Every sandbox operand needs `sandboxWorkloads.enabled` as well as its own switch."""
+    return spec.sandbox_workloads.enabled
+
+
+def resources(section: ComponentSpec, default: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The section's resources, else `default`; as upstream, for every container of the
+    operand's pod that runs its image."""
+    if section.resources is not None:
+        return section.resources.model_dump(mode="json", exclude_none=True)
+    return dict(default or {})
+
+
+def driver_manager_init_container(
+    spec: ClusterPolicySpec, path: str, manager: DriverManagerSpec | None, section: ComponentSpec
+) -> dict[str, Any]:
+    """The driver manager, before the vGPU manager or the VFIO manager starts: it unloads
+    the NVIDIA data-centre driver so the GPUs can be handed to the vGPU host driver or
+    to vfio-pci. It evicts no GPU pods itself (upstream's defaults; `driverManager.env`
+    may say otherwise): a node turning into a VM host is emptied before (see README)."""
+    result: dict[str, Any] = {
+        "name": "k8s-driver-manager",
+        "image": component_image(spec, path),
+        "imagePullPolicy": manager.image_pull_policy if manager else "IfNotPresent",
+        "command": ["driver-manager"],
+        "args": ["uninstall_driver"],
+        "env": merge_env(
+            [
+                field_env("NODE_NAME", "spec.nodeName"),
+                env("NVIDIA_VISIBLE_DEVICES", "void"),
+                env("ENABLE_GPU_POD_EVICTION", "false"),
+                env("ENABLE_AUTO_DRAIN", "false"),
+                field_env("OPERATOR_NAMESPACE", "metadata.namespace"),
+            ],
+            dump_env(manager.env if manager else None),
+        ),
+        "securityContext": {"privileged": True},
+        "volumeMounts": [
+            mount("run-nvidia", RUN_NVIDIA, propagation="Bidirectional"),
+            mount("host-root", HOST_ROOT_MOUNT, read_only=True, propagation="HostToContainer"),
+            mount("host-sys", "/sys"),
+        ],
+    }
+    if section.resources is not None:
+        result["resources"] = resources(section)
+    return result
+
+
+def workload_wait(
+    ctx: RenderContext, name: str, workload: str, ready_file: str, skip: str, waiting: str
+) -> dict[str, Any]:
+    """Init container of a sandbox device plugin: once the validator has said what the
+    node serves, wait for `ready_file` only where that is `workload` (a vm-vgpu node has
+    no vfio-pci devices to wait for, and the reverse)."""
+    script = (
+        f"until [ -f {WORKLOAD_TYPE_FILE} ]; do echo waiting for workload type status file;"
+        f' sleep 5; done; if [ "$(cat {WORKLOAD_TYPE_FILE})" != "{workload}" ]; then echo'
+        f" {skip}, skipping validation; exit 0; fi; until [ -f {ready_file} ]; do echo"
+        f" {waiting}; sleep 5; done;"
+    )
+    return {
+        "name": name,
+        "image": ctx.operator_image,
+        "imagePullPolicy": ctx.operator_image_pull_policy,
+        "command": ["sh", "-c"],
+        "args": [script],
+        "env": [env("NVIDIA_VISIBLE_DEVICES", "void")],
+        "securityContext": security_context(privileged=True, root=True),
+        "volumeMounts": [
+            mount("run-nvidia-validations", VALIDATIONS_DIR, propagation="HostToContainer")
+        ],
+    }
+
+
+def vfio_pci_wait(ctx: RenderContext, skip: str = "vfio-pci not needed") -> dict[str, Any]:
+    """Wait for every GPU of a vm-passthrough node to be bound to vfio-pci."""
+    return workload_wait(
+        ctx,
+        "vfio-pci-validation",
+        "vm-passthrough",
+        VFIO_PCI_READY,
+        skip,
+        "waiting for vfio-pci driver ...",
+    )

@@ -1,0 +1,102 @@
+"""kata-device-plugin: advertises a vm-passthrough node's GPUs to Kata containers (mode
+`kata`), once every GPU is bound to vfio-pci; with CDI specs in /var/run/cdi.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from components._accounts import operand_account
+from components._k8s import (
+    container,
+    daemonset,
+    field_env,
+    host_path,
+    kubelet_path,
+    mount,
+    pull_secrets,
+    validations_volume,
+)
+from components._sandbox import resources, sandbox_enabled, vfio_pci_wait
+from components.component import PASSTHROUGH_ONLY, Component, Permissions, Placement
+from components.context import Manifest, RenderContext
+from components.keys import DEPLOY_KATA_DEVICE_PLUGIN_LABEL, KATA_MODE, TRUE
+from components.kinds import CLUSTER_RBAC, DAEMONSET, NAMESPACED_RBAC
+from components.sandbox_device_plugin import (
+    CDI_ROOT,
+    CLUSTER_RULES,
+    KUBELET_PLUGINS_DIR,
+    ROLE_RULES,
+)
+from crd import ClusterPolicySpec, component_image
+
+NAME = "kata-device-plugin"
+DAEMONSET_NAME = "nvidia-kata-sandbox-device-plugin-daemonset"
+SERVICE_ACCOUNT = "nvidia-kata-sandbox-device-plugin"
+CONTAINER_NAME = "nvidia-kata-sandbox-device-plugin-ctr"
+
+PLACEMENT = Placement(PASSTHROUGH_ONLY.workloads, passthrough_mode=KATA_MODE)
+
+
+def enabled(spec: ClusterPolicySpec) -> bool:
+    return (
+        sandbox_enabled(spec)
+        and spec.kata_sandbox_device_plugin.enabled
+        and spec.sandbox_workloads.mode == KATA_MODE
+    )
+
+
+def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
+    plugin = spec.kata_sandbox_device_plugin
+    main = container(
+        CONTAINER_NAME,
+        component_image(spec, "kataSandboxDevicePlugin"),
+        plugin,
+        args=plugin.args or (),
+        section_args=False,
+        env_vars=[
+            field_env("NODE_NAME", "spec.nodeName"),
+            field_env("POD_NAMESPACE", "metadata.namespace"),
+            field_env("POD_SERVICE_ACCOUNT", "spec.serviceAccountName"),
+        ],
+        mounts=[mount("device-plugin", KUBELET_PLUGINS_DIR), mount("cdi-root", CDI_ROOT)],
+        privileged=True,
+    )
+    if plugin.resources is not None:
+        main["resources"] = resources(plugin)
+    pod: dict[str, Any] = {
+        "serviceAccountName": SERVICE_ACCOUNT,
+        "initContainers": [vfio_pci_wait(ctx, skip="kata not needed")],
+        "containers": [main],
+        "imagePullSecrets": pull_secrets(
+            plugin.image_pull_secrets, ctx.operator_image_pull_secrets
+        ),
+        "volumes": [
+            host_path("device-plugin", kubelet_path(spec, "device-plugins")),
+            validations_volume(),
+            host_path("cdi-root", CDI_ROOT, "DirectoryOrCreate"),
+        ],
+    }
+    return [
+        *operand_account(SERVICE_ACCOUNT, NAME, spec, ctx, ROLE_RULES, CLUSTER_RULES),
+        daemonset(
+            DAEMONSET_NAME,
+            NAME,
+            spec,
+            ctx,
+            pod,
+            node_selector={DEPLOY_KATA_DEVICE_PLUGIN_LABEL: TRUE},
+            host_network=plugin.host_network,
+        ),
+    ]
+
+
+COMPONENT = Component(
+    name=NAME,
+    deploy_label=DEPLOY_KATA_DEVICE_PLUGIN_LABEL,
+    is_enabled=enabled,
+    render=render,
+    kinds=(*NAMESPACED_RBAC, *CLUSTER_RBAC, DAEMONSET),
+    permissions=Permissions(role=tuple(ROLE_RULES), cluster=tuple(CLUSTER_RULES)),
+    placement=PLACEMENT,
+)

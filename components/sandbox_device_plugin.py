@@ -1,0 +1,145 @@
+"""sandbox-device-plugin: advertises a VM host's GPUs to KubeVirt (mode `kubevirt`).
+
+On vm-passthrough nodes it offers the vfio-pci-bound GPUs, on vm-vgpu nodes the vGPU
+devices; its init containers hold it until the sandbox validator has found them ready
+(the check for the other workload is skipped). Its CDI specs go to /var/run/cdi.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from components._accounts import SCC_RULE, operand_account
+from components._k8s import (
+    container,
+    daemonset,
+    field_env,
+    host_path,
+    kubelet_path,
+    mount,
+    pull_secrets,
+    validations_volume,
+)
+from components._sandbox import (
+    VGPU_DEVICES_READY,
+    resources,
+    sandbox_enabled,
+    vfio_pci_wait,
+    workload_wait,
+)
+from components.component import VM_HOSTS, Component, Permissions, Placement
+from components.context import Manifest, RenderContext
+from components.keys import DEPLOY_SANDBOX_DEVICE_PLUGIN_LABEL, KUBEVIRT_MODE, TRUE
+from components.kinds import CLUSTER_RBAC, DAEMONSET, NAMESPACED_RBAC
+from crd import ClusterPolicySpec, component_image
+
+NAME = "sandbox-device-plugin"
+DAEMONSET_NAME = "nvidia-sandbox-device-plugin-daemonset"
+SERVICE_ACCOUNT = "nvidia-sandbox-device-plugin"
+CONTAINER_NAME = "nvidia-sandbox-device-plugin-ctr"
+KUBELET_PLUGINS_DIR = "/var/lib/kubelet/device-plugins"
+CDI_ROOT = "/var/run/cdi"
+
+ROLE_RULES = [
+    SCC_RULE,
+    {
+        "apiGroups": [""],
+        "resources": ["pods"],
+        "verbs": ["create", "get", "list", "watch", "delete"],
+    },
+    {
+        "apiGroups": ["nfd.k8s-sigs.io"],
+        "resources": ["nodefeatures"],
+        "verbs": ["create", "get", "list", "watch", "update"],
+    },
+]
+"""Both sandbox device plugins publish their devices as NFD NodeFeatures."""
+CLUSTER_RULES = [
+    {
+        "apiGroups": ["config.openshift.io"],
+        "resources": ["clusterversions"],
+        "verbs": ["get", "list"],
+    },
+    {"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["get"]},
+]
+
+PLACEMENT = Placement(VM_HOSTS.workloads, passthrough_mode=KUBEVIRT_MODE)
+"""Every vm-vgpu node; vm-passthrough nodes only in mode kubevirt (Kata has its own)."""
+
+
+def enabled(spec: ClusterPolicySpec) -> bool:
+    return (
+        sandbox_enabled(spec)
+        and spec.sandbox_device_plugin.enabled
+        and spec.sandbox_workloads.mode == KUBEVIRT_MODE
+    )
+
+
+def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
+    plugin = spec.sandbox_device_plugin
+    main = container(
+        CONTAINER_NAME,
+        component_image(spec, "sandboxDevicePlugin"),
+        plugin,
+        args=plugin.args or (),
+        section_args=False,
+        env_vars=[
+            field_env("NODE_NAME", "spec.nodeName"),
+            field_env("POD_NAMESPACE", "metadata.namespace"),
+        ],
+        mounts=[
+            mount("device-plugin", KUBELET_PLUGINS_DIR),
+            mount("vfio", "/dev/vfio"),
+            mount("cdi-root", CDI_ROOT),
+        ],
+        privileged=True,
+    )
+    if plugin.resources is not None:
+        main["resources"] = resources(plugin)
+    pod: dict[str, Any] = {
+        "serviceAccountName": SERVICE_ACCOUNT,
+        "initContainers": [
+            vfio_pci_wait(ctx),
+            workload_wait(
+                ctx,
+                "vgpu-devices-validation",
+                "vm-vgpu",
+                VGPU_DEVICES_READY,
+                "vgpu-devices not needed",
+                "waiting for vGPU devices...",
+            ),
+        ],
+        "containers": [main],
+        "imagePullSecrets": pull_secrets(
+            plugin.image_pull_secrets, ctx.operator_image_pull_secrets
+        ),
+        "volumes": [
+            host_path("device-plugin", kubelet_path(spec, "device-plugins")),
+            validations_volume(),
+            host_path("vfio", "/dev/vfio"),
+            host_path("cdi-root", CDI_ROOT, "DirectoryOrCreate"),
+        ],
+    }
+    return [
+        *operand_account(SERVICE_ACCOUNT, NAME, spec, ctx, ROLE_RULES, CLUSTER_RULES),
+        daemonset(
+            DAEMONSET_NAME,
+            NAME,
+            spec,
+            ctx,
+            pod,
+            node_selector={DEPLOY_SANDBOX_DEVICE_PLUGIN_LABEL: TRUE},
+            host_network=plugin.host_network,
+        ),
+    ]
+
+
+COMPONENT = Component(
+    name=NAME,
+    deploy_label=DEPLOY_SANDBOX_DEVICE_PLUGIN_LABEL,
+    is_enabled=enabled,
+    render=render,
+    kinds=(*NAMESPACED_RBAC, *CLUSTER_RBAC, DAEMONSET),
+    permissions=Permissions(role=tuple(ROLE_RULES), cluster=tuple(CLUSTER_RULES)),
+    placement=PLACEMENT,
+)

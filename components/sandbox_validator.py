@@ -1,0 +1,141 @@
+"""sandbox-validation: our node agent checks a VM host's GPUs and writes the status files
+the sandbox device plugins wait for.
+
+One init container per check, in upstream's order, each `gpuop node-agent
+validate-sandbox` for one component: `cc-manager` (the CC manager has set the mode, on
+CC-capable nodes), `vfio-pci` (every GPU bound to vfio-pci, on vm-passthrough nodes),
+`vgpu-manager` (the vGPU host driver answers, on vm-vgpu nodes) and `vgpu-devices` (vGPU
+devices exist). Each first records the node's workload in `workload-type`; a check for
+another workload passes at once. The main container then only keeps the files: they
+are removed when the pod stops (a node switching workload revalidates from scratch).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from components._accounts import SCC_RULE, operand_account
+from components._k8s import (
+    DRIVER_ROOT,
+    HOST_ROOT_MOUNT,
+    PART_OF,
+    PART_OF_LABEL,
+    VALIDATIONS_DIR,
+    daemonset,
+    env,
+    field_env,
+    host_path,
+    mount,
+    pull_secrets,
+    security_context,
+    validations_volume,
+)
+from components._sandbox import sandbox_enabled
+from components.component import VM_HOSTS, Component, Permissions
+from components.context import Manifest, RenderContext
+from components.keys import DEPLOY_SANDBOX_VALIDATOR_LABEL, TRUE
+from components.kinds import CLUSTER_RBAC, DAEMONSET, NAMESPACED_RBAC
+from crd import ClusterPolicySpec
+
+NAME = "sandbox-validation"
+DAEMONSET_NAME = "nvidia-sandbox-validator"
+SERVICE_ACCOUNT = "nvidia-sandbox-validator"
+CONTAINER_NAME = "nvidia-sandbox-validator"
+COMMAND = ["gpuop", "node-agent", "validate-sandbox"]
+"""Reads COMPONENT, WITH_WAIT, NODE_NAME and DEFAULT_GPU_WORKLOAD_CONFIG, as upstream's
+validator does (`gpuop.nodeagent.sandbox`)."""
+CHECKS = ("cc-manager", "vfio-pci", "vgpu-manager", "vgpu-devices")
+"""In upstream's order: each one's init container."""
+_WORKLOAD_CHECKS = ("vfio-pci", "vgpu-manager", "vgpu-devices")
+"""The checks that depend on the node's workload (so read the policy's default)."""
+
+_CLUSTER_RULES = [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]
+"""It reads its node's workload and CC labels."""
+
+
+def enabled(spec: ClusterPolicySpec) -> bool:
+    return sandbox_enabled(spec)
+
+
+def _check(spec: ClusterPolicySpec, ctx: RenderContext, check: str) -> dict[str, Any]:
+    variables = [
+        env("WITH_WAIT", "true"),
+        env("COMPONENT", check),
+        field_env("NODE_NAME", "spec.nodeName"),
+    ]
+    mounts = [mount("run-nvidia-validations", VALIDATIONS_DIR, propagation="Bidirectional")]
+    if check in _WORKLOAD_CHECKS:
+        default = spec.sandbox_workloads.default_workload
+        variables.append(env("DEFAULT_GPU_WORKLOAD_CONFIG", default))
+    if check in ("vfio-pci", "vgpu-manager"):
+        host = mount("host-root", HOST_ROOT_MOUNT, read_only=True, propagation="HostToContainer")
+        mounts.insert(0, host)
+    if check == "vgpu-manager":
+        driver = mount("driver-install-path", DRIVER_ROOT, propagation="HostToContainer")
+        mounts.insert(1, driver)
+    return {
+        "name": f"{check}-validation",
+        "image": ctx.operator_image,
+        "imagePullPolicy": ctx.operator_image_pull_policy,
+        "command": COMMAND,
+        "env": variables,
+        # vGPU devices are only listed in sysfs; the other checks read driver and
+        # device state the way upstream's do (SELinux level s0 on enforcing hosts).
+        "securityContext": security_context(
+            privileged=True, root=True, selinux_s0=check != "vgpu-devices"
+        ),
+        "volumeMounts": mounts,
+    }
+
+
+def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
+    validator = spec.validator
+    main = {
+        "name": CONTAINER_NAME,
+        "image": ctx.operator_image,
+        "imagePullPolicy": ctx.operator_image_pull_policy,
+        "command": ["sh", "-c"],
+        "args": ["echo all validations are successful; while true; do sleep 86400; done"],
+        "lifecycle": {"preStop": {"exec": {"command": ["sh", "-c", f"rm -f {VALIDATIONS_DIR}/*"]}}},
+        "securityContext": security_context(privileged=True, root=True),
+        "volumeMounts": [
+            mount("run-nvidia-validations", VALIDATIONS_DIR, propagation="Bidirectional")
+        ],
+    }
+    pod: dict[str, Any] = {
+        "serviceAccountName": SERVICE_ACCOUNT,
+        "initContainers": [_check(spec, ctx, check) for check in CHECKS],
+        "containers": [main],
+        "imagePullSecrets": pull_secrets(
+            ctx.operator_image_pull_secrets, validator.image_pull_secrets
+        ),
+        "volumes": [
+            validations_volume(),
+            host_path("driver-install-path", spec.host_paths.driver_install_dir),
+            host_path("host-root", spec.host_paths.root_fs),
+        ],
+    }
+    return [
+        *operand_account(SERVICE_ACCOUNT, NAME, spec, ctx, [SCC_RULE], _CLUSTER_RULES),
+        daemonset(
+            DAEMONSET_NAME,
+            NAME,
+            spec,
+            ctx,
+            pod,
+            node_selector={DEPLOY_SANDBOX_VALIDATOR_LABEL: TRUE},
+            host_network=validator.host_network,
+            selector_labels={PART_OF_LABEL: PART_OF},  # upstream's selector (immutable)
+        ),
+    ]
+
+
+COMPONENT = Component(
+    name=NAME,
+    deploy_label=DEPLOY_SANDBOX_VALIDATOR_LABEL,
+    is_enabled=enabled,
+    render=render,
+    kinds=(*NAMESPACED_RBAC, *CLUSTER_RBAC, DAEMONSET),
+    permissions=Permissions(role=(SCC_RULE,), cluster=tuple(_CLUSTER_RULES)),
+    placement=VM_HOSTS,
+)
