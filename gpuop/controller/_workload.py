@@ -21,6 +21,8 @@ from typing import Any
 
 from components.driver import DAEMONSET_NAME as DRIVER_DS
 from components.labels import node_workload
+from components.vfio_manager import DAEMONSET_NAME as VFIO_MANAGER_APP
+from components.vgpu_manager import DAEMONSET_NAME as VGPU_MANAGER_APP
 from crd import ClusterPolicySpec
 from gpuop.controller._eviction import Emptying
 from gpuop.controller._nodes import labels
@@ -42,8 +44,6 @@ from statemachine.workload_handover import (
 
 log = get_logger(__name__)
 
-VFIO_MANAGER_APP = "nvidia-vfio-manager"
-VGPU_MANAGER_APP = "nvidia-vgpu-manager-daemonset"
 HANDOVER_APPS = (VFIO_MANAGER_APP, VGPU_MANAGER_APP)
 """The VM claimants' pods (their DaemonSets' `app`): their going wakes the node pass,
 as a driver pod's does."""
