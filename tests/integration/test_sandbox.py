@@ -236,6 +236,18 @@ async def test_a_mixed_fleet_gets_upstreams_operands_per_node(
     labels = await _node_labels(rest)
     for node, want in UPSTREAM_LABELS.items():
         assert labels[node].get("nvidia.com/mig.config") == want.get("nvidia.com/mig.config")
+    await _full_pass_writes_nothing(operator)
+
+
+async def _full_pass_writes_nothing(run: Running) -> None:
+    """Converged: a pass over every key writes nothing."""
+    await run.settle()
+    before = run.rest.writes
+    run.operator.queue.add("cluster")
+    for name in UPSTREAM_LABELS:
+        run.operator.queue.add(f"node/{name}")
+    await run.settle()
+    assert run.rest.writes == before, run.rest.write_counts()
 
 
 async def test_switching_one_node_changes_only_that_node(
@@ -299,6 +311,7 @@ async def test_switching_one_node_changes_only_that_node(
         )
         await _unchanged(rest, others, before_labels, before_pods)
     assert timeline.violations == []
+    await _full_pass_writes_nothing(operator)
     reasons = [e["reason"] for e in await _handover_events(rest, SWITCHED)]
     assert "GPUWorkloadHandedOver" in reasons
 
