@@ -334,6 +334,37 @@ async def _unchanged(
         assert now_pods[node] == pods[node], node
 
 
+async def test_an_invalid_workload_is_one_warning_and_changes_nothing(
+    operator: Running, rest: Rest
+) -> None:
+    await eventually(lambda: _matches(rest, UPSTREAM_LABELS), timeout=WAIT, what="rolled out")
+    node = "gpu-node-0003"  # a container node; the policy's default is container too
+    await operator.settle()
+    writes = operator.rest.writes
+    await _set_workload(rest, node, "vm-passthru")
+
+    async def warned() -> list[dict[str, Any]]:
+        return [
+            e
+            for e in await rest.list(EVENT, "default")
+            if e["involvedObject"].get("name") == node and e["reason"] == "GPUWorkloadConfigInvalid"
+        ]
+
+    events = await eventually(warned, what="a Warning naming the node")
+    assert events[0]["type"] == "Warning"
+    assert node in events[0]["message"]
+    assert "'vm-passthru'" in events[0]["message"]
+    await operator.settle()
+    # More passes over the node say nothing more and write nothing: it serves containers.
+    for _ in range(3):
+        operator.operator.queue.add(f"node/{node}")
+        await operator.settle(quiet=0.2)
+    assert len(await warned()) == 1
+    assert operator.rest.writes - writes == 1, operator.rest.write_counts()  # the Event
+    assert await _matches(rest, UPSTREAM_LABELS)
+    await _set_workload(rest, node, None)
+
+
 async def test_disabling_sandbox_workloads_removes_every_sandbox_operand_and_label(
     operator: Running, rest: Rest
 ) -> None:
