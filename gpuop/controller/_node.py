@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from components.driver import DAEMONSET_NAME as DRIVER_DS
-from components.keys import DEPLOY_DRIVER_LABEL, TRUE
+from components.keys import CONTAINER_WORKLOAD, DEPLOY_DRIVER_LABEL, TRUE
 from components.labels import (
     apply_label_changes,
     is_gpu_node,
@@ -139,10 +139,11 @@ class NodeReconciler:
             policy = (self.nvd.upgrade_policies() or {}).get(owner) or UpgradePolicyView(
                 auto_upgrade=False
             )
-        if not (policy.auto_upgrade and is_gpu_node(labels(node))):
+        if not (policy.auto_upgrade and is_gpu_node(labels(node)) and target == CONTAINER_WORKLOAD):
             if STATE_LABEL not in labels(node):
                 return recheck
-            # Upgrades off, no policy (uninstall) or no longer a GPU node: the rulebook
+            # Upgrades off, no policy (uninstall), no longer a GPU node, or a VM host now
+            # (its driver left with its deploy label: nothing to upgrade): the rulebook
             # uncordons what we cordoned and removes our label and annotations.
             policy = UpgradePolicyView(auto_upgrade=False)
         newest = self.upgrades.newest_driver_revision(app) if app else None

@@ -19,6 +19,7 @@ from kubernetes_asyncio import client
 from components.keys import WORKLOAD_CONFIG_LABEL
 from gpuop.informer import Informer, Obj, ResourceSpec
 from gpuop.rest import Rest, by_kind
+from statemachine.upgrade_keys import STATE_LABEL
 from tests.integration.harness import NAMESPACE, NODE, POLICY, Running, eventually
 
 pytestmark = pytest.mark.integration
@@ -302,6 +303,10 @@ async def test_switching_one_node_changes_only_that_node(
             lambda: _matches(rest, {SWITCHED: passthrough}), timeout=WAIT, what="a VM host"
         )
         await _unchanged(rest, others, before_labels, before_pods)
+        # No driver, no driver upgrade: the node leaves the upgrade machine.
+        await eventually(
+            lambda: _upgrade_state(rest, SWITCHED, None), what="upgrade state label removed"
+        )
 
         await _set_workload(rest, SWITCHED, "container")
         await eventually(
@@ -310,10 +315,18 @@ async def test_switching_one_node_changes_only_that_node(
             what="a container host again",
         )
         await _unchanged(rest, others, before_labels, before_pods)
+        await eventually(
+            lambda: _upgrade_state(rest, SWITCHED, before_labels[SWITCHED][STATE_LABEL]),
+            what="enrolled in driver upgrades again",
+        )
     assert timeline.violations == []
     await _full_pass_writes_nothing(operator)
     reasons = [e["reason"] for e in await _handover_events(rest, SWITCHED)]
     assert "GPUWorkloadHandedOver" in reasons
+
+
+async def _upgrade_state(rest: Rest, node: str, state: str | None) -> bool:
+    return (await _node_labels(rest))[node].get(STATE_LABEL) == state
 
 
 async def _running(timeline: NodeTimeline) -> bool:
