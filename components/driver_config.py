@@ -94,11 +94,15 @@ class _Files:
 
 
 def referenced_config_maps(spec: ClusterPolicySpec) -> tuple[str, ...]:
-    """ConfigMaps (in the operator's namespace) whose keys the driver pod's mounts need."""
+    """ConfigMaps (in the operator's namespace) whose keys the driver pod's mounts need
+    (and the vGPU manager's: its kernel module parameters)."""
     driver = spec.driver
     names = []
     if driver.kernel_module_config and driver.kernel_module_config.name:
         names.append(driver.kernel_module_config.name)
+    vgpu_modules = spec.vgpu_manager.kernel_module_config
+    if spec.vgpu_manager.enabled and vgpu_modules and vgpu_modules.name:
+        names.append(vgpu_modules.name)
     if not driver.use_precompiled:
         if driver.repo_config and driver.repo_config.config_map_name:
             names.append(driver.repo_config.config_map_name)
@@ -127,6 +131,18 @@ def _files(
     if keys is None:
         return None, f"{field}: ConfigMap {ctx.namespace}/{name} not found"
     return _Files(name, directory, keys), None
+
+
+def kernel_module_mounts(
+    name: str | None, ctx: RenderContext
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """A `kernelModuleConfig` ConfigMap's files in /drivers (one mount per key, so the
+    image's own files there stay visible) and its volume; none while its keys are
+    unknown (no such ConfigMap)."""
+    files, _ = _files(name, DRIVERS_DIR, "kernelModuleConfig.name", ctx)
+    if files is None:
+        return [], None
+    return files.mounts(), files.volume()
 
 
 @dataclass(frozen=True)

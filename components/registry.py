@@ -95,6 +95,19 @@ def node_order(components: Iterable[Component]) -> tuple[str, ...]:
     return tuple(c.name for c in components if any(k.kind == "DaemonSet" for k in c.kinds))
 
 
+def workload_node_order(
+    workload: str, mode: str = KUBEVIRT_MODE, components: Iterable[Component] = COMPONENTS
+) -> tuple[str, ...]:
+    """The per-node states of a node serving `workload` under sandbox `mode`: the node
+    components whose deploy label such a node carries (the MPS daemon, which has none,
+    goes with the device plugin), in rollout order. A VM host's: the vGPU or VFIO
+    manager, the vGPU device manager, the sandbox validator, then its device plugin."""
+    order = node_order(components)
+    return tuple(
+        c.name for c in components if c.name in order and c.placement.applies(workload, mode)
+    )
+
+
 def deploy_labels(components: Iterable[Component]) -> tuple[str, ...]:
     """Every deploy label we manage: the operands' in rollout order, then the extras."""
     owned = (c.deploy_label for c in components if c.deploy_label)

@@ -4,7 +4,9 @@ Driver-like: the image (built by the user from NVIDIA's licensed vGPU host drive
 there is no default) is tagged with the nodes' OS as the driver's is, and the driver
 manager init container first unloads a data-centre driver the node may still run. Its
 pods see `/dev/vfio` and the cgroup tree (vGPUs are VFIO devices handed to VMs), and
-get 120 s to unload the host driver when stopped.
+get 120 s to unload the host driver when stopped. A `kernelModuleConfig` ConfigMap's
+files (module parameters) are mounted into /drivers as the driver's are; while that
+ConfigMap does not exist the manager starts with the default parameters.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from components._sandbox import (
 )
 from components.component import VGPU_ONLY, Component, Permissions
 from components.context import Manifest, RenderContext
+from components.driver_config import kernel_module_mounts
 from components.driver_sidecars import with_os_tag
 from components.keys import DEPLOY_VGPU_MANAGER_LABEL, TRUE
 from components.kinds import CLUSTER_RBAC, DAEMONSET, NAMESPACED_RBAC
@@ -37,8 +40,6 @@ DAEMONSET_NAME = "nvidia-vgpu-manager-daemonset"
 SERVICE_ACCOUNT = "nvidia-vgpu-manager"
 CONTAINER_NAME = "nvidia-vgpu-manager-ctr"
 GRACE_PERIOD = 120
-DRIVERS_DIR = "/drivers"
-"""Where a `kernelModuleConfig` ConfigMap's files appear (module parameters)."""
 
 _CLUSTER_RULES = [
     {
@@ -92,9 +93,10 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         host_path("nv-firmware", "/run/nvidia/driver/lib/firmware", "DirectoryOrCreate"),
     ]
     modules = manager.kernel_module_config
-    if modules is not None and modules.name:
-        mounts.append(mount("kernel-module-config", DRIVERS_DIR, read_only=True))
-        volumes.append({"name": "kernel-module-config", "configMap": {"name": modules.name}})
+    module_mounts, module_volume = kernel_module_mounts(modules.name if modules else None, ctx)
+    mounts += module_mounts
+    if module_volume is not None:
+        volumes.append(module_volume)
     main = container(
         CONTAINER_NAME,
         image(spec, ctx),

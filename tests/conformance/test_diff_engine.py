@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from tests.conformance._diff import (
@@ -15,6 +16,8 @@ from tests.conformance._diff import (
     compare,
     conformance_dir,
     labelled_nodes,
+    load_allowlist,
+    load_node_labels,
     load_policy,
     normalize,
     scenarios,
@@ -176,3 +179,23 @@ def test_upgrade_label_is_the_upgrade_machines(tmp_path: Path) -> None:
         "nvidia.com/gpu-driver-upgrade-state" in n["metadata"]["labels"]
         for n in labelled_nodes(off)
     )
+
+
+def test_a_scenarios_node_labels_are_applied_before_labelling(tmp_path: Path) -> None:
+    """`node-labels.yaml` is on the nodes before our labeller runs, as it was before
+    upstream's operator started: without it the mixed fleet would render as all-container
+    and the comparison would report every VM host's labels."""
+    folder = conformance_dir() / "sandbox-mixed-kata"
+    assert load_node_labels(folder)["gpu-node-0001"] == {
+        "nvidia.com/gpu.workload.config": "vm-passthrough"
+    }
+    allowlist = load_allowlist()
+    assert not [d for d in split(compare(folder), allowlist)[1] if d.object.startswith("Node/")]
+    for name in ("policy.yaml", "rendered.yaml"):
+        (tmp_path / name).write_text((folder / name).read_text())
+    unexplained = split(compare(tmp_path), allowlist)[1]
+    node_diffs = [d for d in unexplained if d.object.startswith("Node/")]
+    assert {d.object for d in node_diffs} == {"Node/gpu-node-0001", "Node/gpu-node-0002"}
+    (tmp_path / "node-labels.yaml").write_text(yaml.safe_dump({"gpu-node-0042": {"a": "b"}}))
+    with pytest.raises(ValueError, match="gpu-node-0042"):
+        compare(tmp_path)

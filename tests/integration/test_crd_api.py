@@ -303,7 +303,7 @@ async def test_fields_not_acted_on_get_a_warning_condition_and_event(
     Event per generation; dropping the fields drops the condition."""
     policy = copy.deepcopy(crd.sample_policy())
     spec = policy["spec"]
-    spec["sandboxWorkloads"]["enabled"] = True
+    spec["cdi"]["default"] = True
     spec.setdefault("gds", {})["hostNetwork"] = True
     spec["dcgmExporter"]["serviceMonitor"].pop("scrapeTimeout", None)
 
@@ -326,7 +326,7 @@ async def test_fields_not_acted_on_get_a_warning_condition_and_event(
         condition = await eventually(unsupported)
         assert condition["status"] == "True"
         assert condition["observedGeneration"] == applied["metadata"]["generation"]
-        assert "spec.sandboxWorkloads.enabled" in condition["message"]
+        assert "spec.cdi.default" in condition["message"]
         assert "spec.gds.hostNetwork" in condition["message"]
         await run.settle()
         events = await warnings()
@@ -334,7 +334,7 @@ async def test_fields_not_acted_on_get_a_warning_condition_and_event(
         assert events[-1]["type"] == "Warning"
         assert "spec.gds.hostNetwork" in events[-1]["message"]
 
-        spec["sandboxWorkloads"]["enabled"] = False
+        spec["cdi"]["default"] = False
         spec["gds"]["hostNetwork"] = False
         await rest.apply(policy)
 

@@ -611,10 +611,10 @@ def test_upstream_only_values_reach_the_policy() -> None:
     assert spec.operator.metrics.service_monitor is not None
     assert spec.operator.metrics.service_monitor.enabled
     fields = {f.path for f in crd.unsupported_fields(spec)}
-    # sandboxWorkloads is not implemented; the sandbox operand's hostNetwork with it
-    assert "spec.kataSandboxDevicePlugin.hostNetwork" in fields
-    # acted on: components.driver_config, _k8s (pod settings), dcgm_exporter, toolkit
+    # acted on: components.driver_config, _k8s (pod settings), dcgm_exporter, toolkit,
+    # the sandbox operands (kata_device_plugin)
     for acted_on in (
+        "spec.kataSandboxDevicePlugin.hostNetwork",
         "spec.driver.secretEnv",
         "spec.cdi.nriPluginEnabled",
         "spec.hostPaths.kubeletRootDir",

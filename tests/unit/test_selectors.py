@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.conformance._diff import conformance_dir, load_policy, ours, scenarios, upstream
+from tests.conformance._diff import (
+    conformance_dir,
+    load_node_labels,
+    load_policy,
+    ours,
+    scenarios,
+    upstream,
+)
 
 SCENARIOS = scenarios(conformance_dir())
 SELECTING = ("DaemonSet", "Deployment")
@@ -16,7 +23,8 @@ SELECTING = ("DaemonSet", "Deployment")
 @pytest.mark.parametrize("folder", SCENARIOS, ids=[f.name for f in SCENARIOS])
 def test_every_selector_is_upstreams(folder: Path) -> None:
     spec, _ = load_policy(folder)
-    mine = {(o["kind"], o["metadata"]["name"]): o for o in ours(spec)[0]}
+    objects = ours(spec, load_node_labels(folder))[0]
+    mine = {(o["kind"], o["metadata"]["name"]): o for o in objects}
     theirs = [o for o in upstream(folder)[0] if o["kind"] in SELECTING]
     assert theirs
     for obj in theirs:
@@ -28,7 +36,7 @@ def test_every_selector_is_upstreams(folder: Path) -> None:
 @pytest.mark.parametrize("folder", SCENARIOS, ids=[f.name for f in SCENARIOS])
 def test_our_pods_carry_their_selector(folder: Path) -> None:
     spec, _ = load_policy(folder)
-    for obj in ours(spec)[0]:
+    for obj in ours(spec, load_node_labels(folder))[0]:
         if obj["kind"] in SELECTING:
             labels = obj["spec"]["template"]["metadata"]["labels"]
             wanted = obj["spec"]["selector"]["matchLabels"]
