@@ -15,15 +15,8 @@ from components._accounts import (
     READ_NODES,
     operand_account,
 )
-from components._k8s import (
-    config_map_volume,
-    daemonset,
-    env,
-    field_env,
-    gpu_access,
-    mount,
-    pull_secrets,
-)
+from components._host_paths import config_map_volume, mount
+from components._k8s import daemonset, env, field_env, gpu_access, pull_secrets
 from components.component import Permissions, Rule
 from components.context import Manifest, RenderContext
 from components.keys import DEVICE_PLUGIN_CONFIG_LABEL

@@ -11,15 +11,8 @@ import shlex
 from collections.abc import Sequence
 from typing import Any
 
-from components._k8s import (
-    HOST_ROOT_MOUNT,
-    VALIDATIONS_DIR,
-    container,
-    host_path,
-    metadata,
-    mount,
-    with_app_label,
-)
+from components._host_paths import HOST_ROOT_MOUNT, VALIDATIONS_DIR, host_path, mount
+from components._k8s import container, metadata, with_app_label
 from components.context import Manifest, RenderContext
 from crd import ClusterPolicySpec, ComponentSpec, ImageSpec
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from components._host_paths import RUN_NVIDIA, VALIDATIONS_DIR, mount
 from components.context import Manifest, RenderContext
 from components.keys import TAINT_EFFECT, TAINT_KEY
 from crd import ClusterPolicySpec, ComponentSpec, EnvVar, ImageSpec
@@ -21,10 +22,6 @@ COMPONENT_LABEL = "app.kubernetes.io/component"
 APP_LABEL = "app"
 MANAGED_BY = "gpuop"
 PART_OF = "gpu-operator"
-
-VALIDATIONS_DIR = "/run/nvidia/validations"
-DRIVER_ROOT = "/run/nvidia/driver"
-HOST_ROOT_MOUNT = "/host"
 
 
 def _ours(component: str) -> dict[str, str]:
@@ -322,32 +319,6 @@ def security_context(
     return context
 
 
-def host_path(name: str, path: str, kind: str | None = None) -> dict[str, Any]:
-    source: dict[str, Any] = {"path": path}
-    if kind:
-        source["type"] = kind
-    return {"name": name, "hostPath": source}
-
-
-def config_map_volume(name: str, config_map: str, *, optional: bool = False) -> dict[str, Any]:
-    source: dict[str, Any] = {"name": config_map}
-    if optional:
-        source["optional"] = True
-    return {"name": name, "configMap": source}
-
-
-def mount(
-    name: str, path: str, *, read_only: bool = False, propagation: str | None = None
-) -> dict[str, Any]:
-    result: dict[str, Any] = {"name": name, "mountPath": path}
-    if read_only:
-        result["readOnly"] = True
-    if propagation:
-        result["mountPropagation"] = propagation
-    return result
-
-
-RUN_NVIDIA = "/run/nvidia"
 TOOLKIT_READY = f"{VALIDATIONS_DIR}/toolkit-ready"
 STACK_MESSAGE = "waiting for nvidia container stack to be setup"
 
@@ -383,39 +354,8 @@ def wait_for_file(
     }
 
 
-def run_nvidia_volume(kind: str | None = "Directory") -> dict[str, Any]:
-    """`/run/nvidia` on the host (the driver container's and validations' parent)."""
-    return host_path("run-nvidia", RUN_NVIDIA, kind)
-
-
 def with_app_label(obj: Manifest, app: str) -> Manifest:
     """`obj` also labelled `app=<app>`: upstream labels an operand's ConfigMaps (and the
     exporters' RBAC) with the operand's name, so `kubectl get -l app=...` finds ours."""
     meta = obj["metadata"]
     return {**obj, "metadata": {**meta, "labels": {APP_LABEL: app, **meta.get("labels", {})}}}
-
-
-def validations_volume() -> dict[str, Any]:
-    return host_path("run-nvidia-validations", VALIDATIONS_DIR, "DirectoryOrCreate")
-
-
-"""Config managers and validators read their own Node (labels, allocatable)."""
-
-DRIVER_ROOT_VOLUME_NAME = "driver-root"
-
-
-DEFAULT_KUBELET_ROOT = "/var/lib/kubelet"
-
-
-def kubelet_path(spec: ClusterPolicySpec, child: str) -> str:
-    """A directory of the kubelet on the host (`pod-resources`, `device-plugins`), under
-    `spec.hostPaths.kubeletRootDir`; operands keep mounting it at the default path in
-    their containers, where the NVIDIA binaries look for it."""
-    root = spec.host_paths.kubelet_root_dir or DEFAULT_KUBELET_ROOT
-    return f"{root.rstrip('/')}/{child}"
-
-
-def driver_root(spec: ClusterPolicySpec) -> str:
-    """Where the driver's files are on the host: the driver container's root when we run
-    the driver, else the host's own root (a host-installed driver)."""
-    return spec.host_paths.driver_install_dir if spec.driver.enabled else spec.host_paths.root_fs

@@ -8,17 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from components._k8s import (
-    HOST_ROOT_MOUNT,
-    RUN_NVIDIA,
-    VALIDATIONS_DIR,
-    dump_env,
-    env,
-    field_env,
-    merge_env,
-    mount,
-    security_context,
-)
+from components._host_paths import HOST_ROOT_MOUNT, RUN_NVIDIA, VALIDATIONS_DIR, mount
+from components._k8s import dump_env, env, field_env, merge_env, security_context
 from components.context import RenderContext
 from crd import ClusterPolicySpec, ComponentSpec, DriverManagerSpec, component_image
 

@@ -11,17 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from components._accounts import SCC_RULE, operand_account
-from components._k8s import (
-    RUN_NVIDIA,
-    VALIDATIONS_DIR,
-    container,
-    daemonset,
-    env,
-    field_env,
-    host_path,
-    mount,
-    pull_secrets,
-)
+from components._host_paths import RUN_NVIDIA, VALIDATIONS_DIR, host_path, mount
+from components._k8s import container, daemonset, env, field_env, pull_secrets
 from components._sandbox import MANAGER_RESOURCES, resources, sandbox_enabled
 from components.component import VM_HOSTS, Component, Permissions
 from components.context import Manifest, RenderContext

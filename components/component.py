@@ -28,7 +28,8 @@ Rule = dict[str, list[str]]
 
 @dataclass(frozen=True)
 class ObjectKind:
-    """A Kubernetes kind an operand renders: enough to list, watch, write and prune it."""
+    """A Kubernetes kind: enough to list, watch, write and prune it. The one kind type:
+    operands declare theirs here, `gpuop.kinds` adds the operator's own."""
 
     api_version: str
     kind: str

@@ -6,13 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 from components._accounts import SCC_RULE, operand_account
+from components._host_paths import run_nvidia_volume
 from components._k8s import (
     TOOLKIT_READY,
     container,
     daemonset,
     gpu_access,
     pull_secrets,
-    run_nvidia_volume,
     service,
     wait_for_file,
 )

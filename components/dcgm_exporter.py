@@ -12,20 +12,22 @@ from components._accounts import (
     cluster_role_and_binding,
     operand_account,
 )
+from components._host_paths import (
+    config_map_volume,
+    host_path,
+    kubelet_path,
+    mount,
+    run_nvidia_volume,
+)
 from components._k8s import (
     APP_LABEL,
     TOOLKIT_READY,
-    config_map_volume,
     container,
     daemonset,
     env,
     field_env,
     gpu_access,
-    host_path,
-    kubelet_path,
-    mount,
     pull_secrets,
-    run_nvidia_volume,
     service,
     wait_for_file,
 )

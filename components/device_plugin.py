@@ -25,16 +25,14 @@ from components._entrypoint_operand import (
     host_root_mount,
     host_root_volume,
 )
-from components._k8s import (
-    TOOLKIT_READY,
+from components._host_paths import (
     VALIDATIONS_DIR,
-    env,
     host_path,
     kubelet_path,
     mount,
     validations_volume,
-    wait_for_file,
 )
+from components._k8s import TOOLKIT_READY, env, wait_for_file
 from components.component import Component
 from components.context import Manifest, RenderContext
 from components.keys import DEPLOY_DEVICE_PLUGIN_LABEL, TRUE

@@ -24,16 +24,14 @@ from components._accounts import (
     SCC_RULE,
     operand_account,
 )
+from components._host_paths import VALIDATIONS_DIR, host_path, mount
 from components._k8s import (
     APP_LABEL,
-    VALIDATIONS_DIR,
     container,
     daemonset,
     env,
     field_env,
-    host_path,
     metadata,
-    mount,
     pull_secrets,
     rolling_update_strategy,
 )

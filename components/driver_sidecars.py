@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from components._k8s import HOST_ROOT_MOUNT, container, env, field_env, mount
+from components._host_paths import HOST_ROOT_MOUNT, mount
+from components._k8s import container, env, field_env
 from components.context import RenderContext
 from components.driver_digest import DIGEST_ENV
 from crd import ClusterPolicySpec, component_image

@@ -5,17 +5,8 @@ from __future__ import annotations
 
 from components import _config_manager
 from components._accounts import SCC_RULE
-from components._k8s import (
-    PART_OF_LABEL,
-    TOOLKIT_READY,
-    container,
-    env,
-    field_env,
-    host_path,
-    mount,
-    run_nvidia_volume,
-    wait_for_file,
-)
+from components._host_paths import host_path, mount, run_nvidia_volume
+from components._k8s import PART_OF_LABEL, TOOLKIT_READY, container, env, field_env, wait_for_file
 from components.component import Component
 from components.context import Manifest, RenderContext
 from components.keys import DEPLOY_GFD_LABEL, TRUE

@@ -7,16 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from components._accounts import operand_account
-from components._k8s import (
-    container,
-    daemonset,
-    field_env,
-    host_path,
-    kubelet_path,
-    mount,
-    pull_secrets,
-    validations_volume,
-)
+from components._host_paths import host_path, kubelet_path, mount, validations_volume
+from components._k8s import container, daemonset, field_env, pull_secrets
 from components._sandbox import resources, sandbox_enabled, vfio_pci_wait
 from components.component import PASSTHROUGH_ONLY, Component, Permissions, Placement
 from components.context import Manifest, RenderContext

@@ -28,18 +28,15 @@ from components._entrypoint_operand import (
     host_root_mount,
     host_root_volume,
 )
+from components._host_paths import VALIDATIONS_DIR, host_path, mount, validations_volume
 from components._k8s import (
     TOOLKIT_READY,
-    VALIDATIONS_DIR,
     daemonset,
     env,
     field_env,
     gpu_access,
-    host_path,
     metadata,
-    mount,
     pull_secrets,
-    validations_volume,
     wait_for_file,
 )
 from components.component import Component, Permissions

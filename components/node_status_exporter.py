@@ -10,21 +10,16 @@ from components._accounts import (
     READ_NODES,
     operand_account,
 )
-from components._k8s import (
+from components._host_paths import (
     DRIVER_ROOT,
     HOST_ROOT_MOUNT,
     RUN_NVIDIA,
     VALIDATIONS_DIR,
-    container,
-    daemonset,
-    env,
-    field_env,
     host_path,
     mount,
-    pull_secrets,
     run_nvidia_volume,
-    service,
 )
+from components._k8s import container, daemonset, env, field_env, pull_secrets, service
 from components.component import Component, Permissions
 from components.context import Manifest, RenderContext
 from components.keys import DEPLOY_NODE_STATUS_EXPORTER_LABEL, TRUE

@@ -10,16 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from components._accounts import SCC_RULE, operand_account
-from components._k8s import (
-    container,
-    daemonset,
-    field_env,
-    host_path,
-    kubelet_path,
-    mount,
-    pull_secrets,
-    validations_volume,
-)
+from components._host_paths import host_path, kubelet_path, mount, validations_volume
+from components._k8s import container, daemonset, field_env, pull_secrets
 from components._sandbox import (
     VGPU_DEVICES_READY,
     resources,

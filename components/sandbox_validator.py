@@ -15,20 +15,22 @@ from __future__ import annotations
 from typing import Any
 
 from components._accounts import SCC_RULE, operand_account
-from components._k8s import (
+from components._host_paths import (
     DRIVER_ROOT,
     HOST_ROOT_MOUNT,
+    VALIDATIONS_DIR,
+    host_path,
+    mount,
+    validations_volume,
+)
+from components._k8s import (
     PART_OF,
     PART_OF_LABEL,
-    VALIDATIONS_DIR,
     daemonset,
     env,
     field_env,
-    host_path,
-    mount,
     pull_secrets,
     security_context,
-    validations_volume,
 )
 from components._sandbox import sandbox_enabled
 from components.component import VM_HOSTS, Component, Permissions

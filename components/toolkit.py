@@ -27,20 +27,22 @@ from components._entrypoint_operand import (
     host_root_mount,
     host_root_volume,
 )
-from components._k8s import (
+from components._host_paths import (
     DRIVER_ROOT,
     HOST_ROOT_MOUNT,
     VALIDATIONS_DIR,
+    host_path,
+    mount,
+    validations_volume,
+)
+from components._k8s import (
     daemonset,
     dump_env,
     env,
     field_env,
-    host_path,
     merge_env,
-    mount,
     pull_secrets,
     security_context,
-    validations_volume,
 )
 from components.component import Component, Permissions
 from components.context import CONTAINERD, CRIO, DOCKER, Manifest, RenderContext

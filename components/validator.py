@@ -15,22 +15,24 @@ from components._accounts import (
     SCC_RULE,
     operand_account,
 )
-from components._k8s import (
+from components._host_paths import (
     DRIVER_ROOT,
     HOST_ROOT_MOUNT,
+    VALIDATIONS_DIR,
+    host_path,
+    mount,
+    validations_volume,
+)
+from components._k8s import (
     PART_OF,
     PART_OF_LABEL,
-    VALIDATIONS_DIR,
     container,
     daemonset,
     dump_env,
     field_env,
     gpu_access,
-    host_path,
     merge_env,
-    mount,
     pull_secrets,
-    validations_volume,
 )
 from components.component import Component, Permissions
 from components.context import Manifest, RenderContext

@@ -11,16 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from components._accounts import SCC_RULE, operand_account
-from components._k8s import (
-    HOST_ROOT_MOUNT,
-    RUN_NVIDIA,
-    container,
-    daemonset,
-    env,
-    host_path,
-    mount,
-    pull_secrets,
-)
+from components._host_paths import HOST_ROOT_MOUNT, RUN_NVIDIA, host_path, mount
+from components._k8s import container, daemonset, env, pull_secrets
 from components._sandbox import (
     MANAGER_RESOURCES,
     driver_manager_init_container,

@@ -13,19 +13,21 @@ from typing import Any
 
 from components import vgpu_layouts
 from components._accounts import SCC_RULE, operand_account
-from components._k8s import (
+from components._host_paths import (
     HOST_ROOT_MOUNT,
     VALIDATIONS_DIR,
+    host_path,
+    mount,
+    validations_volume,
+)
+from components._k8s import (
     container,
     daemonset,
     env,
     field_env,
-    host_path,
     metadata,
-    mount,
     pull_secrets,
     security_context,
-    validations_volume,
 )
 from components._sandbox import resources, sandbox_enabled
 from components.component import VGPU_ONLY, Component, Permissions

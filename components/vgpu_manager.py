@@ -14,14 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from components._accounts import SCC_RULE, operand_account
-from components._k8s import (
-    RUN_NVIDIA,
-    container,
-    daemonset,
-    host_path,
-    mount,
-    pull_secrets,
-)
+from components._host_paths import RUN_NVIDIA, host_path, mount
+from components._k8s import container, daemonset, pull_secrets
 from components._sandbox import (
     driver_manager_init_container,
     resources,

@@ -17,7 +17,6 @@ from crd._common import (
 )
 from crd._components import (
     ComponentSpec,
-    ContainerProbeSpec,
     DCGMExporterMetricsConfig,
     DCGMExporterServiceConfig,
     DCGMExporterServiceMonitorConfig,
@@ -25,18 +24,11 @@ from crd._components import (
     DCGMSpec,
     DevicePluginConfig,
     DevicePluginSpec,
-    DriverCertConfigSpec,
-    DriverLicensingConfigSpec,
-    DriverManagerSpec,
-    DriverRepoConfigSpec,
-    DriverSpec,
     GDRCopySpec,
-    GPUDirectRDMASpec,
     GPUDirectStorageSpec,
     GPUFeatureDiscoverySpec,
     ImageSpec,
     InitContainerSpec,
-    KernelModuleConfigSpec,
     MIGGPUClientsConfigSpec,
     MIGManagerSpec,
     MIGPartedConfigSpec,
@@ -47,6 +39,16 @@ from crd._components import (
     ToolkitSpec,
     ValidatorComponentSpec,
     ValidatorSpec,
+)
+from crd._driver_spec import (
+    ContainerProbeSpec,
+    DriverCertConfigSpec,
+    DriverLicensingConfigSpec,
+    DriverManagerSpec,
+    DriverRepoConfigSpec,
+    DriverSpec,
+    GPUDirectRDMASpec,
+    KernelModuleConfigSpec,
     VirtualTopologyConfigSpec,
 )
 from crd._health import HealthRemediationSpec, RemediationAction

@@ -22,13 +22,12 @@ from crd._common import (
     ResourceRequirements,
     Toleration,
 )
-from crd._components import (
+from crd._components import GDRCopySpec, GPUDirectStorageSpec
+from crd._driver_spec import (
     ContainerProbeSpec,
     DriverCertConfigSpec,
     DriverManagerSpec,
-    GDRCopySpec,
     GPUDirectRDMASpec,
-    GPUDirectStorageSpec,
     KernelModuleConfigSpec,
 )
 from crd._schema import Schema, model_schema

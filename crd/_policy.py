@@ -11,7 +11,6 @@ from crd._components import (
     DCGMExporterSpec,
     DCGMSpec,
     DevicePluginSpec,
-    DriverSpec,
     GDRCopySpec,
     GPUDirectStorageSpec,
     GPUFeatureDiscoverySpec,
@@ -21,6 +20,7 @@ from crd._components import (
     ToolkitSpec,
     ValidatorSpec,
 )
+from crd._driver_spec import DriverSpec
 from crd._health import HealthRemediationSpec
 from crd._sandbox import (
     CCManagerSpec,

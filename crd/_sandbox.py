@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Literal
 
 from crd._common import K8sModel
-from crd._components import ComponentSpec, DriverManagerSpec, KernelModuleConfigSpec
+from crd._components import ComponentSpec
+from crd._driver_spec import DriverManagerSpec, KernelModuleConfigSpec
 
 
 class VGPUManagerSpec(ComponentSpec):

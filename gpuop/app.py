@@ -13,6 +13,7 @@ from pathlib import Path
 from gpuop.controller import Operator, OperatorConfig
 from gpuop.health import UNAVAILABLE_AFTER, Liveness
 from gpuop.install import ensure_namespace, install_crd, install_sample_policy
+from gpuop.kinds import KINDS
 from gpuop.kube import api_client
 from gpuop.leader import Leases
 from gpuop.log import get_logger
@@ -32,7 +33,7 @@ async def run_operator(
 ) -> int:
     """Run until SIGTERM/SIGINT (exit 0) or until a root task dies (exit 1)."""
     async with api_client(kubeconfig) as api:
-        rest = Rest(api)
+        rest = Rest(api, KINDS)
         metrics = OperatorMetrics()
         operator = Operator(rest, config, metrics)
         main = asyncio.current_task()

@@ -156,6 +156,7 @@ def _cmd_crds(args: argparse.Namespace) -> int:
     import asyncio
 
     from gpuop.install import delete_crds, install_crd
+    from gpuop.kinds import KINDS
     from gpuop.kube import api_client
     from gpuop.rest import Rest
 
@@ -163,7 +164,7 @@ def _cmd_crds(args: argparse.Namespace) -> int:
 
     async def run() -> None:
         async with api_client(kubeconfig, user_agent="gpuop-crds") as api:
-            rest = Rest(api)
+            rest = Rest(api, KINDS)
             if args.action == "apply":
                 await install_crd(rest)
                 print("CRDs applied: clusterpolicies.nvidia.com, nvidiadrivers.nvidia.com")

@@ -11,8 +11,9 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+from gpuop.kinds import by_kind
 from gpuop.log import get_logger
-from gpuop.rest import Rest, by_kind
+from gpuop.rest import Rest
 
 log = get_logger(__name__)
 EVENT = by_kind("v1", "Event")

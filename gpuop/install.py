@@ -8,7 +8,8 @@ import time
 from typing import Any
 
 import crd
-from gpuop.rest import Rest, by_kind
+from gpuop.kinds import by_kind
+from gpuop.rest import Rest
 
 CRD_KIND = by_kind("apiextensions.k8s.io/v1", "CustomResourceDefinition")
 NAMESPACE = by_kind("v1", "Namespace")

@@ -37,8 +37,9 @@ from typing import Any
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpuop.backoff import Backoff
+from gpuop.kinds import by_kind
 from gpuop.log import get_logger
-from gpuop.rest import Rest, by_kind
+from gpuop.rest import Rest
 
 log = get_logger(__name__)
 LEASE = by_kind("coordination.k8s.io/v1", "Lease")

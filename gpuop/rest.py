@@ -3,7 +3,8 @@
 Every request the operator makes goes through here, so it is counted by verb
 and resource: tests assert that a no-op reconcile writes nothing, benchmarks
 report API load. Objects are plain dicts (what the caches hold); paths come
-from a small table of the kinds we manage rather than per-kind generated APIs.
+from the kinds the caller hands in (the operator's table, ``gpuop.kinds``)
+rather than per-kind generated APIs.
 Every request except a watch (which sets its own read timeout) is bounded by
 ``REQUEST_TIMEOUT``: the SDK's default is no timeout at all, so a request on a
 connection that died silently hung a worker, a LIST or a lease renewal forever.
@@ -16,71 +17,45 @@ import json
 import random
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import quote
 
 import aiohttp
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from components.registry import OWNED_KINDS
-
 FIELD_MANAGER = "gpuop"
 Obj = dict[str, Any]
 
 
-@dataclass(frozen=True)
-class Kind:
-    api_version: str
-    kind: str
-    plural: str
-    namespaced: bool
+class Kind(Protocol):
+    """What a request needs to know of a kind: its API version and plural, and whether
+    it lives in a namespace. The REST layer knows no kinds of its own; the operator's
+    table (``gpuop.kinds``, built from the operand registry) hands them in."""
 
-    def base(self) -> str:
-        return (
-            f"/api/{self.api_version}"
-            if "/" not in self.api_version
-            else f"/apis/{self.api_version}"
-        )
-
-    def collection(self, namespace: str | None = None) -> str:
-        if self.namespaced and namespace:
-            return f"{self.base()}/namespaces/{namespace}/{self.plural}"
-        return f"{self.base()}/{self.plural}"
-
-    def item(self, name: str, namespace: str | None = None) -> str:
-        return f"{self.collection(namespace if self.namespaced else None)}/{quote(name)}"
+    @property
+    def api_version(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def plural(self) -> str: ...
+    @property
+    def namespaced(self) -> bool: ...
 
 
-_KINDS = [
-    Kind("v1", "Node", "nodes", False),
-    Kind("v1", "Pod", "pods", True),
-    Kind("v1", "PodTemplate", "podtemplates", True),
-    Kind("v1", "Namespace", "namespaces", False),
-    Kind("v1", "Event", "events", True),
-    Kind("apps/v1", "Deployment", "deployments", True),
-    Kind("apps/v1", "ControllerRevision", "controllerrevisions", True),
-    Kind("nvidia.com/v1", "ClusterPolicy", "clusterpolicies", False),
-    Kind("nvidia.com/v1alpha1", "NVIDIADriver", "nvidiadrivers", False),
-    Kind("coordination.k8s.io/v1", "Lease", "leases", True),
-    Kind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets", True),
-    Kind("apiextensions.k8s.io/v1", "CustomResourceDefinition", "customresourcedefinitions", False),
-]
-_KINDS += [Kind(k.api_version, k.kind, k.plural, k.namespaced) for k in OWNED_KINDS]
-"""Operand kinds come from the operand registry: a new operand's kinds need no entry here."""
-KINDS: dict[tuple[str, str], Kind] = {(k.api_version, k.kind): k for k in _KINDS}
+KindTable = Mapping[tuple[str, str], Kind]
+"""Kinds by ``(apiVersion, kind)``: how `Rest.apply` finds the path of a whole object."""
 
 
-def kind_of(obj: Mapping[str, Any]) -> Kind:
-    try:
-        return KINDS[(str(obj["apiVersion"]), str(obj["kind"]))]
-    except KeyError as err:
-        raise ValueError(f"unsupported kind {obj.get('apiVersion')}/{obj.get('kind')}") from err
+def collection_path(kind: Kind, namespace: str | None = None) -> str:
+    base = f"/apis/{kind.api_version}" if "/" in kind.api_version else f"/api/{kind.api_version}"
+    if kind.namespaced and namespace:
+        return f"{base}/namespaces/{namespace}/{kind.plural}"
+    return f"{base}/{kind.plural}"
 
 
-def by_kind(api_version: str, kind: str) -> Kind:
-    return KINDS[(api_version, kind)]
+def item_path(kind: Kind, name: str, namespace: str | None = None) -> str:
+    return f"{collection_path(kind, namespace if kind.namespaced else None)}/{quote(name)}"
 
 
 _READ_VERBS = {"GET", "LIST", "WATCH"}
@@ -102,8 +77,12 @@ def _retry_after(err: ApiException) -> float:
 class Rest:
     """Counted requests: ``counts[(verb, resource)]``; ``writes`` sums the mutating ones."""
 
-    def __init__(self, api: client.ApiClient, timeout: float = REQUEST_TIMEOUT) -> None:
+    def __init__(
+        self, api: client.ApiClient, kinds: KindTable, timeout: float = REQUEST_TIMEOUT
+    ) -> None:
         self.api = api
+        #: Where `apply` finds a whole object's kind; every other request is handed its kind.
+        self.kinds = kinds
         self.counts: Counter[tuple[str, str]] = Counter()
         #: Told of every request (verb, resource) as it is counted: the operator's
         #: ``gpu_operator_api_requests_total``. The REST layer knows no metrics library.
@@ -111,6 +90,13 @@ class Rest:
         connect = min(timeout, CONNECT_TIMEOUT)
         #: Applied to every request that does not bring its own (only watches do).
         self.timeout = aiohttp.ClientTimeout(total=timeout, connect=connect, sock_connect=connect)
+
+    def kind_of(self, obj: Mapping[str, Any]) -> Kind:
+        """The kind of a whole object, from the table this client was given."""
+        try:
+            return self.kinds[(str(obj["apiVersion"]), str(obj["kind"]))]
+        except KeyError as err:
+            raise ValueError(f"unsupported kind {obj.get('apiVersion')}/{obj.get('kind')}") from err
 
     @property
     def writes(self) -> int:
@@ -190,7 +176,7 @@ class Rest:
     # ------------------------------------------------------------- reads
     def lister(self, kind: Kind, namespace: str | None = None) -> Any:
         """A list/watch call in the shape ``Informer`` expects (keyword names of the SDK)."""
-        path = kind.collection(namespace)
+        path = collection_path(kind, namespace)
 
         async def call(**kwargs: Any) -> Any:
             query: list[tuple[str, Any]] = []
@@ -224,7 +210,7 @@ class Rest:
 
     async def get(self, kind: Kind, name: str, namespace: str | None = None) -> Obj | None:
         try:
-            got: Obj = await self._call("GET", "GET", kind.item(name, namespace), kind.plural)
+            got: Obj = await self._call("GET", "GET", item_path(kind, name, namespace), kind.plural)
         except ApiException as err:
             if err.status == 404:
                 return None
@@ -257,20 +243,22 @@ class Rest:
             ("labelSelector" if k == "label_selector" else "fieldSelector", v)
             for k, v in selectors.items()
         ]
-        body: Obj = await self._call("LIST", "GET", kind.collection(namespace), kind.plural, query)
+        body: Obj = await self._call(
+            "LIST", "GET", collection_path(kind, namespace), kind.plural, query
+        )
         items: list[Obj] = body.get("items") or []
         return items
 
     # ------------------------------------------------------------ writes
     async def apply(self, obj: Mapping[str, Any], force: bool = True) -> Obj:
         """Server-side apply with field manager ``gpuop``."""
-        kind = kind_of(obj)
+        kind = self.kind_of(obj)
         meta = obj["metadata"]
         query = [("fieldManager", FIELD_MANAGER), ("force", "true" if force else "false")]
         applied: Obj = await self._call(
             "APPLY",
             "PATCH",
-            kind.item(meta["name"], meta.get("namespace")),
+            item_path(kind, meta["name"], meta.get("namespace")),
             kind.plural,
             query,
             body=dict(obj),
@@ -286,7 +274,7 @@ class Rest:
         namespace: str | None = None,
         subresource: str | None = None,
     ) -> Obj:
-        path = kind.item(name, namespace) + (f"/{subresource}" if subresource else "")
+        path = item_path(kind, name, namespace) + (f"/{subresource}" if subresource else "")
         patched: Obj = await self._call(
             "PATCH",
             "PATCH",
@@ -304,7 +292,7 @@ class Rest:
         replaced: Obj = await self._call(
             "UPDATE",
             "PUT",
-            kind.item(body["metadata"]["name"], namespace),
+            item_path(kind, body["metadata"]["name"], namespace),
             kind.plural,
             body=dict(body),
         )
@@ -314,7 +302,7 @@ class Rest:
         self, kind: Kind, body: Mapping[str, Any], namespace: str | None = None
     ) -> Obj:
         created: Obj = await self._call(
-            "CREATE", "POST", kind.collection(namespace), kind.plural, body=dict(body)
+            "CREATE", "POST", collection_path(kind, namespace), kind.plural, body=dict(body)
         )
         return created
 
@@ -330,7 +318,7 @@ class Rest:
             await self._call(
                 "DELETE",
                 "DELETE",
-                kind.item(name, namespace),
+                item_path(kind, name, namespace),
                 kind.plural,
                 body=dict(body) if body else None,
             )
@@ -342,11 +330,10 @@ class Rest:
 
     async def evict(self, name: str, namespace: str) -> None:
         """Eviction API; raises ``ApiException`` (429 when a PodDisruptionBudget forbids it now)."""
-        pod = by_kind("v1", "Pod")
         await self._call(
             "CREATE",
             "POST",
-            pod.item(name, namespace) + "/eviction",
+            f"/api/v1/namespaces/{namespace}/pods/{quote(name)}/eviction",
             "pods/eviction",
             body={
                 "apiVersion": "policy/v1",

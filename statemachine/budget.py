@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-from statemachine.upgrade_keys import SLOT_STATES, UpgradeState
+from crd import OWNER_LABEL
+from statemachine.driver_owner import NEXT_OWNER_LABEL
+from statemachine.upgrade_keys import SLOT_STATES, STATE_LABEL, UpgradeState, parse_state, skipped
 from statemachine.upgrade_views import NodeUpgradeView
 
 _PERCENT = re.compile(r"^\s*(\d+)\s*%\s*$")
@@ -86,14 +89,60 @@ class BudgetNode:
     for other nodes."""
 
     @classmethod
-    def from_view(cls, view: NodeUpgradeView) -> BudgetNode:
+    def of(
+        cls,
+        name: str,
+        labels: Mapping[str, str],
+        *,
+        ready: bool,
+        unschedulable: bool,
+        has_driver_pod: Callable[[], bool],
+    ) -> BudgetNode:
+        """The one reading of a node for the budget: state and skip from its labels.
+
+        Whether a driver pod runs there matters only to a candidate (`upgrade-required`),
+        so `has_driver_pod` is asked only for one: the fleet pass reads every GPU node.
+        A node moving to another NVIDIADriver gets the new owner's pod whether or not the
+        old one runs: it is never passed over for lack of one.
+        """
+        state = parse_state(labels.get(STATE_LABEL))
+        moving = labels.get(NEXT_OWNER_LABEL) not in (None, labels.get(OWNER_LABEL))
         return cls(
-            name=view.name,
-            state=view.state,
+            name=name,
+            state=state,
+            ready=ready,
+            unschedulable=unschedulable,
+            skip=skipped(labels),
+            driver_pod_present=state is not UpgradeState.UPGRADE_REQUIRED
+            or moving
+            or has_driver_pod(),
+        )
+
+    @classmethod
+    def from_node(
+        cls, node: Mapping[str, Any], has_driver_pod: Callable[[str], bool]
+    ) -> BudgetNode:
+        """`of` a Node object (as the API serves it, or the operator's trimmed copy)."""
+        meta = node.get("metadata") or {}
+        name = str(meta.get("name", ""))
+        conditions = (node.get("status") or {}).get("conditions") or []
+        return cls.of(
+            name,
+            meta.get("labels") or {},
+            ready=any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions),
+            unschedulable=bool((node.get("spec") or {}).get("unschedulable")),
+            has_driver_pod=lambda: has_driver_pod(name),
+        )
+
+    @classmethod
+    def from_view(cls, view: NodeUpgradeView) -> BudgetNode:
+        """`of` the rulebook's view of a node."""
+        return cls.of(
+            view.name,
+            view.labels,
             ready=view.node_ready,
             unschedulable=view.unschedulable,
-            skip=view.skip,
-            driver_pod_present=view.driver_pod is not None,
+            has_driver_pod=lambda: view.driver_pod is not None,
         )
 
     @property

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from statemachine.budget import resolve_max_unavailable
 from statemachine.fleet_report import NodeFacts, Obj, Rules, removal_blockers
 from statemachine.rollout_gate import GatePolicy
-from statemachine.upgrade_keys import IN_PROGRESS_STATES, UpgradeState
+from statemachine.upgrade_keys import IN_PROGRESS_STATES, SKIP_LABEL, UpgradeState
 from statemachine.upgrade_views import UpgradePolicyView
 
 S = UpgradeState
@@ -99,7 +99,7 @@ def plan_upgrade(
             current.append(f.name)
             continue
         if f.skip:
-            excluded[f.name] = "skip label set (nvidia.com/gpu-driver-upgrade.skip=true)"
+            excluded[f.name] = f"skip label set ({SKIP_LABEL}=true)"
         elif not f.ready:
             excluded[f.name] = "node is NotReady"
         else:

@@ -20,11 +20,11 @@ from statemachine.budget import BudgetNode, select_nodes
 from statemachine.eviction import RemovalRules, gpu_workload, plan_removal, pod_key
 from statemachine.upgrade_keys import (
     REASON_ANNOTATION,
-    SKIP_LABEL,
     STATE_LABEL,
     STATE_SINCE_ANNOTATION,
     UpgradeState,
     parse_state,
+    skipped,
 )
 from statemachine.upgrade_views import UpgradePolicyView, parse_time
 
@@ -127,17 +127,10 @@ class NodeFacts:
 
     @property
     def skip(self) -> bool:
-        return self.labels.get(SKIP_LABEL) == "true"
+        return skipped(self.labels)
 
     def budget_node(self) -> BudgetNode:
-        return BudgetNode(
-            name=self.name,
-            state=self.state,
-            ready=self.ready,
-            unschedulable=self.unschedulable,
-            skip=self.skip,
-            driver_pod_present=self.driver_pod is not None,
-        )
+        return BudgetNode.from_node(self.node, lambda _: self.driver_pod is not None)
 
 
 @dataclass(frozen=True)

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
 
 from transitions import EventData
 
 from statemachine import cordon
+from statemachine import upgrade_bookkeeping as bk
 from statemachine import upgrade_guards as g
 from statemachine._fsm import (
     Callback,
@@ -50,62 +50,16 @@ from statemachine.upgrade_views import (
     Decision,
     NodeUpgradeView,
     UpgradePolicyView,
-    parse_time,
 )
 
 S = UpgradeState
 Guard = Callable[[g.GuardContext], bool]
-DRIVER_UPGRADE = cordon.CordonOwner.DRIVER_UPGRADE
-#: A clock stamp this far ahead is rewritten to now and reported; a smaller lead (clock
-#: skew between operator replicas) only counts from now until it is reached.
-FUTURE_TOLERANCE_SECONDS = 60
-#: Event reasons of `Decision.alerts`.
-ALERT_INVALID_STATE = "DriverUpgradeStateInvalid"
-ALERT_CLOCK_IN_FUTURE = "DriverUpgradeClockInFuture"
+DRIVER_UPGRADE = bk.DRIVER_UPGRADE
 
 
-class _NodeModel:
-    """Scratch model for one evaluation: the context plus the annotations we intend.
-
-    Guards read `ctx`, whose view carries the intended annotations, so a clock or a
-    record written earlier in the same pass is what later guards see.
-    """
-
-    state: str
-    trigger: Any
-
-    def __init__(self, ctx: g.GuardContext) -> None:
-        self.base = ctx
-        self.ctx = ctx
-        keys = (*MANAGED_ANNOTATIONS, REQUESTED_ANNOTATION, *cordon.CLEARED)
-        self.annotations: dict[str, str | None] = {k: ctx.view.annotations.get(k) for k in keys}
-        self.failure: str = ""
-        self.notice: str = ""
-        self.alerts: list[tuple[str, str]] = []
-        self.hops: list[tuple[str, str, str]] = []
-        view = ctx.view
-        if (
-            view.unschedulable
-            and cordon.CORDONED_BY_ANNOTATION not in view.annotations
-            and cordon.cordon_owner(view.labels, view.annotations) is DRIVER_UPGRADE
-        ):
-            # A cordon from before the owner record existed: write down whose it is.
-            for key, value in cordon.record(DRIVER_UPGRADE, _reason(view)).items():
-                self.set(key, value)
-
-    def set(self, key: str, value: str | None) -> None:
-        self.annotations[key] = value
-        merged = dict(self.base.view.annotations)
-        merged.update({k: v for k, v in self.annotations.items() if v is not None})
-        for k, v in self.annotations.items():
-            if v is None:
-                merged.pop(k, None)
-        self.ctx = replace(self.base, view=replace(self.base.view, annotations=merged))
-
-
-def _model(event: EventData) -> _NodeModel:
+def _model(event: EventData) -> bk.NodeModel:
     model = event.model
-    assert isinstance(model, _NodeModel)
+    assert isinstance(model, bk.NodeModel)
     return model
 
 
@@ -118,23 +72,13 @@ def _guard(func: Guard) -> Condition:
     return named(func.__name__, condition)
 
 
-def _stamp(ts: float) -> str:
-    return str(int(ts))
-
-
-def _reason(view: NodeUpgradeView) -> str:
-    """The words recorded beside our cordon."""
-    target = f" to revision {view.newest_revision}" if view.newest_revision else ""
-    return f"driver upgrade{target}"
-
-
 # --- callbacks: bookkeeping only, on the scratch model -------------------------------
 
 
 def _on_enter(event: EventData) -> None:
     """Every state change restarts the state clock and the per-state timers."""
     model = _model(event)
-    now = _stamp(model.ctx.view.now)
+    now = bk.time_stamp(model.ctx.view.now)
     model.set(STATE_SINCE_ANNOTATION, now)
     state = S(model.state)
     for timed_state, key in TIMER_ANNOTATIONS.items():
@@ -288,97 +232,6 @@ _MACHINE = SharedMachine(UPGRADE_DEFINITION)
 # --- decisions ------------------------------------------------------------------------
 
 
-def _is_time(raw: str | None) -> bool:
-    return parse_time(raw) is not None
-
-
-def _clock(model: _NodeModel, key: str) -> None:
-    """Start a missing or unreadable clock now; rewrite (and report) one set ahead."""
-    ann, view = model.annotations, model.base.view
-    stamp = parse_time(ann[key])
-    if stamp is None:
-        ann[key] = _stamp(view.now)
-    elif stamp > view.now + FUTURE_TOLERANCE_SECONDS:
-        model.alerts.append(
-            (
-                ALERT_CLOCK_IN_FUTURE,
-                f"node {view.name}: {key}={ann[key]} is {int(stamp - view.now)}s in the "
-                "future, which would disable the state's timeout; counting from now",
-            )
-        )
-        ann[key] = _stamp(view.now)
-
-
-def _normalize(model: _NodeModel, state: S) -> None:
-    """Make the bookkeeping fit the final state, whatever the node came in with.
-
-    Covers resumes from labels written by hand or by another operator: missing clocks
-    start now, clocks in the future are brought back to now, clocks and records of
-    other states are dropped.
-    """
-    ann, view = model.annotations, model.base.view
-    if state is S.UNKNOWN:
-        ann[STATE_SINCE_ANNOTATION] = None
-    else:
-        _clock(model, STATE_SINCE_ANNOTATION)
-    for timed_state, key in TIMER_ANNOTATIONS.items():
-        if timed_state is not state:
-            ann[key] = None
-        else:
-            _clock(model, key)
-    if state is S.UPGRADE_FAILED:
-        if ann[FAILED_REVISION_ANNOTATION] is None:
-            ann[FAILED_REVISION_ANNOTATION] = view.newest_revision
-    else:
-        ann[FAILED_REVISION_ANNOTATION] = None
-        ann[REASON_ANNOTATION] = None
-    if state in (S.UNKNOWN, S.UPGRADE_DONE):
-        ann[INITIAL_UNSCHEDULABLE_ANNOTATION] = None
-        ann[REPLACE_POD_ANNOTATION] = None
-
-
-def _record_cordon(model: _NodeModel, action: Action) -> None:
-    """The owner record travels in the patch that changes the cordon: written with our
-    cordon, dropped with our uncordon, and dropped when stale (the node is schedulable)."""
-    ann, view = model.annotations, model.base.view
-    if action is Action.CORDON and not view.unschedulable:
-        ann.update(cordon.record(DRIVER_UPGRADE, _reason(view)))
-    elif ann[cordon.CORDONED_BY_ANNOTATION] == DRIVER_UPGRADE.value and (
-        action is Action.UNCORDON or not view.unschedulable
-    ):
-        ann.update(cordon.CLEARED)
-
-
-def _state_alert(view: NodeUpgradeView, model: _NodeModel, target: S) -> None:
-    """A state label that is no state, or a lost one on a node we cordoned, is told."""
-    raw = view.state_label
-    resumed = "resume_cordoned" in (t for t, _, _ in model.hops)
-    if raw is not None and view.state is S.UNKNOWN:
-        what = f"{STATE_LABEL}={raw!r} is not an upgrade state"
-    elif resumed:
-        what = f"{STATE_LABEL} is missing"
-    else:
-        return
-    if resumed:
-        what += " on a node cordoned for a driver upgrade"
-    model.alerts.append((ALERT_INVALID_STATE, f"node {view.name}: {what}; now {target.value}"))
-
-
-def _remaining(view: NodeUpgradeView, state: S, timeout_seconds: int) -> float | None:
-    if timeout_seconds <= 0:
-        return None
-    return max(0.0, g.state_started_at(view, state) + timeout_seconds - view.now)
-
-
-def _diff(view: NodeUpgradeView, wanted: dict[str, str | None]) -> dict[str, str | None]:
-    return {k: v for k, v in wanted.items() if view.annotations.get(k) != v}
-
-
-def _label_patch(view: NodeUpgradeView, state: S) -> dict[str, str | None]:
-    wanted = state.label_value
-    return {} if view.state_label == wanted else {STATE_LABEL: wanted}
-
-
 def next_step(
     view: NodeUpgradeView, policy: UpgradePolicyView, *, may_start: bool = False
 ) -> Decision:
@@ -393,7 +246,7 @@ def next_step(
     if not policy.auto_upgrade:
         return cleanup_step(view)
 
-    model = _NodeModel(g.GuardContext(view, policy, may_start))
+    model = bk.NodeModel(g.GuardContext(view, policy, may_start))
     with _MACHINE.attached(model, current.value):
         hops = _MACHINE.run_to_rest(model)
     model.hops = hops
@@ -412,7 +265,7 @@ def start_step(view: NodeUpgradeView, policy: UpgradePolicyView) -> Decision | N
     current = view.state
     if not policy.auto_upgrade or current is not S.UPGRADE_REQUIRED:
         return None
-    model = _NodeModel(g.GuardContext(view, policy, may_start=True))
+    model = bk.NodeModel(g.GuardContext(view, policy, may_start=True))
     with _MACHINE.attached(model, current.value):
         if not model.trigger("start"):
             return None
@@ -420,15 +273,15 @@ def start_step(view: NodeUpgradeView, policy: UpgradePolicyView) -> Decision | N
 
 
 def _decision(
-    view: NodeUpgradeView, model: _NodeModel, current: S, hops: list[tuple[str, str, str]]
+    view: NodeUpgradeView, model: bk.NodeModel, current: S, hops: list[tuple[str, str, str]]
 ) -> Decision:
     """The decision for the state the model rests in, its action and clock from the table."""
     target = S(model.state)
-    _normalize(model, target)
+    bk.normalize(model, target)
     row = STATE_TABLE[target]
     action, reason = row.act(model.ctx)
-    _record_cordon(model, action)
-    _state_alert(view, model, target)
+    bk.record_cordon(model, action)
+    bk.state_alert(view, model, target)
     timeout = row.timeout.seconds(model.ctx.policy) if row.timeout is not None else 0
     return Decision(
         node=view.name,
@@ -437,9 +290,9 @@ def _decision(
         action=action,
         reason=reason,
         hops=tuple((trigger, S(src), S(dst)) for trigger, src, dst in hops),
-        labels=_label_patch(view, target),
-        annotations=_diff(view, model.annotations),
-        requeue_after=_remaining(model.ctx.view, target, timeout),
+        labels=bk.label_patch(view, target),
+        annotations=bk.annotation_patch(view, model.annotations),
+        requeue_after=bk.remaining(model.ctx.view, target, timeout),
         failure=model.failure,
         notice=model.notice,
         alerts=tuple(model.alerts),

@@ -7,6 +7,7 @@ store it on the node so a restarted operator resumes exactly where it stopped.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
 
 
@@ -55,14 +56,20 @@ its driver heals (no grant), so a freed slot would let that recovery overfill th
 budget. A retry sends it back to the queue (`upgrade-required`), freeing the slot."""
 
 
+_STATE_VALUES = frozenset(s.value for s in UpgradeState)
+"""Label values the rulebook knows. A set lookup, not a caught ValueError: the fleet pass
+reads every GPU node's state on every pod and node event."""
+
+
 def parse_state(label: str | None) -> UpgradeState:
     """Map a label value to a state; missing, empty or unrecognised -> UNKNOWN."""
-    if not label or label == UpgradeState.UNKNOWN.value:
-        return UpgradeState.UNKNOWN
-    try:
-        return UpgradeState(label)
-    except ValueError:
-        return UpgradeState.UNKNOWN
+    return UpgradeState(label) if label in _STATE_VALUES else UpgradeState.UNKNOWN
+
+
+def skipped(labels: Mapping[str, str]) -> bool:
+    """Upstream's opt-out: a node labelled `nvidia.com/gpu-driver-upgrade.skip=true` is
+    never upgraded (any other value does not count)."""
+    return labels.get(SKIP_LABEL) == "true"
 
 
 # Upstream names.

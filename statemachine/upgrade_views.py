@@ -18,10 +18,10 @@ from statemachine.upgrade_keys import (
     INITIAL_UNSCHEDULABLE_ANNOTATION,
     REPLACE_POD_ANNOTATION,
     REQUESTED_ANNOTATION,
-    SKIP_LABEL,
     STATE_LABEL,
     UpgradeState,
     parse_state,
+    skipped,
 )
 
 
@@ -103,7 +103,7 @@ class NodeUpgradeView:
 
     @property
     def skip(self) -> bool:
-        return self.labels.get(SKIP_LABEL) == "true"
+        return skipped(self.labels)
 
     @property
     def upgrade_requested(self) -> bool:

@@ -37,6 +37,7 @@ from gpuop.app import run_operator
 from gpuop.cluster import LocalCluster
 from gpuop.controller import OperatorConfig
 from gpuop.install import ensure_namespace, install_crd
+from gpuop.kinds import KINDS, by_kind
 from gpuop.kube import api_client as make_api_client
 from gpuop.nodeagent.devices import DevicePluginDevices
 from gpuop.nodeagent.exporter import serve
@@ -45,7 +46,7 @@ from gpuop.nodeagent.kube import KubernetesApi
 from gpuop.nodeagent.status import CHECK_NAMES, StatusFiles
 from gpuop.nodeagent.xid import XidCounts, XidWatcher
 from gpuop.nvml.fake import A100_SXM4_80GB, FakeNvml, make_gpus
-from gpuop.rest import Rest, by_kind
+from gpuop.rest import Rest
 from tests.monitoring_queries import dashboard
 
 POLICY = by_kind("nvidia.com/v1", "ClusterPolicy")
@@ -156,7 +157,7 @@ async def _until(check: Callable[[], Any], timeout: float) -> None:
 async def record(kubeconfig: Path, tmp: Path, every: float) -> Recording:
     rec = Recording()
     async with make_api_client(kubeconfig, user_agent="gpuop-picture") as api:
-        rest = Rest(api)
+        rest = Rest(api, KINDS)
         await install_crd(rest)
         await ensure_namespace(rest, "gpu-operator")
         names = await _gpu_nodes(rest)

@@ -3,13 +3,7 @@ from the Go module proxy, simulated GPU nodes through kwok."""
 
 from ._argv import ClientTuning
 from ._build import ensure_binaries
-from ._cluster import (
-    ClusterInfo,
-    LocalCluster,
-    create_nodes,
-    default_dir,
-    wait_nodes_ready,
-)
+from ._cluster import ClusterInfo, LocalCluster, default_dir
 from ._errors import ClusterError
 from ._nodes import (
     GPU_MODELS,
@@ -22,6 +16,7 @@ from ._nodes import (
     parse_workload,
     workload_labels,
 )
+from ._populate import create_nodes, wait_nodes_ready
 from ._versions import BinaryPaths, Versions, cache_dir
 
 __all__ = [

@@ -24,8 +24,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from components import ObjectKind
+from gpuop.kinds import by_kind
 from gpuop.nvml.fake import DEFAULT_CUDA_VERSION, DEFAULT_DRIVER_VERSION
-from gpuop.rest import Kind, Obj, Rest
+from gpuop.rest import Obj, Rest
 
 from ._nodes import GPU_MODELS, LEGACY_SIMULATED_LABEL, SIMULATED_LABEL, GpuModel
 
@@ -43,8 +45,8 @@ MIG_CAPABLE_ATTRIBUTE = "gpuop.io/migCapable"
 PCI_BUS_ID_ATTRIBUTE = "resource.kubernetes.io/pciBusID"
 PCIE_ROOT_ATTRIBUTE = "resource.kubernetes.io/pcieRoot"
 
-RESOURCE_SLICE = Kind("resource.k8s.io/v1", "ResourceSlice", "resourceslices", False)
-DEVICE_CLASS = Kind("resource.k8s.io/v1", "DeviceClass", "deviceclasses", False)
+RESOURCE_SLICE = ObjectKind("resource.k8s.io/v1", "ResourceSlice", "resourceslices", False)
+DEVICE_CLASS = ObjectKind("resource.k8s.io/v1", "DeviceClass", "deviceclasses", False)
 
 _PRODUCT_LABEL = "nvidia.com/gpu.product"
 #: NVML's names for the simulated models (GPU feature discovery's label replaces the
@@ -209,7 +211,7 @@ async def publish(rest: Rest, concurrency: int = 32) -> Published:
     nodes, and writes nothing when all is in place."""
     if await rest.get(DEVICE_CLASS, DEVICE_CLASS_NAME) is None:
         await rest.create(DEVICE_CLASS, device_class())
-    nodes = await rest.list(Kind("v1", "Node", "nodes", False))
+    nodes = await rest.list(by_kind("v1", "Node"))
     wanted = desired_slices(nodes)
     ours = {
         s["metadata"]["name"]: s

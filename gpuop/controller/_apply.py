@@ -30,8 +30,9 @@ from gpuop.controller._status import (
 )
 from gpuop.events import EventRecorder
 from gpuop.informer import Informer, Obj, key_of
+from gpuop.kinds import kind_of
 from gpuop.log import get_logger
-from gpuop.rest import Rest, kind_of
+from gpuop.rest import Rest
 
 log = get_logger(__name__)
 

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from components import COMPONENTS, NodeFacts, RenderContext, desired_objects, node_facts
+from components import COMPONENTS, NodeFacts, ObjectKind, RenderContext, desired_objects, node_facts
 from components.driver import NAME as DRIVER_COMPONENT
 from components.driver_config import config_problems, referenced_config_maps
 from components.hashing import with_hash
@@ -27,7 +27,7 @@ from gpuop.controller._keys import CLUSTER_KEY
 from gpuop.controller._label_gate import LabelGate
 from gpuop.controller._memo import VersionMemo
 from gpuop.controller._nodes import GpuNodes
-from gpuop.controller._owned import OptionalWatches, rest_kind
+from gpuop.controller._owned import OptionalWatches
 from gpuop.controller._pace import LEAST_WAIT_S
 from gpuop.controller._policy_status import PolicyStatusWriter, generation, now
 from gpuop.controller._psa import PodSecurityLabels
@@ -44,7 +44,7 @@ from gpuop.controller._status import (
 from gpuop.informer import Informer, Obj
 from gpuop.log import get_logger
 from gpuop.metrics import STATUS_ERROR, STATUS_NO_POLICY, STATUS_READY, OperatorMetrics
-from gpuop.rest import Kind, Rest
+from gpuop.rest import Rest
 from statemachine.rollout import ComponentStatus, plan_rollout
 
 if TYPE_CHECKING:
@@ -54,8 +54,6 @@ log = get_logger(__name__)
 
 Desired = dict[str, list[Obj]]
 """Each component's desired objects, by component name (every component, maybe [])."""
-_SERVICE_MONITOR = rest_kind(SERVICE_MONITOR)
-_PROMETHEUS_RULE = rest_kind(PROMETHEUS_RULE)
 COALESCE_MIN_S = LEAST_WAIT_S
 COALESCE_MAX_S = 5.0
 COALESCE_FACTOR = 200.0
@@ -222,8 +220,8 @@ class ClusterReconciler:
             namespace=self.config.namespace,
             operator_image=self.config.operator_image,
             mig_capable=mig_capable,
-            service_monitor_crd=await self._served_kind(raw, _SERVICE_MONITOR),
-            prometheus_rule_crd=await self._served_kind(raw, _PROMETHEUS_RULE),
+            service_monitor_crd=await self._served_kind(raw, SERVICE_MONITOR),
+            prometheus_rule_crd=await self._served_kind(raw, PROMETHEUS_RULE),
             gpu_nodes=facts,
             config_map_keys=site_keys,
         )
@@ -337,7 +335,7 @@ class ClusterReconciler:
             )
         return ready, message
 
-    async def _served_kind(self, raw: Obj, kind: Kind) -> bool:
+    async def _served_kind(self, raw: Obj, kind: ObjectKind) -> bool:
         """Whether an optional kind's API (the Prometheus Operator's ServiceMonitor or
         PrometheusRule) is served (discovery, which every authenticated client may
         read), starting or stopping its watch. Asked once per policy version, never on

@@ -17,8 +17,9 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpuop.controller._upgrade_inputs import selector
 from gpuop.informer import Obj
+from gpuop.kinds import by_kind
 from gpuop.log import get_logger
-from gpuop.rest import Rest, by_kind
+from gpuop.rest import Rest
 from statemachine import UpgradePolicyView
 from statemachine.eviction import RemovalPlan, RemovalRules, gpu_workload, plan_removal
 

@@ -7,6 +7,14 @@ CLUSTER_KEY = "cluster"
 """The cluster pass (:mod:`gpuop.controller._cluster`): render, apply, prune, status."""
 UPGRADES_KEY = "upgrades"
 """The fleet pass (:mod:`gpuop.controller._node`): upgrade slots over all nodes."""
+NVD_KEY = "nvidiadrivers"
+"""The NVIDIADriver pass (:mod:`gpuop.controller._nvidiadriver`): owners, pools, status."""
+REMEDIATION_KEY = "remediation"
+"""The GPU health pass (:mod:`gpuop.controller._remediation`)."""
+STUCK_KEY = "rollout-stuck"
+"""The timer that re-runs the cluster pass when a node becomes due to count as stuck
+(:mod:`gpuop.controller._rollout_status`; a key of its own, so dropping it never drops a
+refusal's retry)."""
 FLEET_COALESCE_S = 0.5
 """How long node and driver-pod news waits for the fleet pass: a rollout brings one
 per node, and a pass reads every node; upgrades take minutes, so half a second is
@@ -22,3 +30,8 @@ NODE_PREFIX = "node/"
 
 def node_key(name: str) -> str:
     return NODE_PREFIX + name
+
+
+def node_of(key: str) -> str | None:
+    """The node a ``node/<name>`` key names; None for any other key."""
+    return key[len(NODE_PREFIX) :] if key.startswith(NODE_PREFIX) else None

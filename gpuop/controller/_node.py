@@ -34,15 +34,15 @@ from gpuop.controller._memo import VersionMemo
 from gpuop.controller._nodes import labels
 from gpuop.controller._rollout_gate import RolloutGate
 from gpuop.controller._upgrade import Upgrades, policy_view, requeue_after
-from gpuop.controller._upgrade_inputs import state_of
 from gpuop.controller._workload import GPU_PODS_RECHECK_S, WorkloadHandovers
 from gpuop.informer import Informer, Obj
+from gpuop.kinds import by_kind
 from gpuop.log import get_logger
-from gpuop.rest import Rest, by_kind
+from gpuop.rest import Rest
 from statemachine import Action, Decision, UpgradePolicyView
 from statemachine.driver_owner import NEXT_OWNER_LABEL
 from statemachine.upgrade import next_step
-from statemachine.upgrade_keys import STATE_LABEL, UpgradeState
+from statemachine.upgrade_keys import STATE_LABEL, UpgradeState, parse_state
 from statemachine.workload_handover import GPU_PODS_LEAVING
 
 if TYPE_CHECKING:
@@ -81,7 +81,8 @@ class NodeReconciler:
 
     def _any_queued(self) -> bool:
         return any(
-            state_of(labels(n)) is UpgradeState.UPGRADE_REQUIRED for n in self.nodes.store.values()
+            parse_state(labels(n).get(STATE_LABEL)) is UpgradeState.UPGRADE_REQUIRED
+            for n in self.nodes.store.values()
         )
 
     def fleet_soon(self) -> None:

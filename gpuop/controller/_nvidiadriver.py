@@ -41,18 +41,23 @@ from crd import (
     parse_nvidiadriver,
 )
 from gpuop.controller._apply import owned_by, owner_reference
-from gpuop.controller._keys import CLUSTER_KEY, UPGRADES_KEY, node_key
+from gpuop.controller._keys import CLUSTER_KEY, NVD_KEY, UPGRADES_KEY, node_key
 from gpuop.controller._memo import VersionMemo
 from gpuop.controller._nodes import labels
 from gpuop.controller._nvidiadriver_status import StatusWriter, is_policy_driver, nvd_owner
 from gpuop.controller._pods import PodSubset, is_driver_pod, pod_app
-from gpuop.controller._upgrade_inputs import policy_view, state_of
+from gpuop.controller._upgrade_inputs import policy_view
 from gpuop.informer import Informer, Obj, ResourceSpec
+from gpuop.kinds import by_kind
 from gpuop.log import get_logger
-from gpuop.rest import by_kind
 from statemachine import UpgradePolicyView
 from statemachine.driver_owner import NEXT_OWNER_LABEL, DriverResource, assign_owners
-from statemachine.upgrade_keys import IN_PROGRESS_STATES, SKIP_LABEL, STATE_LABEL, UpgradeState
+from statemachine.upgrade_keys import (
+    SLOT_STATES,
+    STATE_LABEL,
+    parse_state,
+    skipped,
+)
 
 if TYPE_CHECKING:
     from gpuop.controller._driver_host import DriverHost
@@ -60,7 +65,6 @@ if TYPE_CHECKING:
 
 log = get_logger(__name__)
 
-NVD_KEY = "nvidiadrivers"
 NVD = by_kind(NVD_API_VERSION, NVD_KIND)
 NODE = by_kind("v1", "Node")
 DAEMONSET = by_kind("apps/v1", "DaemonSet")
@@ -75,7 +79,7 @@ class NVIDIADrivers:
         rest = operator.rest
         self.drivers = Informer(ResourceSpec("nvidiadrivers", rest.lister(NVD)), self._on_driver)
         #: Every driver pod (the ClusterPolicy's and each NVIDIADriver's), followed
-        #: through the operator's cache of operand pods (``Operator._on_pod``).
+        #: through the operator's cache of operand pods (``follow_pod``).
         self.driver_pods = PodSubset(is_driver_pod)
         self._parsed: VersionMemo[str, NVIDIADriver | None] = VersionMemo()
         #: Fleet-wide answers read by every cluster pass and every NVIDIADriver pass,
@@ -120,27 +124,10 @@ class NVIDIADrivers:
             return  # only status changed (most likely our own write)
         self.op.queue.add(NVD_KEY)
 
-    def on_pod(self, event: str, old: Obj | None, new: Obj | None) -> None:
-        """An event of the operand pods cache: driver pods only."""
-        if not self.driver_pods.update(old, new):
-            return
-        pod = new or old
-        assert pod is not None
-        node = (pod.get("spec") or {}).get("nodeName")
-        if node:
-            self.op.queue.add(node_key(node))  # the node's upgrade reads its driver pod
-        if event == "MODIFIED":
-            return  # hand-over gates and the fleet budget only ask whether one is there
-        self.op.queue.add(NVD_KEY)
-        if not is_policy_driver(pod_app(pod)):
-            # The ClusterPolicy's driver waits while an NVIDIADriver's pod runs. Its own
-            # pods coming and going is rollout progress: the operator's paced pass
-            # counts it (queued at once here, 1,000 creations were 1,000 passes).
-            self.op.queue.add(CLUSTER_KEY)
-        if self.op.node_passes.upgrades_queued():
-            # Only a node waiting for a slot reads whether it has a driver pod. Queued at
-            # once, a fresh install's 1,000 driver pods were 1,000 fleet passes.
-            self.op.node_passes.fleet_soon()
+    def follow_pod(self, old: Obj | None, new: Obj | None) -> bool:
+        """Follow one event of the operand pods cache; True when it was a driver pod's.
+        What that wakes is the operator's router's to say (`_routes.route_pod`)."""
+        return self.driver_pods.update(old, new)
 
     # ----------------------------------------------------------- questions
     def _enabled(self) -> bool:
@@ -238,7 +225,7 @@ class NVIDIADrivers:
             n["metadata"]["name"]
             for n in self.op.nodes.values()
             if (labels(n).get(OWNER_LABEL) or labels(n).get(NEXT_OWNER_LABEL))
-            and labels(n).get(SKIP_LABEL) != "true"
+            and not skipped(labels(n))
             and labels(n).get(STATE_LABEL) not in (None, "", "upgrade-done")
         )
 
@@ -287,7 +274,7 @@ class NVIDIADrivers:
             name
             for name, node_labels in gpu.items()
             if NEXT_OWNER_LABEL not in node_labels
-            and state_of(node_labels) in (*IN_PROGRESS_STATES, UpgradeState.UPGRADE_FAILED)
+            and parse_state(node_labels.get(STATE_LABEL)) in SLOT_STATES
         }
         assignment = assign_owners(gpu, resources, self._held_nodes(), managed, busy)
         intended = assignment.targets  # once every hand-over is done

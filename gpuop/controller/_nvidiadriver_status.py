@@ -31,8 +31,8 @@ from crd import (
 )
 from gpuop.controller._status import StatusWrite, status_patch, write_status
 from gpuop.informer import Informer, Obj
+from gpuop.kinds import by_kind
 from gpuop.log import get_logger
-from gpuop.rest import by_kind
 
 if TYPE_CHECKING:
     from gpuop.events import EventRecorder

@@ -14,7 +14,6 @@ import time
 from typing import Any
 
 from components._k8s import MANAGED_BY, MANAGED_BY_LABEL
-from components.driver import DAEMONSET_NAME as DRIVER_DS
 from components.keys import MIG_CAPABLE_LABEL
 from components.labels import is_gpu_node
 from crd import OWNER_LABEL, ClusterPolicy, ClusterPolicySpec
@@ -24,9 +23,12 @@ from gpuop.controller._cluster import ClusterReconciler
 from gpuop.controller._config import OperatorConfig
 from gpuop.controller._keys import (
     CLUSTER_KEY,
-    NODE_PREFIX,
+    NVD_KEY,
+    REMEDIATION_KEY,
+    STUCK_KEY,
     UPGRADES_KEY,
     node_key,
+    node_of,
 )
 from gpuop.controller._node import NodeReconciler
 from gpuop.controller._nodes import (
@@ -36,34 +38,33 @@ from gpuop.controller._nodes import (
     node_out_of_service,
     trim_node,
 )
-from gpuop.controller._nvidiadriver import NVD_KEY, NVIDIADrivers
+from gpuop.controller._nvidiadriver import NVIDIADrivers
 from gpuop.controller._nvidiadriver_status import is_driver_object
 from gpuop.controller._owned import ALWAYS_WATCHED, OptionalWatches
 from gpuop.controller._pace import ProgressPace
 from gpuop.controller._pods import (
-    WATCHED_APPS,
     PodShape,
-    is_driver_pod,
-    pod_app,
     pod_index,
     trim_pod,
     trim_revision,
 )
 from gpuop.controller._policy_status import PolicyStatusWriter, generation
-from gpuop.controller._remediation import REMEDIATION_KEY, Remediation, upgrade_drain
+from gpuop.controller._remediation import Remediation, upgrade_drain
 from gpuop.controller._remediation_views import policy_facts
 from gpuop.controller._rollout_gate import RolloutGate, gate_facts
-from gpuop.controller._rollout_status import STUCK_KEY, RolloutReports
-from gpuop.controller._rollout_view import NodeRollouts, pod_facts
+from gpuop.controller._rollout_status import RolloutReports
+from gpuop.controller._rollout_view import NodeRollouts
+from gpuop.controller._routes import route_pod
 from gpuop.controller._site_config import SiteConfigMaps
 from gpuop.controller._upgrade import Upgrades
-from gpuop.controller._workload import HANDOVER_APPS, WorkloadHandovers
+from gpuop.controller._workload import WorkloadHandovers
 from gpuop.informer import Handler, Informer, Obj, ResourceSpec
+from gpuop.kinds import by_kind
 from gpuop.log import get_logger
 from gpuop.metrics import OperatorMetrics
-from gpuop.rest import Kind, Rest, by_kind
+from gpuop.rest import Kind, Rest
 from statemachine.driver_owner import NEXT_OWNER_LABEL
-from statemachine.upgrade_keys import SKIP_LABEL, STATE_LABEL
+from statemachine.upgrade_keys import STATE_LABEL, skipped
 
 log = get_logger(__name__)
 
@@ -165,7 +166,6 @@ class Operator:
             self.nodes,
             self.policies,
             self.active_policy,
-            self.queue.add_after,
             upgrade_drain(self.upgrades),
         )
         self.applier = Applier(
@@ -318,20 +318,12 @@ class Operator:
             self.queue.add(NVD_KEY)  # NVIDIADriver status, and the driver hand-over
 
     def _on_pod(self, event: str, old: Obj | None, new: Obj | None) -> None:
-        pod = new or old
-        assert pod is not None
-        self.nvd.on_pod(event, old, new)
-        if pod_facts(old) != pod_facts(new):
-            self._progress()  # where that node stands in the rollout
-        node = (pod.get("spec") or {}).get("nodeName")
-        app = pod_app(pod)
-        if node and (app in WATCHED_APPS or app in HANDOVER_APPS or is_driver_pod(pod)):
-            # Also every GPU claimant's pod: its going may end a workload hand-over.
-            self.queue.add(node_key(node))
-            # The fleet budget only asks whether a node waiting for a slot has a
-            # driver pod at all.
-            if app == DRIVER_DS and event != "MODIFIED" and self.node_passes.upgrades_queued():
-                self.node_passes.fleet_soon()
+        """Routed once (`_routes.route_pod`); NVIDIADrivers only follows its driver pods."""
+        driver = self.nvd.follow_pod(old, new)
+        wake = route_pod(
+            event, old, new, driver=driver, upgrades_queued=self.node_passes.upgrades_queued
+        )
+        wake.apply(self.queue.add, self.node_passes.fleet_soon, self._progress)
 
     def _progress(self) -> None:
         """Something the cluster pass only counts moved: run it soon, coalescing the
@@ -375,14 +367,17 @@ class Operator:
             )
 
     async def _run_pass(self, key: str) -> None:
-        if key == CLUSTER_KEY:
+        node = node_of(key)
+        if node is not None:
+            await self.node_passes.reconcile_node(node)
+        elif key == CLUSTER_KEY:
             await self.cluster.reconcile()
         elif key == UPGRADES_KEY:
             await self.node_passes.reconcile_upgrades()
-        elif key.startswith(NODE_PREFIX):
-            await self.node_passes.reconcile_node(key[len(NODE_PREFIX) :])
         elif key == REMEDIATION_KEY:
-            await self.remediation.reconcile()
+            again = await self.remediation.reconcile()
+            if again is not None:
+                self.queue.add_after(REMEDIATION_KEY, again)
         elif key == NVD_KEY:
             await self.nvd.reconcile()
         elif key == STUCK_KEY:
@@ -398,7 +393,7 @@ class Operator:
 
 def _pass_name(key: str) -> str:
     """The pass a work-queue key runs, for metrics: `node/<name>` counts as `node`."""
-    return "node" if key.startswith(NODE_PREFIX) else key
+    return key if node_of(key) is None else "node"
 
 
 def _budget_facts(node: Obj | None) -> Any:
@@ -410,7 +405,7 @@ def _budget_facts(node: Obj | None) -> Any:
         node_labels.get(STATE_LABEL),
         node_labels.get(OWNER_LABEL),  # which budget the node counts in
         node_labels.get(NEXT_OWNER_LABEL),
-        node_labels.get(SKIP_LABEL),
+        skipped(node_labels),
         is_gpu_node(node_labels),
         node["spec"].get("unschedulable", False),
         is_ready(node),

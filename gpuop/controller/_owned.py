@@ -15,22 +15,15 @@ from collections.abc import Callable
 from components import OWNED_KINDS, ObjectKind
 from gpuop.informer import Informer
 from gpuop.log import get_logger
-from gpuop.rest import Kind, by_kind
 
 log = get_logger(__name__)
 
-
-def rest_kind(kind: ObjectKind) -> Kind:
-    """The API client's view of an operand kind (its table holds every registry kind)."""
-    return by_kind(kind.api_version, kind.kind)
-
-
-OWNED: tuple[Kind, ...] = tuple(rest_kind(k) for k in OWNED_KINDS)
-OWNED_NAMESPACED: tuple[Kind, ...] = tuple(k for k in OWNED if k.namespaced)
+OWNED: tuple[ObjectKind, ...] = OWNED_KINDS
+OWNED_NAMESPACED: tuple[ObjectKind, ...] = tuple(k for k in OWNED if k.namespaced)
 """Namespaced kinds we create and watch (label-selected) in the operator namespace."""
-OWNED_CLUSTER: tuple[Kind, ...] = tuple(k for k in OWNED if not k.namespaced)
-OWNED_BY_NAME: dict[str, Kind] = {k.kind: k for k in OWNED}
-ALWAYS_WATCHED: tuple[Kind, ...] = tuple(rest_kind(k) for k in OWNED_KINDS if not k.optional)
+OWNED_CLUSTER: tuple[ObjectKind, ...] = tuple(k for k in OWNED if not k.namespaced)
+OWNED_BY_NAME: dict[str, ObjectKind] = {k.kind: k for k in OWNED}
+ALWAYS_WATCHED: tuple[ObjectKind, ...] = tuple(k for k in OWNED if not k.optional)
 """Owned kinds every cluster serves: watched from the start."""
 
 
@@ -46,16 +39,16 @@ class OptionalWatches:
     def __init__(
         self,
         owned: dict[str, Informer],
-        make: Callable[[Kind], Informer],
+        make: Callable[[ObjectKind], Informer],
         on_synced: Callable[[], None],
     ) -> None:
         self._owned = owned
         self._make = make
         self._on_synced = on_synced
-        self._requests: asyncio.Queue[Kind] = asyncio.Queue()
+        self._requests: asyncio.Queue[ObjectKind] = asyncio.Queue()
         self._tasks: dict[str, asyncio.Task[None] | None] = {}
 
-    def served(self, kind: Kind, present: bool) -> None:
+    def served(self, kind: ObjectKind, present: bool) -> None:
         """What discovery said about `kind`'s API; starts or stops its watch."""
         if present and kind.kind not in self._tasks:
             self._tasks[kind.kind] = None  # asked for; `run` starts it
@@ -77,7 +70,7 @@ class OptionalWatches:
                         self._watch(kind), name=f"watch-{kind.plural}"
                     )
 
-    async def _watch(self, kind: Kind) -> None:
+    async def _watch(self, kind: ObjectKind) -> None:
         informer = self._make(kind)
 
         async def register() -> None:

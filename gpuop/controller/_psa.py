@@ -10,8 +10,9 @@ generation (one GET, and a patch only when a label is missing or different).
 
 from __future__ import annotations
 
+from gpuop.kinds import by_kind
 from gpuop.log import get_logger
-from gpuop.rest import Rest, by_kind
+from gpuop.rest import Rest
 
 log = get_logger(__name__)
 

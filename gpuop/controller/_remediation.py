@@ -4,7 +4,9 @@ One serial ``remediation`` key looks at the whole fleet (the circuit breaker is 
 fleet-wide count), woken only by watch events that change what the planner reads
 (a node's GPUHealthy condition, our taint and annotations, schedulability, upgrade
 state; the policy's spec, resume annotation and RemediationPaused condition) and by
-one delayed requeue when a settle time ends. A pass whose plan is empty writes nothing.
+one delayed requeue when a settle time ends: a pass returns when it wants to run again,
+as controller-runtime's reconcilers do, and the operator queues it (this unit never
+touches the queue). A pass whose plan is empty writes nothing.
 
 Everything the planner needs is in the cluster: quarantine is our annotations and taint
 on the Node, the pause is the ClusterPolicy condition, settle times are the node
@@ -39,9 +41,10 @@ from gpuop.controller._upgrade import Upgrades
 from gpuop.controller._upgrade_inputs import policy_view as upgrade_policy_view
 from gpuop.events import EventRecorder
 from gpuop.informer import Obj
+from gpuop.kinds import by_kind
 from gpuop.log import get_logger
 from gpuop.metrics import OperatorMetrics
-from gpuop.rest import Rest, by_kind
+from gpuop.rest import Rest
 from statemachine import cordon
 from statemachine.remediation import (
     ACTION_ANNOTATION,
@@ -70,7 +73,6 @@ from statemachine.remediation import (
 
 log = get_logger(__name__)
 
-REMEDIATION_KEY = "remediation"
 NODE = by_kind("v1", "Node")
 POLICY = by_kind("nvidia.com/v1", "ClusterPolicy")
 #: Condition times have whole seconds; waking this much after a settle deadline makes
@@ -84,7 +86,8 @@ Drain = Callable[[str, ClusterPolicySpec], Awaitable[DrainOutcome]]
 
 
 class Remediation:
-    """Carries out remediation plans for the operator (which owns caches and queue)."""
+    """Carries out remediation plans for the operator (which owns caches and queue; the
+    caches are handed in, and `reconcile` says when it wants to run again)."""
 
     def __init__(
         self,
@@ -94,7 +97,6 @@ class Remediation:
         nodes: Any,
         policies: Any,
         active_policy: ActivePolicy,
-        requeue_after: Callable[[str, float], None],
         drain: Drain,
     ) -> None:
         self.rest = rest
@@ -103,7 +105,6 @@ class Remediation:
         self._nodes = nodes
         self._policies = policies
         self._active_policy = active_policy
-        self._requeue_after = requeue_after
         self._drain = drain
         #: Dry run: what was already reported, so each would-be action is told once
         #: (memory only: a restarted operator reports it once more, changing nothing).
@@ -129,10 +130,12 @@ class Remediation:
             return False
         return bool(node_facts(old) != node_facts(new))
 
-    async def reconcile(self) -> None:
+    async def reconcile(self) -> float | None:
+        """One pass over the fleet; the seconds until it wants to run again (a settle
+        time ending, a refused drain's retry), None: only when news wakes it."""
         raw, model, problems = self._active_policy()
         if raw is not None and (model is None or problems):
-            return  # an invalid policy changes nothing; its status says why
+            return None  # an invalid policy changes nothing; its status says why
         spec = model.spec if model is not None else None
         policy = policy_view(spec)
         self._enabled = policy.enabled
@@ -156,7 +159,7 @@ class Remediation:
         if plan.dry_run:
             await self._report_dry_run(plan, policy, raw)
             self.metrics.health_quarantined.set(sum(1 for v in views if v.quarantined))
-            return
+            return None
         self.metrics.health_would_quarantine.set(0)
         self._reported.clear()
         by_name = {n["metadata"]["name"]: n for n in self._nodes.values()}
@@ -180,8 +183,7 @@ class Remediation:
         self.metrics.health_paused.set(1 if plan.paused and policy.enabled else 0)
         if plan.requeue_after is not None:
             delays.append(settle_delay(plan.requeue_after))
-        if delays:
-            self._requeue_after(REMEDIATION_KEY, min(delays))
+        return min(delays) if delays else None
 
     # ------------------------------------------------------------------ nodes
     async def _patch_node(self, node: Obj, patch: dict[str, Any]) -> None:

@@ -20,8 +20,9 @@ from typing import Any
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpuop.informer import Obj
+from gpuop.kinds import by_kind, kind_of
 from gpuop.log import get_logger
-from gpuop.rest import Rest, by_kind, kind_of
+from gpuop.rest import Rest
 
 log = get_logger(__name__)
 

@@ -20,9 +20,10 @@ from gpuop.controller._nodes import is_ready, labels
 from gpuop.controller._status import condition_change, write_policy_conditions
 from gpuop.events import EventRecorder
 from gpuop.informer import Obj
+from gpuop.kinds import by_kind
 from gpuop.log import get_logger
 from gpuop.metrics import OperatorMetrics
-from gpuop.rest import Rest, by_kind
+from gpuop.rest import Rest
 from statemachine.rollout_gate import (
     RECORD_ANNOTATION,
     RESUME_ANNOTATION,
@@ -36,9 +37,9 @@ from statemachine.rollout_gate import (
 )
 from statemachine.upgrade_keys import (
     FAILED_REVISION_ANNOTATION,
-    SKIP_LABEL,
     STATE_LABEL,
     parse_state,
+    skipped,
 )
 
 log = get_logger(__name__)
@@ -99,7 +100,7 @@ def gate_nodes(
                 failed_revision=annotations.get(FAILED_REVISION_ANNOTATION),
                 unschedulable=bool(node["spec"].get("unschedulable")),
                 ready=is_ready(node),
-                skip=node_labels.get(SKIP_LABEL) == "true",
+                skip=skipped(node_labels),
             )
         )
     return result

@@ -17,22 +17,21 @@ from typing import Protocol
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from components.driver import NAME as DRIVER_COMPONENT
+from gpuop.controller._keys import STUCK_KEY
 from gpuop.controller._pods import daemonset_app
 from gpuop.controller._policy_status import policy_ref, stored_condition
 from gpuop.controller._rollout_view import NodeRollouts, RolloutView
 from gpuop.events import EventRecorder
 from gpuop.informer import Obj
+from gpuop.kinds import by_kind
 from gpuop.log import get_logger
 from gpuop.metrics import OperatorMetrics
-from gpuop.rest import Rest, by_kind
+from gpuop.rest import Rest
 from statemachine.node_rollout import NODE_ORDER
 from statemachine.stale_pods import OUT_OF_SERVICE_TAINT, StalePod, plan_release
 
 log = get_logger(__name__)
 
-STUCK_KEY = "rollout-stuck"
-"""Work-queue key of the timer that re-runs the cluster pass when a node becomes due to
-count as stuck (a key of its own, so dropping it never drops a refusal's retry)."""
 REASON_NODES_NOT_READY = "NodesNotReady"
 """Event reason (Warning, on the ClusterPolicy) when the set of stuck nodes changes."""
 REASON_STALE_PODS_DELETED = "StaleOperandPodsDeleted"

@@ -13,7 +13,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from gpuop.informer import Informer, ResourceSpec
-from gpuop.rest import Rest, by_kind
+from gpuop.kinds import by_kind
+from gpuop.rest import Rest
 
 Obj = dict[str, Any]
 CONFIG_MAP = by_kind("v1", "ConfigMap")

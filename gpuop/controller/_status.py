@@ -38,8 +38,9 @@ from crd import (
 )
 from gpuop.controller._rollout_view import RolloutView
 from gpuop.informer import Informer, Obj
+from gpuop.kinds import by_kind
 from gpuop.metrics import STATUS_ERROR, STATUS_NOT_READY, STATUS_READY
-from gpuop.rest import Kind, Rest, by_kind
+from gpuop.rest import Kind, Rest
 from statemachine.remediation import (
     BLIND_MESSAGE,
     CONDITION_REMEDIATION_BLIND,

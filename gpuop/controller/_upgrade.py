@@ -30,19 +30,18 @@ from crd import OWNER_LABEL
 from gpuop.controller._eviction import Emptying
 from gpuop.controller._nodes import is_ready, labels
 from gpuop.controller._upgrade_inputs import (
-    budget_node,
     driver_pod_view,
     newest_revision,
     pod_ready,
     selector,
-    state_of,
 )
 from gpuop.controller._upgrade_inputs import policy_view as policy_view
 from gpuop.events import EventRecorder
 from gpuop.informer import Obj
+from gpuop.kinds import by_kind
 from gpuop.log import get_logger
 from gpuop.metrics import OperatorMetrics
-from gpuop.rest import Rest, by_kind
+from gpuop.rest import Rest
 from statemachine import (
     Action,
     BudgetNode,
@@ -56,6 +55,7 @@ from statemachine import (
     start_step,
 )
 from statemachine.eviction import RemovalPlan
+from statemachine.upgrade_keys import STATE_LABEL, parse_state
 
 log = get_logger(__name__)
 
@@ -168,7 +168,7 @@ class Upgrades:
         node_labels = labels(node)
         wait = 0
         gpu = drain = RemovalPlan()
-        state = state_of(node_labels)
+        state = parse_state(node_labels.get(STATE_LABEL))
         # The rulebook may pass several states in one go, so count the node's pods
         # whenever emptying could be next: also right after the grant (cordon-required).
         if state in _EMPTYING or state is UpgradeState.CORDON_REQUIRED:
@@ -262,7 +262,9 @@ class Upgrades:
 
     def _budget_nodes(self, nodes: list[Obj]) -> list[BudgetNode]:
         """The GPU nodes as the budget sees them (setting the per-state metrics)."""
-        fleet = [budget_node(n, self.has_driver_pod) for n in nodes if is_gpu_node(labels(n))]
+        fleet = [
+            BudgetNode.from_node(n, self.has_driver_pod) for n in nodes if is_gpu_node(labels(n))
+        ]
         states = Counter(n.state for n in fleet)
         self.metrics.upgrades_in_progress.set(sum(1 for n in fleet if n.in_progress))
         self.metrics.upgrades_done.set(states[UpgradeState.UPGRADE_DONE])

@@ -7,23 +7,19 @@ pods, nodes): split from ``_upgrade`` so the node and fleet passes, the
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 from components.driver import digest_in, startup_budget_seconds
 from crd import ClusterPolicySpec
-from gpuop.controller._nodes import is_ready, labels
 from gpuop.informer import Obj
 from statemachine import (
-    BudgetNode,
     DrainView,
     DriverPodView,
     PodDeletionView,
     UpgradePolicyView,
-    UpgradeState,
     WaitForCompletionView,
 )
-from statemachine.driver_owner import NEXT_OWNER_LABEL, OWNER_LABEL
-from statemachine.upgrade_keys import DRIVER_REVISION_LABEL, SKIP_LABEL, STATE_LABEL
+from statemachine.upgrade_keys import DRIVER_REVISION_LABEL
 
 
 def policy_view(spec: ClusterPolicySpec) -> UpgradePolicyView:
@@ -52,16 +48,6 @@ def policy_view(spec: ClusterPolicySpec) -> UpgradePolicyView:
         validation_enabled=spec.validator.enabled if spec.validator.enabled is not None else True,
         driver_ready_timeout_seconds=startup_budget_seconds(spec.driver),
     )
-
-
-#: Label values the rulebook knows; anything else reads as ``UNKNOWN``. Built once:
-#: the fleet pass looks at every GPU node's state on every pod and node event.
-_STATE_VALUES = frozenset(s.value for s in UpgradeState)
-
-
-def state_of(node_labels: Mapping[str, str]) -> UpgradeState:
-    raw = node_labels.get(STATE_LABEL, "")
-    return UpgradeState(raw) if raw in _STATE_VALUES else UpgradeState.UNKNOWN
 
 
 def newest_revision(ds: Obj | None, revisions: Iterable[Obj]) -> str | None:
@@ -113,30 +99,6 @@ def driver_pod_view(pod: Obj) -> DriverPodView:
         restart_count=_restarts(pod),
         waiting_reason=_waiting_reason(pod),
         config_digest=digest_in(pod.get("spec") or {}),
-    )
-
-
-def budget_node(node: Obj, has_driver_pod: Callable[[str], bool]) -> BudgetNode:
-    """A node as the fleet budget sees it: its persisted state and availability.
-
-    Whether a driver pod runs there matters only to a candidate (``upgrade-required``),
-    so only a candidate's pods are looked up: the fleet pass reads every GPU node.
-    """
-    node_labels = labels(node)
-    name = node["metadata"]["name"]
-    state = state_of(node_labels)
-    # A node moving to another NVIDIADriver gets the new owner's pod whether or not the
-    # old one runs: it is never passed over for lack of one.
-    moving = node_labels.get(NEXT_OWNER_LABEL) not in (None, node_labels.get(OWNER_LABEL))
-    return BudgetNode(
-        name=name,
-        state=state,
-        ready=is_ready(node),
-        unschedulable=bool(node["spec"].get("unschedulable")),
-        skip=node_labels.get(SKIP_LABEL) == "true",
-        driver_pod_present=state is not UpgradeState.UPGRADE_REQUIRED
-        or moving
-        or has_driver_pod(name),
     )
 
 

@@ -16,6 +16,7 @@ from kubernetes_asyncio.config.kube_config import KUBE_CONFIG_DEFAULT_LOCATION
 
 from gpuop._local import LocalClusterMissing, local_cluster
 from gpuop.informer import Informer, ResourceSpec
+from gpuop.kinds import KINDS
 from gpuop.kube import KubeconfigError, api_client
 from gpuop.rest import Rest
 from gpuop.upgrades_cli._render import (
@@ -140,7 +141,7 @@ async def _watch(rest: Rest, args: argparse.Namespace) -> int:
 
 async def _status_main(args: argparse.Namespace) -> int:
     async with api_client(kubeconfig_for(args)) as api:
-        rest = Rest(api)
+        rest = Rest(api, KINDS)
         if args.watch:
             return await _watch(rest, args)
         report = _status(snapshot(await list_objects(rest, args.namespace), args.namespace))
@@ -151,7 +152,7 @@ async def _status_main(args: argparse.Namespace) -> int:
 async def _plan_main(args: argparse.Namespace) -> int:
     apply_sets({}, args.set or ())  # a bad proposal is named before any cluster is read
     async with api_client(kubeconfig_for(args)) as api:
-        objects = await list_objects(Rest(api), args.namespace)
+        objects = await list_objects(Rest(api, KINDS), args.namespace)
     snap = snapshot(objects, args.namespace, args.set or ())
     canary = snap.spec.driver.upgrade_policy.canary
     gate = GatePolicy(

@@ -18,7 +18,8 @@ from gpuop.controller._eviction import drain_rules, gpu_pod_rules
 from gpuop.controller._nvidiadriver_status import is_policy_driver, nvd_owner
 from gpuop.controller._rollout_gate import gate_policy
 from gpuop.controller._upgrade_inputs import newest_revision, policy_view
-from gpuop.rest import Rest, by_kind
+from gpuop.kinds import by_kind
+from gpuop.rest import Rest
 from statemachine.fleet_report import NodeFacts, Rules
 from statemachine.rollout_gate import (
     RECORD_ANNOTATION,

@@ -29,8 +29,9 @@ from cryptography.x509.oid import NameOID
 
 from gpuop.cluster import SIMULATED_LABEL, ClientTuning, LocalCluster
 from gpuop.install import ensure_namespace, install_crd
+from gpuop.kinds import KINDS, by_kind
 from gpuop.kube import api_client
-from gpuop.rest import Rest, by_kind
+from gpuop.rest import Rest
 
 from ._audit import AUDIT_POLICY, OPERATOR_USER, AuditCounter, wall_seconds
 
@@ -210,7 +211,7 @@ class BenchCluster:
     @asynccontextmanager
     async def admin(self) -> AsyncIterator[Rest]:
         async with api_client(self.kubeconfig, user_agent="gpuop-bench") as api:
-            yield Rest(api)
+            yield Rest(api, KINDS)
 
     async def prepare(self, rest: Rest) -> None:
         await install_crd(rest)

@@ -9,6 +9,7 @@ import pytest
 from kubernetes_asyncio import client
 
 from gpuop.install import ensure_namespace, install_crd
+from gpuop.kinds import KINDS
 from gpuop.rest import Rest
 from tests.integration.harness import NAMESPACE, POLICY
 
@@ -29,7 +30,7 @@ async def namespace(api_client: client.ApiClient) -> AsyncIterator[str]:
 async def rest(api_client: client.ApiClient) -> AsyncIterator[Rest]:
     """Admin REST access with the CRD installed, the test namespace present, and no
     ClusterPolicy left from another module (only one policy is ever active)."""
-    rest = Rest(api_client)
+    rest = Rest(api_client, KINDS)
     await install_crd(rest)
     await ensure_namespace(rest, NAMESPACE)
     for existing in await rest.list(POLICY):

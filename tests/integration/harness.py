@@ -16,8 +16,9 @@ from kubernetes_asyncio import client
 
 from gpuop.cluster import ClusterInfo, LocalCluster, cache_dir
 from gpuop.controller import Operator, OperatorConfig
+from gpuop.kinds import KINDS, by_kind
 from gpuop.metrics import OperatorMetrics
-from gpuop.rest import Rest, by_kind
+from gpuop.rest import Rest
 
 NAMESPACE = "gpuop-it"
 POLICY = by_kind("nvidia.com/v1", "ClusterPolicy")
@@ -64,7 +65,7 @@ class Running:
     """An operator running in this process against the test cluster."""
 
     def __init__(self, api: client.ApiClient, config: OperatorConfig | None = None) -> None:
-        self.rest = Rest(api)
+        self.rest = Rest(api, KINDS)
         self.operator = Operator(
             self.rest, config or OperatorConfig(namespace=NAMESPACE, workers=4), OperatorMetrics()
         )

@@ -25,7 +25,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from kubernetes_asyncio import client
@@ -33,8 +33,9 @@ from kubernetes_asyncio import client
 import crd
 from gpuop.cluster import NFD_GPU_LABEL, ClusterInfo
 from gpuop.install import ensure_namespace, install_crd
+from gpuop.kinds import KINDS, by_kind
 from gpuop.kube import api_client as make_api_client
-from gpuop.rest import Kind, Rest, by_kind
+from gpuop.rest import Kind, Rest
 from statemachine.driver_owner import NEXT_OWNER_LABEL
 from statemachine.upgrade_keys import (
     IN_PROGRESS_STATES,
@@ -82,7 +83,7 @@ def chaos_cluster() -> Iterator[ClusterInfo]:
 @pytest.fixture(scope="module")
 async def chaos_rest(chaos_cluster: ClusterInfo) -> AsyncIterator[Rest]:
     async with make_api_client(chaos_cluster.kubeconfig, user_agent="gpuop-chaos") as api:
-        rest = Rest(api)
+        rest = Rest(api, KINDS)
         await install_crd(rest)
         await ensure_namespace(rest, OPERATOR_NS)
         await ensure_namespace(rest, WORKLOAD_NS)
@@ -189,6 +190,18 @@ class Watcher:
     peak_unavailable: int = 0
     lowest_healthy: int = REPLICAS
     guard_pods: bool = False
+    #: Per node, (resourceVersion, cordoned) at each of its events: what the node was
+    #: at a given revision, whatever order the two watches deliver their events in.
+    cordons: dict[str, list[tuple[int, bool]]] = field(default_factory=dict)
+
+    def cordoned_at(self, node: str, rv: int) -> bool | None:
+        """Whether ``node`` was cordoned at etcd revision ``rv`` (None: not known yet,
+        the node watch has not reached that revision)."""
+        history = self.cordons.get(node) or []
+        if not history or history[-1][0] < rv:
+            return None  # a later node event may still have come before rv
+        before = [cordoned for version, cordoned in history if version <= rv]
+        return before[-1] if before else None
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as group:
@@ -204,6 +217,10 @@ class Watcher:
         body = json.loads(await resp.read())
         store.update({o["metadata"]["name"]: o for o in body["items"]})
         rv = body["metadata"]["resourceVersion"]
+        if kind is NODE:
+            for o in body["items"]:
+                cordoned = bool(o.get("spec", {}).get("unschedulable"))
+                self.cordons[o["metadata"]["name"]] = [(int(rv), cordoned)]
         async for kind_of_event, obj in watch_from(call, rv, kind.plural, label_selector=selector):
             name = obj["metadata"]["name"]
             if kind_of_event == "DELETED":
@@ -211,6 +228,10 @@ class Watcher:
             else:
                 store[name] = obj
             version = obj["metadata"]["resourceVersion"]
+            if kind is NODE:
+                self.cordons.setdefault(name, []).append(
+                    (int(version), bool(obj.get("spec", {}).get("unschedulable")))
+                )
             self.check(f"{kind_of_event} {kind.kind} {name} rv={version}")
 
     def check(self, what: str) -> None:
@@ -492,6 +513,22 @@ class DriverWatcher(Watcher):
     armed: bool = False
     #: Driver pod -> its node, as of the last check.
     _where: dict[str, str] = field(default_factory=dict)
+    #: Driver pods that came or went while armed: (what, pod, node, revision), judged
+    #: by :meth:`judge_placements` against the node's history, not the watch order.
+    placements: list[tuple[str, str, str, int]] = field(default_factory=list)
+
+    def judge_placements(self) -> list[str]:
+        """Each driver pod that came or went on a node uncordoned at that revision; the
+        node watch is read up to the pod's revision first (the two watches are separate
+        streams: a cordon may reach us after the pod event that followed it)."""
+        found = []
+        for what, pod, node, rv in self.placements:
+            cordoned = self.cordoned_at(node, rv)
+            if cordoned is None:
+                found.append(f"{what}: node {node} not known at that revision")
+            elif not cordoned:
+                found.append(f"{what}: driver pod {pod} on uncordoned {node}")
+        return found
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as group:
@@ -509,10 +546,10 @@ class DriverWatcher(Watcher):
         changed = {n: placed[n] for n in placed.keys() - self._where.keys()}
         changed.update({n: self._where[n] for n in self._where.keys() - placed.keys()})
         for name, node_name in sorted(changed.items()):
-            node = self.nodes.get(node_name)
-            if self.armed and node is not None and not node.get("spec", {}).get("unschedulable"):
+            if self.armed and node_name in self.nodes:
                 came = "came" if name in placed else "went"
-                self.violations.append(f"{what}: driver pod {came} on uncordoned {node_name}")
+                rv = int(what.rpartition("rv=")[2] or 0) if "rv=" in what else 0
+                self.placements.append((f"{what} ({came})", name, node_name, rv))
         self._where = placed
         groups: dict[str, list[dict[str, Any]]] = {}
         for node in gpu:
@@ -681,6 +718,22 @@ async def test_sigkilled_operator_upgrades_and_moves_nvidiadriver_nodes_within_b
                 f"violations {watcher.violations[:5]}\n{operator.tail()}"
             ) from err
         assert operator.alive(), operator.tail()
+        # One event per GPU node after everything else, so that the node watch has read
+        # past every driver pod event before the placements are judged.
+        marks = {}
+        for name in names:
+            patch = {"metadata": {"annotations": {"chaos.gpuop.io/judged": str(rounds)}}}
+            marks[name] = int(
+                (await rest.merge_patch(NODE, name, patch))["metadata"]["resourceVersion"]
+            )
+
+        async def caught_up() -> bool:
+            return all(
+                (watcher.cordons.get(n) or [(0, False)])[-1][0] >= v for n, v in marks.items()
+            )
+
+        await eventually(caught_up, 30, interval=0.2, what="node watch past the last event")
+        watcher.violations.extend(watcher.judge_placements())
         if watcher.violations:
             raise AssertionError(
                 f"seed {seed}, (s, round) at kills {kills}; {len(watcher.violations)} "
@@ -699,3 +752,24 @@ async def test_sigkilled_operator_upgrades_and_moves_nvidiadriver_nodes_within_b
             watching.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await watching
+
+
+def test_placements_are_judged_by_the_node_at_the_pods_revision() -> None:
+    """The two watches deliver in their own order: a cordon read after the pod event that
+    followed it is no violation, a pod bound after the uncordon is one."""
+    watcher = DriverWatcher(rest=cast(Rest, None))
+    watcher.cordons["n"] = [(10, False), (12, True), (20, False)]
+    watcher.placements = [
+        ("cordon read late", "p1", "n", 13),
+        ("while cordoned", "p2", "n", 19),
+        ("after the uncordon", "p3", "n", 21),
+        ("before the cordon", "p4", "n", 11),
+    ]
+    watcher.cordons["n"].append((25, False))
+    found = watcher.judge_placements()
+    assert found == [
+        "after the uncordon: driver pod p3 on uncordoned n",
+        "before the cordon: driver pod p4 on uncordoned n",
+    ]
+    watcher.placements = [("past the node watch", "p5", "n", 30)]
+    assert watcher.judge_placements() == ["past the node watch: node n not known at that revision"]

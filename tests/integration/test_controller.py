@@ -21,7 +21,8 @@ from components.keys import (
 from components.registry import DEPLOY_LABELS
 from gpuop.cluster import NFD_GPU_LABEL
 from gpuop.controller._operator import OPERAND_SELECTOR
-from gpuop.rest import Rest, by_kind
+from gpuop.kinds import by_kind
+from gpuop.rest import Rest
 from statemachine.upgrade_keys import MANAGED_ANNOTATIONS, STATE_LABEL
 from tests.conftest import TEST_GPU_NODES
 from tests.integration.harness import NAMESPACE, NODE, POLICY, Running, eventually, policy_state_is

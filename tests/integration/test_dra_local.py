@@ -8,9 +8,11 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
+from components import ObjectKind
 from gpuop.cluster import GPU_MODELS, node_manifest
 from gpuop.cluster._dra import DEVICE_CLASS, DRIVER, RESOURCE_SLICE, Published, publish
-from gpuop.rest import Kind, Rest, by_kind
+from gpuop.kinds import KINDS, by_kind
+from gpuop.rest import Rest
 from tests.conftest import TEST_GPU_NODES
 from tests.integration.harness import NODE, eventually
 
@@ -18,8 +20,10 @@ pytestmark = pytest.mark.integration
 
 POD = by_kind("v1", "Pod")
 EVENT = by_kind("v1", "Event")
-CLAIM = Kind("resource.k8s.io/v1", "ResourceClaim", "resourceclaims", True)
-CLAIM_TEMPLATE = Kind("resource.k8s.io/v1", "ResourceClaimTemplate", "resourceclaimtemplates", True)
+CLAIM = ObjectKind("resource.k8s.io/v1", "ResourceClaim", "resourceclaims", True)
+CLAIM_TEMPLATE = ObjectKind(
+    "resource.k8s.io/v1", "ResourceClaimTemplate", "resourceclaimtemplates", True
+)
 
 AT_LEAST_40GI = f'device.capacity["{DRIVER}"].memory.compareTo(quantity("40Gi")) >= 0'
 AT_LEAST_1000GI = f'device.capacity["{DRIVER}"].memory.compareTo(quantity("1000Gi")) >= 0'
@@ -30,7 +34,7 @@ PODS = 4
 
 @pytest.fixture
 def rest(api_client: client.ApiClient) -> Rest:
-    return Rest(api_client)
+    return Rest(api_client, KINDS)
 
 
 def _claim_spec(expression: str) -> dict[str, Any]:
@@ -92,7 +96,7 @@ async def test_cluster_up_publishes_one_slice_per_gpu_node(rest: Rest) -> None:
     first = await publish(rest)
     assert (first.created, first.replaced, first.deleted) == ((), (), ())
     assert await rest.get(DEVICE_CLASS, "gpu.nvidia.com") is not None
-    again = Rest(rest.api)
+    again = Rest(rest.api, KINDS)
     assert await publish(again) == Published()
     assert again.writes == 0
 

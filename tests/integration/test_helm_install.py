@@ -24,9 +24,10 @@ from components import COMPONENTS, DEPLOY_LABELS, RenderContext
 from components.keys import GPU_PRESENT_LABEL
 from gpuop.cluster import NFD_GPU_LABEL, SIMULATED_LABEL, ClusterInfo
 from gpuop.controller import Operator, OperatorConfig
+from gpuop.kinds import KINDS, by_kind
 from gpuop.leader import DEFAULT_LEASES, LeaderElector
 from gpuop.metrics import OperatorMetrics
-from gpuop.rest import Rest, by_kind
+from gpuop.rest import Rest
 from statemachine.upgrade_keys import STATE_LABEL, UpgradeState
 from tests.integration.harness import eventually
 from tests.integration.helm_chart import CHART, helm
@@ -52,7 +53,7 @@ MANAGED = "app.kubernetes.io/managed-by=gpuop"
 @pytest.fixture(scope="module")
 async def admin(api_client: client.ApiClient) -> AsyncIterator[Rest]:
     """Admin access, for setting up and checking only; a module with no policy left."""
-    rest = Rest(api_client)
+    rest = Rest(api_client, KINDS)
     for existing in (
         await rest.list(POLICY) if await rest.get(CRD, POLICY.plural + ".nvidia.com") else []
     ):
@@ -145,11 +146,13 @@ async def test_install_run_as_the_chart_service_account_upgrade_and_uninstall(
             api_client, local_cluster, namespace, "gpu-operator"
         ) as sa_api:
             operator = Operator(
-                Rest(sa_api), OperatorConfig(namespace=namespace, workers=4), OperatorMetrics()
+                Rest(sa_api, KINDS),
+                OperatorConfig(namespace=namespace, workers=4),
+                OperatorMetrics(),
             )
             # Leader election as the chart's account: create each Lease, renew it, let go.
             for lease in DEFAULT_LEASES:
-                elector = LeaderElector(Rest(sa_api), namespace, lease, "helm-test")
+                elector = LeaderElector(Rest(sa_api, KINDS), namespace, lease, "helm-test")
                 assert await elector.try_acquire_or_renew()
                 assert await elector.try_acquire_or_renew()
                 await elector.release()

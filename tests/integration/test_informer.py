@@ -15,7 +15,8 @@ from prometheus_client import CollectorRegistry
 from gpuop.cluster import ClusterInfo
 from gpuop.health import Liveness
 from gpuop.informer import Informer, ResourceSpec
-from gpuop.rest import Rest, by_kind
+from gpuop.kinds import KINDS, by_kind
+from gpuop.rest import Rest
 from gpuop.server import make_app, start
 from tests.integration.harness import NAMESPACE, eventually
 from tests.integration.proxy import proxied_client
@@ -94,7 +95,7 @@ async def test_informer_relists_after_410_and_keeps_an_exact_cache(
 
 
 async def test_an_idle_informer_makes_no_requests(rest: Rest) -> None:
-    counted = Rest(rest.api)
+    counted = Rest(rest.api, KINDS)
     informer = Informer(
         ResourceSpec("nodes", counted.lister(by_kind("v1", "Node"))), lambda *_: None
     )
@@ -119,7 +120,7 @@ async def test_watch_reconnects_back_off_while_the_api_server_is_unreachable(
     connection refused). Reconnects must back off: a few in a few seconds, where an
     unthrottled loop makes thousands. Liveness then fails, from memory alone."""
     async with proxied_client(local_cluster.kubeconfig) as (api, proxy):
-        counted = Rest(api)
+        counted = Rest(api, KINDS)
         informer = Informer(
             ResourceSpec("nodes", counted.lister(by_kind("v1", "Node"))), lambda *_: None
         )

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from gpuop.cluster import ClusterInfo
+from gpuop.kinds import KINDS
 from gpuop.leader import LEASE, LeaderElector, LostLeadership
 from gpuop.rest import Rest
 from tests.integration.harness import NAMESPACE, eventually
@@ -79,7 +80,7 @@ async def test_a_leader_whose_renewals_hang_stops_before_another_takes_over(
     _Recorded.timeline = timeline
     timing: dict[str, Any] = {"lease_seconds": 3, "renew_deadline": 1.5, "retry_period": 0.3}
     async with proxied_client(local_cluster.kubeconfig) as (api, proxy):
-        a = _Recorded(Rest(api), NAMESPACE, name, "a", **timing)
+        a = _Recorded(Rest(api, KINDS), NAMESPACE, name, "a", **timing)
         b = _Recorded(rest, NAMESPACE, name, "b", **timing)
         await a.acquire()
         holding = asyncio.create_task(a.hold())

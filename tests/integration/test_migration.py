@@ -27,8 +27,9 @@ from kubernetes_asyncio import client
 from components.driver import digest_in
 from gpuop.cluster import NFD_GPU_LABEL
 from gpuop.controller import OperatorConfig
+from gpuop.kinds import by_kind, kind_of
 from gpuop.leader import LEASE, UPSTREAM_LEASE, LeaderElector, Leases
-from gpuop.rest import Rest, by_kind, kind_of
+from gpuop.rest import Rest
 from tests.integration.handover import Watcher
 from tests.integration.harness import NODE, POLICY, Running, eventually, policy_state_is
 

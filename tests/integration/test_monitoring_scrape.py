@@ -20,13 +20,14 @@ import crd
 from gpuop.app import run_operator
 from gpuop.cluster import ClusterInfo
 from gpuop.controller import OperatorConfig
+from gpuop.kinds import by_kind
 from gpuop.nodeagent.devices import DevicePluginDevices, nvidia_pci_devices
 from gpuop.nodeagent.exporter import serve
 from gpuop.nodeagent.kube import KubernetesApi
 from gpuop.nodeagent.status import CHECK_NAMES, StatusFiles
 from gpuop.nodeagent.xid import XidCounts, XidWatcher
 from gpuop.nvml.fake import A100_SXM4_80GB, FakeNvml, make_gpus
-from gpuop.rest import Rest, by_kind
+from gpuop.rest import Rest
 from tests.integration.harness import NAMESPACE, POLICY, eventually, policy_state_is
 from tests.monitoring_queries import queried, served_in_text
 

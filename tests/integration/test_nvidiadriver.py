@@ -16,7 +16,8 @@ from kubernetes_asyncio.client.exceptions import ApiException
 import crd
 from gpuop.cluster import NFD_GPU_LABEL
 from gpuop.informer import Informer, Obj, ResourceSpec
-from gpuop.rest import Rest, by_kind
+from gpuop.kinds import by_kind
+from gpuop.rest import Rest
 from statemachine.upgrade_keys import IN_PROGRESS_STATES, STATE_LABEL, UpgradeState
 from tests.conftest import TEST_GPU_NODES
 from tests.integration.harness import NAMESPACE, NODE, POLICY, Running, eventually, policy_state_is

@@ -36,8 +36,9 @@ from gpuop.cluster import NFD_GPU_LABEL, BinaryPaths, ClusterInfo, Versions, cac
 from gpuop.cluster._nodes import KWOK_ANNOTATION, node_manifest
 from gpuop.controller import OperatorConfig
 from gpuop.install import ensure_namespace, install_crd
+from gpuop.kinds import KINDS, by_kind
 from gpuop.kube import api_client as make_api_client
-from gpuop.rest import Rest, by_kind
+from gpuop.rest import Rest
 from statemachine.node_rollout import UNREACHABLE_TAINT
 from tests.integration.harness import (
     NAMESPACE,
@@ -113,7 +114,7 @@ def lost_kubelet(fleet: ClusterInfo) -> Iterator[subprocess.Popen[bytes]]:
 @pytest.fixture(scope="module")
 async def rest(fleet: ClusterInfo, lost_kubelet: subprocess.Popen[bytes]) -> AsyncIterator[Rest]:
     async with make_api_client(fleet.kubeconfig, user_agent="gpuop-tests") as api:
-        rest = Rest(api)
+        rest = Rest(api, KINDS)
         await install_crd(rest)
         await ensure_namespace(rest, NAMESPACE)
         node = node_manifest(9, True)

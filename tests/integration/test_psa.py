@@ -11,7 +11,8 @@ from kubernetes_asyncio import client
 
 import crd
 from gpuop.controller._psa import PSA_LABELS
-from gpuop.rest import Rest, by_kind
+from gpuop.kinds import by_kind
+from gpuop.rest import Rest
 from tests.integration.harness import NAMESPACE, Running, eventually
 
 pytestmark = pytest.mark.integration

@@ -20,11 +20,12 @@ from gpuop.cli import main
 from gpuop.cluster import ClusterInfo
 from gpuop.cluster._health import mark_gpu_health, verdict_for
 from gpuop.install import ensure_namespace, install_crd
+from gpuop.kinds import KINDS, by_kind
 from gpuop.kube import api_client as make_api_client
 from gpuop.nodeagent.health import HealthReporter, KubernetesNodeStatus
 from gpuop.nodeagent.xid import XidCounts
 from gpuop.nvml.fake import H100_80GB_HBM3, FakeNvml, make_gpus
-from gpuop.rest import Rest, by_kind
+from gpuop.rest import Rest
 from statemachine.cordon import CLEARED, CORDONED_BY_ANNOTATION
 from statemachine.remediation import (
     CONDITION_REMEDIATION_BLIND,
@@ -54,7 +55,7 @@ def fleet() -> Iterator[ClusterInfo]:
 @pytest.fixture(scope="module")
 async def api(fleet: ClusterInfo) -> AsyncIterator[client.ApiClient]:
     async with make_api_client(fleet.kubeconfig, user_agent="gpuop-tests") as api:
-        rest = Rest(api)
+        rest = Rest(api, KINDS)
         await install_crd(rest)
         await ensure_namespace(rest, NAMESPACE)
         yield api
@@ -63,7 +64,7 @@ async def api(fleet: ClusterInfo) -> AsyncIterator[client.ApiClient]:
 @pytest.fixture
 async def rest(api: client.ApiClient) -> AsyncIterator[Rest]:
     """Each test starts from healthy, untainted, schedulable nodes and no policy."""
-    rest = Rest(api)
+    rest = Rest(api, KINDS)
     yield rest
     for existing in await rest.list(POLICY):
         await rest.delete(POLICY, existing["metadata"]["name"])

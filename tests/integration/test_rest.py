@@ -9,7 +9,8 @@ import asyncio
 import pytest
 
 from gpuop.cluster import ClusterInfo
-from gpuop.rest import REQUEST_TIMEOUT, Rest, by_kind
+from gpuop.kinds import KINDS, by_kind
+from gpuop.rest import REQUEST_TIMEOUT, Rest
 from tests.integration.harness import NAMESPACE
 from tests.integration.proxy import proxied_client
 
@@ -23,7 +24,7 @@ async def test_every_plain_request_is_bounded_by_the_clients_timeout(
 ) -> None:
     assert REQUEST_TIMEOUT > 0
     async with proxied_client(local_cluster.kubeconfig) as (api, proxy):
-        bounded = Rest(api, timeout=1.0)
+        bounded = Rest(api, KINDS, timeout=1.0)
         assert await bounded.get(NS, NAMESPACE) is not None
         proxy.blackhole()
         for call in (

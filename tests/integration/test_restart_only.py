@@ -15,7 +15,8 @@ from kubernetes_asyncio import client
 
 import crd
 from gpuop.cluster import NFD_GPU_LABEL
-from gpuop.rest import Rest, by_kind
+from gpuop.kinds import by_kind
+from gpuop.rest import Rest
 from statemachine.upgrade_keys import STATE_LABEL, UpgradeState
 from tests.integration.handover import Watcher
 from tests.integration.harness import NAMESPACE, NODE, POLICY, Running, eventually, policy_state_is

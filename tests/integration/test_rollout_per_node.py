@@ -14,8 +14,9 @@ from gpuop.cluster import NFD_GPU_LABEL, ClusterInfo
 from gpuop.cluster._nodes import KWOK_ANNOTATION, node_manifest
 from gpuop.controller import OperatorConfig
 from gpuop.install import ensure_namespace, install_crd
+from gpuop.kinds import KINDS, by_kind
 from gpuop.kube import api_client as make_api_client
-from gpuop.rest import Rest, by_kind
+from gpuop.rest import Rest
 from statemachine.node_rollout import UNREACHABLE_TAINT
 from statemachine.stale_pods import OUT_OF_SERVICE_TAINT
 from tests.integration.harness import (
@@ -48,7 +49,7 @@ def fleet() -> Iterator[ClusterInfo]:
 @pytest.fixture(scope="module")
 async def rest(fleet: ClusterInfo) -> AsyncIterator[Rest]:
     async with make_api_client(fleet.kubeconfig, user_agent="gpuop-tests") as api:
-        rest = Rest(api)
+        rest = Rest(api, KINDS)
         await install_crd(rest)
         await ensure_namespace(rest, NAMESPACE)
         broken = node_manifest(9, True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -332,7 +334,10 @@ def test_budget_node_from_view() -> None:
         node_ready=False,
     )
     node = BudgetNode.from_view(view)
+    # no driver pod, but only a candidate's pod is looked at: a draining node does not ask
     assert node == BudgetNode(
-        "n1", S.DRAIN_REQUIRED, ready=False, unschedulable=True, skip=True, driver_pod_present=False
+        "n1", S.DRAIN_REQUIRED, ready=False, unschedulable=True, skip=True, driver_pod_present=True
     )
     assert node.in_progress
+    queued = replace(view, labels={STATE_LABEL: "upgrade-required"})
+    assert not BudgetNode.from_view(queued).driver_pod_present

@@ -12,7 +12,8 @@ from gpuop.controller._eviction import eviction_error
 from gpuop.controller._nodes import is_ready, node_fingerprint, trim_node
 from gpuop.controller._status import status_patch
 from gpuop.controller._upgrade_inputs import policy_view
-from gpuop.rest import by_kind
+from gpuop.kinds import by_kind
+from gpuop.rest import collection_path, item_path
 
 
 def test_status_patch_is_none_when_equal_and_nulls_removed_keys() -> None:
@@ -130,10 +131,10 @@ def test_policy_view_follows_the_spec() -> None:
 
 def test_rest_paths() -> None:
     ds = by_kind("apps/v1", "DaemonSet")
-    assert ds.item("x", "ns") == "/apis/apps/v1/namespaces/ns/daemonsets/x"
+    assert item_path(ds, "x", "ns") == "/apis/apps/v1/namespaces/ns/daemonsets/x"
     node = by_kind("v1", "Node")
-    assert node.item("n", "ignored") == "/api/v1/nodes/n"
-    assert by_kind("nvidia.com/v1", "ClusterPolicy").collection() == (
+    assert item_path(node, "n", "ignored") == "/api/v1/nodes/n"
+    assert collection_path(by_kind("nvidia.com/v1", "ClusterPolicy")) == (
         "/apis/nvidia.com/v1/clusterpolicies"
     )
 

@@ -79,7 +79,7 @@ ACTED_ON: dict[str, dict[str, Any]] = {
         "kataSandboxDevicePlugin": {"enabled": True},
         "ccManager": {"enabled": True, "defaultMode": "on"},
     },
-    # The kubelet's directories follow it (components._k8s.kubelet_path).
+    # The kubelet's directories follow it (components._host_paths.kubelet_path).
     "kubeletRootDir": {"hostPaths": {"kubeletRootDir": "/data/kubelet"}},
     # The exporter's pod attribution, job mapping and pod settings (dcgm_exporter).
     "dcgmExporter": {

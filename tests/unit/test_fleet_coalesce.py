@@ -10,8 +10,8 @@ import pytest
 from gpuop.controller._keys import FLEET_COALESCE_MAX_S, FLEET_COALESCE_S, UPGRADES_KEY
 from gpuop.controller._node import NodeReconciler
 from gpuop.controller._nodes import trim_node
-from gpuop.controller._upgrade_inputs import budget_node
 from gpuop.informer import Informer, ResourceSpec
+from statemachine import BudgetNode
 from statemachine.upgrade_keys import STATE_LABEL
 
 
@@ -88,8 +88,8 @@ def test_the_budget_looks_up_driver_pods_of_candidates_only() -> None:
         asked.append(name)
         return False
 
-    done = budget_node(trim_node(_gpu_node("a", "upgrade-done")), has_driver_pod)
-    queued = budget_node(trim_node(_gpu_node("b", "upgrade-required")), has_driver_pod)
+    done = BudgetNode.from_node(trim_node(_gpu_node("a", "upgrade-done")), has_driver_pod)
+    queued = BudgetNode.from_node(trim_node(_gpu_node("b", "upgrade-required")), has_driver_pod)
     assert asked == ["b"]
     assert done.driver_pod_present
     assert not queued.driver_pod_present

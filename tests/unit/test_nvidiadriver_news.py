@@ -1,5 +1,8 @@
 """What driver pods and owner labels wake, and that the fleet-wide answers stay current.
 
+A pod event is routed once, by the operator's router (`_routes.route_pod`, here as
+`Operator._on_pod` calls it); NVIDIADrivers only follows its driver pods.
+
 The ClusterPolicy's own driver pods coming and going is rollout progress, counted by
 the operator's paced cluster pass; only an NVIDIADriver's pod changes whether the
 ClusterPolicy's driver must wait, so only that queues the cluster pass at once.
@@ -12,9 +15,10 @@ from typing import Any
 
 from components.driver import COMPONENT_POD_LABEL
 from crd import OWNER_LABEL
-from gpuop.controller._keys import CLUSTER_KEY, UPGRADES_KEY, node_key
+from gpuop.controller._keys import CLUSTER_KEY, NVD_KEY, UPGRADES_KEY, node_key
 from gpuop.controller._nodes import trim_node
-from gpuop.controller._nvidiadriver import NVD_KEY, NVIDIADrivers
+from gpuop.controller._nvidiadriver import NVIDIADrivers
+from gpuop.controller._routes import Wake, route_pod
 from gpuop.informer import Informer, ResourceSpec, key_of
 
 Obj = dict[str, Any]
@@ -58,6 +62,15 @@ def _controller(waiting_for_slot: bool = False) -> tuple[NVIDIADrivers, _Queue, 
     return NVIDIADrivers(op, SimpleNamespace()), queue, nodes  # type: ignore[arg-type]
 
 
+def _on_pod(nvd: NVIDIADrivers, event: str, old: Obj | None, new: Obj | None) -> Wake:
+    """What `Operator._on_pod` does with one event, against the fakes above."""
+    passes = nvd.op.node_passes
+    driver = nvd.follow_pod(old, new)
+    wake = route_pod(event, old, new, driver=driver, upgrades_queued=passes.upgrades_queued)
+    wake.apply(nvd.op.queue.add, passes.fleet_soon, lambda: None)
+    return wake
+
+
 def _pod(app: str, node: str = "n0", component: str = "nvidia-driver") -> Obj:
     labels = {"app": app, COMPONENT_POD_LABEL: component}
     return {
@@ -76,8 +89,8 @@ def _node(name: str, owner: str | None = None) -> Obj:
 def test_the_policys_own_driver_pods_do_not_queue_the_cluster_pass() -> None:
     nvd, queue, _ = _controller()
 
-    nvd.on_pod("ADDED", None, _pod("nvidia-driver-daemonset"))
-    nvd.on_pod("DELETED", _pod("nvidia-driver-daemonset"), None)
+    _on_pod(nvd, "ADDED", None, _pod("nvidia-driver-daemonset"))
+    _on_pod(nvd, "DELETED", _pod("nvidia-driver-daemonset"), None)
 
     assert CLUSTER_KEY not in queue.added
     assert queue.added.count(node_key("n0")) == 2
@@ -87,15 +100,15 @@ def test_the_policys_own_driver_pods_do_not_queue_the_cluster_pass() -> None:
 def test_driver_pods_wake_the_fleet_pass_only_while_a_node_waits_for_a_slot() -> None:
     for waiting in (False, True):
         nvd, queue, _ = _controller(waiting_for_slot=waiting)
-        nvd.on_pod("ADDED", None, _pod("nvidia-driver-daemonset"))
-        nvd.on_pod("ADDED", None, _pod("nvidia-gpu-driver-ubuntu22.04-abc", node="n1"))
+        _on_pod(nvd, "ADDED", None, _pod("nvidia-driver-daemonset"))
+        _on_pod(nvd, "ADDED", None, _pod("nvidia-gpu-driver-ubuntu22.04-abc", node="n1"))
         assert (UPGRADES_KEY in queue.added) is waiting
 
 
 def test_an_nvidiadriver_pod_queues_the_cluster_pass_at_once() -> None:
     nvd, queue, _ = _controller()
 
-    nvd.on_pod("ADDED", None, _pod("nvidia-gpu-driver-ubuntu22.04-abc"))
+    _on_pod(nvd, "ADDED", None, _pod("nvidia-gpu-driver-ubuntu22.04-abc"))
 
     assert CLUSTER_KEY in queue.added
 
@@ -116,25 +129,45 @@ def test_owned_nodes_and_foreign_pods_follow_their_caches() -> None:
     assert not nvd.holds_policy_driver()
 
     pod = _pod("nvidia-gpu-driver-ubuntu22.04-abc")
-    nvd.on_pod("ADDED", None, pod)
+    _on_pod(nvd, "ADDED", None, pod)
     assert nvd.holds_policy_driver()
-    nvd.on_pod("DELETED", pod, None)
+    _on_pod(nvd, "DELETED", pod, None)
     assert not nvd.holds_policy_driver()
 
 
 def test_only_driver_pods_are_followed() -> None:
-    """The operand pods cache hands every pod over; the others wake nothing here and
-    leave the driver pods' version (what the memoised answers hang on) alone."""
+    """The operand pods cache hands every pod over; the others are not followed (their
+    wakes are the router's) and leave the driver pods' version (what the memoised
+    answers hang on) alone."""
     nvd, queue, _ = _controller()
     validator = _pod("nvidia-operator-validator", component="gpu-operator")
-    nvd.on_pod("ADDED", None, validator)
+    assert not nvd.follow_pod(None, validator)
     assert queue.added == []
     assert nvd.driver_pods.version == 0
     assert nvd.driver_pods.values() == []
 
     driver = _pod("nvidia-driver-daemonset")
-    nvd.on_pod("ADDED", None, driver)
+    assert nvd.follow_pod(None, driver)
     assert nvd.driver_pods.values() == [driver]
-    nvd.on_pod("DELETED", driver, None)
+    assert nvd.follow_pod(driver, None)
     assert nvd.driver_pods.values() == []
     assert nvd.driver_pods.version == 2
+    assert queue.added == []  # following queues nothing: the router does
+
+
+def test_a_driver_pod_event_is_routed_once() -> None:
+    """The ClusterPolicy's driver pod is both a watched app and a driver pod: its node is
+    queued once, and the fleet pass woken once, not once per unit that reads it."""
+    nvd, queue, _ = _controller(waiting_for_slot=True)
+    wake = _on_pod(nvd, "ADDED", None, _pod("nvidia-driver-daemonset"))
+    assert wake.keys.count(node_key("n0")) == 1
+    assert wake.fleet
+    assert queue.added.count(node_key("n0")) == 1
+    assert queue.added.count(UPGRADES_KEY) == 1
+
+
+def test_a_validator_pod_wakes_its_node_only() -> None:
+    nvd, _, _ = _controller(waiting_for_slot=True)
+    validator = _pod("nvidia-operator-validator", component="gpu-operator")
+    wake = _on_pod(nvd, "ADDED", None, validator)
+    assert wake == Wake((node_key("n0"),), fleet=False, progress=True)

@@ -13,9 +13,8 @@ import crd
 from components.keys import NFD_GPU_LABELS
 from components.labels import apply_label_changes, node_label_changes
 from gpuop.controller._config import OperatorConfig
-from gpuop.controller._keys import UPGRADES_KEY, node_key
+from gpuop.controller._keys import NVD_KEY, UPGRADES_KEY, node_key
 from gpuop.controller._nodes import trim_node
-from gpuop.controller._nvidiadriver import NVD_KEY
 from gpuop.controller._operator import Operator
 from gpuop.metrics import OperatorMetrics
 from statemachine.upgrade_keys import (

@@ -190,7 +190,8 @@ import components as c
 import crd
 from components import rbac
 from gpuop.controller import _owned
-from gpuop.rest import kind_of
+from gpuop.kinds import kind_of
+from gpuop.rest import collection_path
 from statemachine.rollout import ROLLOUT_ORDER, ComponentStatus, plan_rollout
 
 out = {}
@@ -207,7 +208,7 @@ out["watched"] = sorted(k.kind for k in _owned.ALWAYS_WATCHED)
 out["pruned"] = _owned.OWNED_BY_NAME["PodDisruptionBudget"].plural
 ctx = c.RenderContext(namespace="ns", operator_image="x")
 (obj,) = c.component_by_name("dummy-operand").objects(policy, ctx)
-out["rest_path"] = kind_of(obj).collection("ns")
+out["rest_path"] = collection_path(kind_of(obj), "ns")
 out["needs"] = [[n.group, n.resource, n.verb, n.why] for n in rbac.operand_needs(c.COMPONENTS)]
 print(json.dumps(out))
 """

@@ -120,7 +120,7 @@ def test_policy_view_is_off_without_the_section() -> None:
 
 def test_with_remediation_off_only_quarantined_nodes_wake_it() -> None:
     none: Any = None
-    remediation = Remediation(none, none, none, none, none, none, none, none)
+    remediation = Remediation(none, none, none, none, none, none, none)
     plain = _node()
     plain["metadata"]["annotations"] = {}
     flipped = _node(status="True")
