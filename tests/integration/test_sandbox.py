@@ -18,7 +18,8 @@ from kubernetes_asyncio import client
 
 from components.keys import WORKLOAD_CONFIG_LABEL
 from gpuop.informer import Informer, Obj, ResourceSpec
-from gpuop.rest import Rest, by_kind
+from gpuop.kinds import by_kind
+from gpuop.rest import Rest
 from statemachine.upgrade_keys import STATE_LABEL
 from tests.integration.harness import NAMESPACE, NODE, POLICY, Running, eventually
 
