@@ -25,12 +25,26 @@ def _cluster(args: argparse.Namespace) -> LocalCluster:
     return local_cluster(Path(args.dir) if args.dir else None)
 
 
+def _workloads(args: argparse.Namespace) -> dict[str, str]:
+    """``--workload`` values as node name to workload (checked against the fleet)."""
+    from gpuop.cluster import workload_labels
+
+    return workload_labels(args.workload, args.gpu_nodes)
+
+
 def _cmd_cluster_up(args: argparse.Namespace) -> int:
     cluster = _cluster(args)
+    workloads = _workloads(args)
     info = cluster.up(
-        nodes=args.nodes, gpu_nodes=args.gpu_nodes, apiserver_port=args.port, dra=args.dra
+        nodes=args.nodes,
+        gpu_nodes=args.gpu_nodes,
+        apiserver_port=args.port,
+        dra=args.dra,
+        workloads=workloads,
     )
     print(f"cluster up: {info.server} ({args.nodes} nodes, {args.gpu_nodes} with GPUs)")
+    for node, workload in sorted(workloads.items()):
+        print(f"  {node}: {workload}")
     print(f"kubeconfig: {info.kubeconfig}")
     print(f"  export KUBECONFIG={info.kubeconfig}")
     print("  kubectl get nodes")
@@ -108,7 +122,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if local:
         cluster = _cluster(args)
         if not cluster.running():
-            cluster.up(nodes=args.nodes, gpu_nodes=args.gpu_nodes)
+            cluster.up(nodes=args.nodes, gpu_nodes=args.gpu_nodes, workloads=_workloads(args))
         kubeconfig = cluster.kubeconfig
         install = True
         host = "127.0.0.1"
@@ -178,6 +192,29 @@ def _cmd_version(args: argparse.Namespace) -> int:
     return 0
 
 
+def _parse_workload(text: str) -> tuple[str, str]:
+    from gpuop.cluster import parse_workload
+
+    try:
+        return parse_workload(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err).removeprefix("--workload ")) from err
+
+
+def _workload_option(parser: argparse.ArgumentParser, lead: str = "") -> None:
+    parser.add_argument(
+        "--workload",
+        action="append",
+        default=[],
+        type=_parse_workload,
+        metavar="NODE=WORKLOAD",
+        help=f"{lead}label GPU node NODE nvidia.com/gpu.workload.config=WORKLOAD"
+        " (container, vm-passthrough or vm-vgpu; repeatable), e.g."
+        " --workload gpu-node-0001=vm-passthrough: a VM host once the policy enables"
+        " sandboxWorkloads",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="gpuop", description=__doc__)
     parser.add_argument("--log-level", default="info", help="debug, info, warning, error")
@@ -200,6 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--gpu-nodes", type=int, default=12, help="local cluster: GPU nodes (default 12)"
     )
+    _workload_option(run, "local cluster, when it is started: ")
     run.add_argument(
         "--install",
         action="store_true",
@@ -264,6 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_false",
         help="do not publish the simulated GPUs as DRA devices (ResourceSlices of gpu.nvidia.com)",
     )
+    _workload_option(up)
     up.set_defaults(func=_cmd_cluster_up)
     down = csub.add_parser("down", help="stop the processes it started and remove its directory")
     down.add_argument("--dir", default=None, help=dir_help)

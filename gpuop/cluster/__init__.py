@@ -5,7 +5,17 @@ from ._argv import ClientTuning
 from ._build import ensure_binaries
 from ._cluster import ClusterInfo, LocalCluster, default_dir
 from ._errors import ClusterError
-from ._nodes import GPU_MODELS, NFD_GPU_LABEL, SIMULATED_LABEL, node_manifest, node_manifests
+from ._nodes import (
+    GPU_MODELS,
+    NFD_GPU_LABEL,
+    SIMULATED_LABEL,
+    WORKLOAD_LABEL,
+    WORKLOADS,
+    node_manifest,
+    node_manifests,
+    parse_workload,
+    workload_labels,
+)
 from ._populate import create_nodes, wait_nodes_ready
 from ._versions import BinaryPaths, Versions, cache_dir
 
@@ -13,6 +23,8 @@ __all__ = [
     "GPU_MODELS",
     "NFD_GPU_LABEL",
     "SIMULATED_LABEL",
+    "WORKLOADS",
+    "WORKLOAD_LABEL",
     "BinaryPaths",
     "ClientTuning",
     "ClusterError",
@@ -25,5 +37,7 @@ __all__ = [
     "ensure_binaries",
     "node_manifest",
     "node_manifests",
+    "parse_workload",
     "wait_nodes_ready",
+    "workload_labels",
 ]

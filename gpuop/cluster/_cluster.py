@@ -244,17 +244,21 @@ class LocalCluster:
         apiserver_port: int | None = None,
         tie_to_parent: bool = False,
         dra: bool = True,
+        workloads: Mapping[str, str] | None = None,
     ) -> ClusterInfo:
         """Build (if needed) and start everything, create nodes, wait until Ready.
 
         With ``dra`` each simulated GPU node's GPUs are published as DRA devices
         (``ResourceSlice``s of ``gpu.nvidia.com``, see ``_dra``), so claims allocate.
 
+        ``workloads`` (GPU node name to workload) labels those nodes
+        ``nvidia.com/gpu.workload.config``: VM hosts for a mixed fleet.
+
         A stale state from a crashed run in the same directory is cleaned first.
         ``tie_to_parent`` makes the kernel stop the processes when this process
         dies (used by test fixtures); the CLI leaves them running detached.
         """
-        node_manifests(nodes, gpu_nodes)  # validate counts before any work
+        node_manifests(nodes, gpu_nodes, workloads)  # validate before any work
         if self.running():
             raise ClusterError(
                 f"a cluster is already running in {self.directory}",
@@ -270,7 +274,7 @@ class LocalCluster:
             self._claim()
             try:
                 info = self._start(bins, port, tie_to_parent)
-                asyncio.run(self._populate(nodes, gpu_nodes, dra))
+                asyncio.run(self._populate(nodes, gpu_nodes, dra, workloads))
             except PortTaken as err:
                 self.down()
                 if attempt == attempts:
@@ -426,11 +430,13 @@ class LocalCluster:
                 f"see {log}",
             )
 
-    async def _populate(self, nodes: int, gpu_nodes: int, dra: bool) -> None:
+    async def _populate(
+        self, nodes: int, gpu_nodes: int, dra: bool, workloads: Mapping[str, str] | None
+    ) -> None:
         from gpuop.kube import api_client
 
         async with api_client(self.kubeconfig) as api:
-            await create_nodes(api, nodes, gpu_nodes)
+            await create_nodes(api, nodes, gpu_nodes, workloads=workloads)
             await wait_nodes_ready(api, nodes)
             await wait_default_service_account(api)
             if dra:

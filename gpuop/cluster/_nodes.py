@@ -8,16 +8,20 @@ and ``nvidia.com/gpu`` in capacity and allocatable so GPU workloads schedule.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from components.keys import MIG_CAPABLE_LABEL, NFD_GPU_LABELS
+from components.keys import MIG_CAPABLE_LABEL, NFD_GPU_LABELS, WORKLOAD_CONFIG_LABEL
+from components.keys import WORKLOADS as WORKLOADS
 
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 SIMULATED_LABEL = "gpuop.io/simulated"
 LEGACY_SIMULATED_LABEL = "gpuop.dev/simulated"
 """What clusters made before the single `gpuop.io/` domain label their nodes with."""
 NFD_GPU_LABEL = NFD_GPU_LABELS[0]
+WORKLOAD_LABEL = WORKLOAD_CONFIG_LABEL
+"""The node label an administrator sets to say what a GPU node serves (upstream's)."""
 
 
 @dataclass(frozen=True)
@@ -103,12 +107,46 @@ def node_manifest(index: int, gpu: bool) -> dict[str, Any]:
     }
 
 
-def node_manifests(nodes: int, gpu_nodes: int) -> list[dict[str, Any]]:
-    """``gpu_nodes`` GPU nodes followed by ``nodes - gpu_nodes`` CPU-only nodes."""
+def parse_workload(text: str) -> tuple[str, str]:
+    """One ``--workload NODE=WORKLOAD`` value, checked: (node, workload)."""
+    node, sep, workload = text.partition("=")
+    if not sep or not node or workload not in WORKLOADS:
+        raise ValueError(
+            f"--workload {text}: expected NODE=WORKLOAD with WORKLOAD one of"
+            f" {', '.join(WORKLOADS)} (e.g. gpu-node-0001=vm-passthrough)"
+        )
+    return node, workload
+
+
+def workload_labels(workloads: Iterable[tuple[str, str]], gpu_nodes: int) -> dict[str, str]:
+    """Node name to workload, each naming one of the ``gpu_nodes`` GPU nodes once."""
+    names = {node_name(i, True) for i in range(gpu_nodes)}
+    result: dict[str, str] = {}
+    for node, workload in workloads:
+        if node not in names:
+            last = f"gpu-node-0000..{node_name(gpu_nodes - 1, True)}" if gpu_nodes else "none"
+            raise ValueError(f"--workload {node}={workload}: not a GPU node (GPU nodes: {last})")
+        if node in result:
+            raise ValueError(f"--workload: {node} given twice")
+        result[node] = workload
+    return result
+
+
+def node_manifests(
+    nodes: int, gpu_nodes: int, workloads: Mapping[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """``gpu_nodes`` GPU nodes followed by ``nodes - gpu_nodes`` CPU-only nodes;
+    ``workloads`` (node name to workload, see :func:`workload_labels`) labels GPU nodes
+    with ``nvidia.com/gpu.workload.config``, as an administrator makes VM hosts."""
     if gpu_nodes > nodes:
         raise ValueError(f"--gpu-nodes ({gpu_nodes}) cannot exceed --nodes ({nodes})")
     if nodes < 0 or gpu_nodes < 0:
         raise ValueError("--nodes and --gpu-nodes must not be negative")
+    chosen = workload_labels((workloads or {}).items(), gpu_nodes)
     gpu = [node_manifest(i, True) for i in range(gpu_nodes)]
+    for manifest in gpu:
+        workload = chosen.get(manifest["metadata"]["name"])
+        if workload:
+            manifest["metadata"]["labels"][WORKLOAD_LABEL] = workload
     cpu = [node_manifest(i, False) for i in range(nodes - gpu_nodes)]
     return gpu + cpu

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from gpuop.progress import Progress
@@ -30,13 +31,20 @@ async def publish_dra(api: Any) -> None:
     )
 
 
-async def create_nodes(api: Any, nodes: int, gpu_nodes: int, concurrency: int = 32) -> None:
-    """Create the simulated nodes (idempotent: existing ones are left as they are)."""
+async def create_nodes(
+    api: Any,
+    nodes: int,
+    gpu_nodes: int,
+    concurrency: int = 32,
+    workloads: Mapping[str, str] | None = None,
+) -> None:
+    """Create the simulated nodes (idempotent: existing ones are left as they are);
+    ``workloads`` labels GPU nodes with their workload (see ``node_manifests``)."""
     from kubernetes_asyncio import client
     from kubernetes_asyncio.client.exceptions import ApiException
 
     core: Any = client.CoreV1Api(api)  # accepts plain dicts as bodies
-    manifests = node_manifests(nodes, gpu_nodes)
+    manifests = node_manifests(nodes, gpu_nodes, workloads)
     progress = Progress("nodes created", total=len(manifests))
     sem = asyncio.Semaphore(concurrency)
 

@@ -15,8 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 from components.dra import gpucluster_label_changes
 from components.driver import DAEMONSET_NAME as DRIVER_DS
-from components.keys import DEPLOY_DRIVER_LABEL, TRUE
-from components.labels import LabelChanges, apply_label_changes, is_gpu_node, node_label_changes
+from components.keys import CONTAINER_WORKLOAD, DEPLOY_DRIVER_LABEL, TRUE
+from components.labels import (
+    LabelChanges,
+    apply_label_changes,
+    is_gpu_node,
+    node_label_changes,
+    node_workload,
+)
 from crd import OWNER_LABEL, ClusterPolicySpec
 from gpuop.controller._active import ActivePolicy
 from gpuop.controller._keys import (
@@ -30,6 +36,7 @@ from gpuop.controller._memo import VersionMemo
 from gpuop.controller._nodes import labels
 from gpuop.controller._rollout_gate import RolloutGate
 from gpuop.controller._upgrade import Upgrades, policy_view, requeue_after
+from gpuop.controller._workload import GPU_PODS_RECHECK_S, WorkloadHandovers
 from gpuop.informer import Informer, Obj
 from gpuop.kinds import by_kind
 from gpuop.log import get_logger
@@ -38,6 +45,7 @@ from statemachine import Action, Decision, UpgradePolicyView
 from statemachine.driver_owner import NEXT_OWNER_LABEL
 from statemachine.upgrade import next_step
 from statemachine.upgrade_keys import STATE_LABEL, UpgradeState, parse_state
+from statemachine.workload_handover import GPU_PODS_LEAVING
 
 if TYPE_CHECKING:
     from gpuop.controller._gpucluster import GPUClusters
@@ -62,6 +70,7 @@ class NodeReconciler:
     upgrades: Upgrades
     gate: RolloutGate
     nvd: NVIDIADrivers
+    workloads: WorkloadHandovers
     gpuclusters: GPUClusters | None = None
     """Set by the operator: with no ClusterPolicy, a GPUCluster's labels hold."""
     _fleet_cpu_s: float = field(default=0.0, init=False)
@@ -103,16 +112,28 @@ class NodeReconciler:
         return gpucluster_label_changes(node_labels, active=dra.active())
 
     async def reconcile_node(self, name: str) -> None:
+        if await self._reconcile_node(name):
+            # Held for container GPU pods, which are not watched: look again.
+            self.queue.add_after(node_key(name), GPU_PODS_RECHECK_S)
+
+    async def _reconcile_node(self, name: str) -> bool:
+        """One node pass; True when its hand-over waits for container GPU pods."""
         node = self.nodes.get(name)
         if node is None:
             self.queue.forget(node_key(name))
             self.upgrades.forget_node(name)
-            return
+            self.workloads.forget(name)
+            return False
         raw, model, problems = self.active_policy()
         if raw is not None and (model is None or problems):
-            return  # an invalid policy changes nothing on nodes; its status says why
+            return False  # an invalid policy changes nothing on nodes; its status says why
         spec = model.spec if model is not None else None
-        changes = self._label_changes(labels(node), spec)
+        await self.workloads.report_workload(node, spec)
+        target = node_workload(labels(node), spec).name
+        changes, handover = await self.workloads.hold(
+            node, self._label_changes(labels(node), spec), target
+        )
+        recheck = handover is not None and handover.state == GPU_PODS_LEAVING
         if changes:
             patch: dict[str, Any] = {"metadata": {"labels": dict(changes)}}
             first = await self._enrolment(node, changes, spec)
@@ -126,10 +147,10 @@ class NodeReconciler:
             if first is not None:
                 self.fleet_soon()
             self.queue.add(node_key(name))  # again, on the fresh labels
-            return
+            return recheck
         owner = target_owner(labels(node))
         if self._nvd_unknown(spec, bool(owner)):
-            return  # which policy applies is not known yet: NVIDIADrivers.on_listed
+            return recheck  # which policy applies is not known yet: NVIDIADrivers.on_listed
         policy = policy_view(spec) if spec is not None else UpgradePolicyView()
         app = self.nvd.driver_app(name)
         if owner:
@@ -137,10 +158,11 @@ class NodeReconciler:
             policy = (self.nvd.upgrade_policies() or {}).get(owner) or UpgradePolicyView(
                 auto_upgrade=False
             )
-        if not (policy.auto_upgrade and is_gpu_node(labels(node))):
+        if not (policy.auto_upgrade and is_gpu_node(labels(node)) and target == CONTAINER_WORKLOAD):
             if STATE_LABEL not in labels(node):
-                return
-            # Upgrades off, no policy (uninstall) or no longer a GPU node: the rulebook
+                return recheck
+            # Upgrades off, no policy (uninstall), no longer a GPU node, or a VM host now
+            # (its driver left with its deploy label: nothing to upgrade): the rulebook
             # uncordons what we cordoned and removes our label and annotations.
             policy = UpgradePolicyView(auto_upgrade=False)
         newest = self.upgrades.newest_driver_revision(app) if app else None
@@ -156,6 +178,7 @@ class NodeReconciler:
             self.queue.add(node_key(name))  # the next step may already be due
         if decision.changed_state:
             self.fleet_soon()
+        return recheck
 
     def _nvd_unknown(self, spec: ClusterPolicySpec | None, owned: bool) -> bool:
         """Whether upgrade decisions would read NVIDIADrivers before their cache listed:

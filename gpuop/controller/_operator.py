@@ -58,6 +58,7 @@ from gpuop.controller._rollout_view import NodeRollouts
 from gpuop.controller._routes import route_pod
 from gpuop.controller._site_config import SiteConfigMaps
 from gpuop.controller._upgrade import Upgrades
+from gpuop.controller._workload import WorkloadHandovers
 from gpuop.informer import Handler, Informer, Obj, ResourceSpec
 from gpuop.kinds import by_kind
 from gpuop.log import get_logger
@@ -221,6 +222,9 @@ class Operator:
             upgrades=self.upgrades,
             gate=self.gate,
             nvd=self.nvd,
+            workloads=WorkloadHandovers(
+                self.pods, self.upgrades.emptying, self.upgrades.events, self.nvd.driver_app
+            ),
         )
         self.node_passes.gpuclusters = self.gpuclusters
 

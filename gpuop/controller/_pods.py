@@ -11,7 +11,7 @@ DaemonSet revision, the node, the status) is shared between them
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from typing_extensions import TypedDict
@@ -161,9 +161,20 @@ def _identity(meta: Obj) -> Obj:
     return {k: shared(meta[k]) if k in _REPEATED else meta[k] for k in _META if k in meta}
 
 
+def app_of(labels: Mapping[str, str]) -> str:
+    """The DaemonSet an operand pod (or selector) names: its ``app`` label, or ``name``
+    for the operands upstream selects by that (the VFIO and CC managers); "" for none."""
+    return str(labels.get("app") or labels.get("name") or "")
+
+
 def pod_app(pod: Obj) -> str:
-    """The pod's ``app`` label (its DaemonSet's name), "" when it has none."""
-    return str((pod["metadata"].get("labels") or {}).get("app", ""))
+    """The pod's DaemonSet name (:func:`app_of` its labels), "" when it has none."""
+    return app_of(pod["metadata"].get("labels") or {})
+
+
+def daemonset_app(ds: Obj) -> str:
+    """What :func:`pod_app` says of the DaemonSet's pods: read from its selector."""
+    return app_of(ds["spec"]["selector"]["matchLabels"])
 
 
 DRIVER_COMPONENTS = ("nvidia-driver", "nvidia-vgpu-host-manager")
@@ -178,7 +189,7 @@ def is_driver_pod(pod: Obj) -> bool:
 def pod_index(pod: Obj) -> tuple[str, str] | None:
     """Pods by (node, app label): the upgrade code asks for "the driver pod on node X"."""
     node = pod["spec"].get("nodeName")
-    app = pod["metadata"]["labels"].get("app")
+    app = app_of(pod["metadata"]["labels"])
     return (node, app) if node and app else None
 
 

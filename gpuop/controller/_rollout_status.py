@@ -18,6 +18,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from components.driver import NAME as DRIVER_COMPONENT
 from gpuop.controller._keys import STUCK_KEY
+from gpuop.controller._pods import daemonset_app
 from gpuop.controller._policy_status import policy_ref, stored_condition
 from gpuop.controller._rollout_view import NodeRollouts, RolloutView
 from gpuop.events import EventRecorder
@@ -74,7 +75,7 @@ class RolloutReports:
         if not out_of_service:
             return 0
         apps = [
-            o["spec"]["selector"]["matchLabels"]["app"]
+            daemonset_app(o)
             for component, objs in desired.items()
             if component != DRIVER_COMPONENT
             for o in objs

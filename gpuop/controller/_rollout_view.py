@@ -22,7 +22,7 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
-from gpuop.controller._pods import is_driver_pod
+from gpuop.controller._pods import daemonset_app, is_driver_pod
 from gpuop.informer import Informer, Obj
 from gpuop.log import get_logger
 from statemachine.node_rollout import (
@@ -262,7 +262,7 @@ class NodeRollouts:
                 daemons.append(
                     _Daemon(
                         component=component,
-                        app=spec["selector"]["matchLabels"]["app"],
+                        app=daemonset_app(obj),
                         selector=tuple(sorted((template.get("nodeSelector") or {}).items())),
                         revision=None if on_delete or not hash_ else hash_,
                         revision_time=created,

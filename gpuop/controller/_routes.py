@@ -15,6 +15,7 @@ from gpuop.controller._keys import CLUSTER_KEY, NVD_KEY, node_key
 from gpuop.controller._nvidiadriver_status import is_policy_driver
 from gpuop.controller._pods import WATCHED_APPS, pod_app
 from gpuop.controller._rollout_view import pod_facts
+from gpuop.controller._workload import HANDOVER_APPS
 from gpuop.informer import Obj
 
 
@@ -59,8 +60,10 @@ def route_pod(
     node = (pod.get("spec") or {}).get("nodeName")
     app = pod_app(pod)
     keys: list[str] = []
-    if node and (driver or app in WATCHED_APPS):
-        keys.append(node_key(node))  # the node's upgrade step reads its driver and validator
+    if node and (driver or app in WATCHED_APPS or app in HANDOVER_APPS):
+        # The node's upgrade step reads its driver and validator; its workload hand-over
+        # waits for every GPU claimant's pod (driver, VFIO or vGPU manager) to go.
+        keys.append(node_key(node))
     fleet = False
     if event != "MODIFIED":  # hand-over gates and the fleet budget ask only whether one is there
         if driver:

@@ -79,6 +79,19 @@ def test_a_usage_error_is_one_line(tmp_path: Path) -> None:
     assert "--output" in line
 
 
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--workload", "gpu-node-0001=vmx"], "gpu-node-0001=vmx: expected NODE=WORKLOAD"),
+        (["--workload", "gpu-node-0007=vm-vgpu"], "gpu-node-0007=vm-vgpu: not a GPU node"),
+    ],
+)
+def test_a_bad_workload_is_one_line_naming_it(tmp_path: Path, argv: list[str], words: str) -> None:
+    line = _one_error_line(_gpuop(tmp_path, "cluster", "up", "--dir", str(tmp_path / "c"), *argv))
+    assert words in line
+    assert not (tmp_path / "c").exists()  # refused before anything was started
+
+
 def test_an_api_refusal_is_named_by_status_and_message() -> None:
     err = ApiException(status=403, reason="Forbidden")
     err.body = b'{"kind":"Status","message":"nodes is forbidden:\\n user \\"x\\" cannot list"}'

@@ -138,7 +138,9 @@ def _fake_start(monkeypatch: pytest.MonkeyPatch, taken: int) -> tuple[list[int],
             raise PortTaken("kube-apiserver could not bind its port: address already in use")
         return "info"
 
-    async def populate(self: LocalCluster, nodes: int, gpu_nodes: int, dra: bool) -> None:
+    async def populate(
+        self: LocalCluster, nodes: int, gpu_nodes: int, dra: bool, workloads: object
+    ) -> None:
         events.append("populate")
 
     monkeypatch.setattr(_cluster, "ensure_binaries", lambda versions: None)

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from gpuop.cluster import GPU_MODELS, NFD_GPU_LABEL, SIMULATED_LABEL, node_manifests
+from gpuop.cluster import (
+    GPU_MODELS,
+    NFD_GPU_LABEL,
+    SIMULATED_LABEL,
+    WORKLOAD_LABEL,
+    node_manifests,
+    parse_workload,
+    workload_labels,
+)
 
 
 def test_counts_and_names() -> None:
@@ -52,3 +60,39 @@ def test_models_mix_mig_capable_and_not() -> None:
 def test_bad_counts_are_refused_naming_the_flag(nodes: int, gpus: int) -> None:
     with pytest.raises(ValueError, match=r"--(gpu-)?nodes"):
         node_manifests(nodes, gpus)
+
+
+def test_workloads_label_the_named_gpu_nodes_only() -> None:
+    nodes = node_manifests(5, 3, {"gpu-node-0001": "vm-passthrough", "gpu-node-0002": "vm-vgpu"})
+    got = {n["metadata"]["name"]: n["metadata"]["labels"].get(WORKLOAD_LABEL) for n in nodes}
+    assert got == {
+        "gpu-node-0000": None,
+        "gpu-node-0001": "vm-passthrough",
+        "gpu-node-0002": "vm-vgpu",
+        "cpu-node-0000": None,
+        "cpu-node-0001": None,
+    }
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("gpu-node-0001", "expected NODE=WORKLOAD"),
+        ("gpu-node-0001=vm", "vm-passthrough"),
+        ("=container", "expected NODE=WORKLOAD"),
+    ],
+)
+def test_a_bad_workload_value_names_it(text: str, words: str) -> None:
+    with pytest.raises(ValueError, match=words) as err:
+        parse_workload(text)
+    assert text in str(err.value)
+
+
+def test_a_workload_must_name_a_gpu_node_once() -> None:
+    assert parse_workload("gpu-node-0001=vm-vgpu") == ("gpu-node-0001", "vm-vgpu")
+    with pytest.raises(ValueError, match=r"cpu-node-0000.*not a GPU node"):
+        workload_labels([("cpu-node-0000", "vm-vgpu")], 2)
+    with pytest.raises(ValueError, match=r"gpu-node-0002.*not a GPU node.*gpu-node-0001"):
+        workload_labels([("gpu-node-0002", "vm-vgpu")], 2)
+    with pytest.raises(ValueError, match="gpu-node-0000 given twice"):
+        workload_labels([("gpu-node-0000", "vm-vgpu"), ("gpu-node-0000", "container")], 2)

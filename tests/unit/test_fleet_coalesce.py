@@ -38,6 +38,7 @@ def test_fleet_news_waits_twenty_times_the_last_pass(last_pass_cpu_s: float, wai
         upgrades=nothing,
         gate=nothing,
         nvd=nothing,
+        workloads=nothing,
     )
     passes._fleet_cpu_s = last_pass_cpu_s
     passes.fleet_soon()
@@ -64,6 +65,7 @@ def _passes_over(nodes: Informer) -> NodeReconciler:
         upgrades=nothing,
         gate=nothing,
         nvd=nothing,
+        workloads=nothing,
     )
 
 

@@ -171,3 +171,18 @@ def test_a_validator_pod_wakes_its_node_only() -> None:
     validator = _pod("nvidia-operator-validator", component="gpu-operator")
     wake = _on_pod(nvd, "ADDED", None, validator)
     assert wake == Wake((node_key("n0"),), fleet=False, progress=True)
+
+
+def test_a_vm_manager_pod_wakes_its_node_whose_hand_over_may_wait_for_it() -> None:
+    nvd, _, _ = _controller(waiting_for_slot=True)
+    for app, component in (
+        ("nvidia-vfio-manager", "vfio-manager"),
+        ("nvidia-vgpu-manager-daemonset", "vgpu-manager"),
+    ):
+        pod = _pod(app, component=component)
+        del pod["metadata"]["labels"]["app"]
+        pod["metadata"]["labels"]["name" if app == "nvidia-vfio-manager" else "app"] = app
+        wake = _on_pod(nvd, "DELETED", pod, None)
+        assert wake == Wake((node_key("n0"),), fleet=False, progress=True), app
+    sandbox_plugin = _pod("nvidia-sandbox-device-plugin-daemonset", component="x")
+    assert _on_pod(nvd, "DELETED", sandbox_plugin, None).keys == ()

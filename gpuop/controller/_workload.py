@@ -1,0 +1,165 @@
+"""A node's workload on the node pass: the GPU hand-over hold and the Events about it.
+
+The label pass (`components.labels`) gives a node its workload's deploy labels; this
+module carries out `statemachine.workload_handover` on that patch: a claimant's label
+(driver, VFIO manager, vGPU manager) is left out while another claimant's pod, or for
+a VM host a container's GPU pod, is still on the node. What the machine reads comes
+from the operand pods cache, except the GPU workload pods, which are listed (one GET on
+the node) only while a VM claimant's label is held; those are not watched, so the node
+is looked at again every `GPU_PODS_RECHECK_S` until they are gone.
+
+Events tell the administrator what happens, once per change: a node whose
+`nvidia.com/gpu.workload.config` names no workload (Warning, with the fallback), and a
+hand-over waiting or done. The memo that keeps them from repeating on every pass is
+only that; every decision is read from the cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from components.driver import DAEMONSET_NAME as DRIVER_DS
+from components.labels import node_workload
+from components.vfio_manager import DAEMONSET_NAME as VFIO_MANAGER_APP
+from components.vgpu_manager import DAEMONSET_NAME as VGPU_MANAGER_APP
+from crd import ClusterPolicySpec
+from gpuop.controller._eviction import Emptying
+from gpuop.controller._nodes import labels
+from gpuop.events import EventRecorder
+from gpuop.informer import Informer, Obj
+from gpuop.log import get_logger
+from statemachine.eviction import gpu_workload
+from statemachine.workload_handover import (
+    DRIVER,
+    GPU_PODS_LEAVING,
+    VFIO_MANAGER,
+    VGPU_MANAGER,
+    HandoverStep,
+    HandoverView,
+    handover_step,
+    held,
+    pending_claim,
+)
+
+log = get_logger(__name__)
+
+HANDOVER_APPS = (VFIO_MANAGER_APP, VGPU_MANAGER_APP)
+"""The VM claimants' pods (their DaemonSets' `app`): their going wakes the node pass,
+as a driver pod's does."""
+GPU_PODS_RECHECK_S = 5.0
+"""How often a node held for container GPU pods is looked at again (they are not
+watched: only the operator's own pods are)."""
+
+
+class WorkloadHandovers:
+    """The node pass's hand-over hold and workload Events."""
+
+    def __init__(
+        self,
+        pods: Informer,
+        emptying: Emptying,
+        events: EventRecorder,
+        driver_app: Callable[[str], str],
+    ) -> None:
+        self._pods = pods
+        self._emptying = emptying
+        self._events = events
+        self._driver_app = driver_app
+        #: Per node, what was last said in an Event (only to say it once).
+        self._said_invalid: dict[str, str] = {}
+        self._said_step: dict[str, str] = {}
+
+    def forget(self, node: str) -> None:
+        self._said_invalid.pop(node, None)
+        self._said_step.pop(node, None)
+
+    async def report_workload(self, node: Obj, spec: ClusterPolicySpec | None) -> None:
+        """A Warning Event naming a node whose workload label is invalid, once per value."""
+        name = node["metadata"]["name"]
+        workload = node_workload(labels(node), spec)
+        problem = workload.problem
+        if problem is None:
+            self._said_invalid.pop(name, None)
+            return
+        assert workload.invalid_value is not None
+        if self._said_invalid.get(name) == workload.invalid_value:
+            return
+        self._said_invalid[name] = workload.invalid_value
+        log.warning("invalid GPU workload", node=name, problem=problem)
+        await self._events.record(
+            _node_ref(node), "GPUWorkloadConfigInvalid", f"node {name}: {problem}", warning=True
+        )
+
+    async def hold(
+        self, node: Obj, changes: Mapping[str, str | None], target: str
+    ) -> tuple[dict[str, str | None], HandoverStep | None]:
+        """The label patch to write this pass, and the hand-over step (None: no claimant
+        label pending)."""
+        claim = pending_claim(changes)
+        name = node["metadata"]["name"]
+        if claim is None:
+            self._said_step.pop(name, None)
+            return dict(changes), None
+        present = frozenset(
+            c for c, apps in self._claimant_apps(name).items() if self._any(name, apps)
+        )
+        gpu_pods: tuple[str, ...] = ()
+        if claim != DRIVER and DRIVER not in present:
+            gpu_pods = await self._gpu_pods(name)
+        step = handover_step(HandoverView(claim, present, gpu_pods))
+        await self._report(node, target, claim, step)
+        return held(changes, step), step
+
+    def _claimant_apps(self, node: str) -> dict[str, tuple[str, ...]]:
+        return {
+            DRIVER: tuple(dict.fromkeys((self._driver_app(node), DRIVER_DS))),
+            VFIO_MANAGER: (VFIO_MANAGER_APP,),
+            VGPU_MANAGER: (VGPU_MANAGER_APP,),
+        }
+
+    def _any(self, node: str, apps: tuple[str, ...]) -> bool:
+        return any(self._pods.indexed((node, app)) for app in apps)
+
+    async def _gpu_pods(self, node: str) -> tuple[str, ...]:
+        pods = await self._emptying.node_pods(node)
+        ours = self._emptying.namespace
+        return tuple(
+            sorted(
+                f"{p['metadata'].get('namespace')}/{p['metadata'].get('name')}"
+                for p in pods
+                if gpu_workload(p) and p["metadata"].get("namespace") != ours
+            )
+        )
+
+    async def _report(self, node: Obj, target: str, claim: str, step: HandoverStep) -> None:
+        """An Event when the hand-over starts waiting for something new, and when it ends."""
+        name = node["metadata"]["name"]
+        said = self._said_step.get(name)
+        if not step.hold:
+            self._said_step.pop(name, None)
+            if said is not None:  # it was held: a hand-over, not an ordinary labelling
+                words = f"node {name} ({target}): GPUs handed to the {claim}"
+                log.info("GPU workload handed over", node=name, workload=target, claimant=claim)
+                await self._events.record(_node_ref(node), "GPUWorkloadHandedOver", words)
+            return
+        waiting = ", ".join(step.waiting_for)
+        key = f"{step.state}: {waiting}"
+        if said == key:
+            return
+        self._said_step[name] = key
+        words = f"node {name} switches to {target}: the {claim} waits ({step.state}) for {waiting}"
+        pods = step.state == GPU_PODS_LEAVING
+        if pods:
+            words += "; the operator removes no workload: drain the node to go on"
+        log.info("GPU workload hand-over waits", node=name, state=step.state, waiting=waiting)
+        await self._events.record(_node_ref(node), "GPUWorkloadHandover", words, warning=pods)
+
+
+def _node_ref(node: Obj) -> dict[str, Any]:
+    meta = node["metadata"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": meta["name"], "uid": meta.get("uid")},
+    }
