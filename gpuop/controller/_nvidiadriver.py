@@ -45,7 +45,7 @@ from gpuop.controller._keys import CLUSTER_KEY, UPGRADES_KEY, node_key
 from gpuop.controller._memo import VersionMemo
 from gpuop.controller._nodes import labels
 from gpuop.controller._nvidiadriver_status import StatusWriter, is_policy_driver, nvd_owner
-from gpuop.controller._pods import PodSubset, is_driver_pod, pod_app
+from gpuop.controller._pods import PodRecord, PodSubset, is_driver_pod, pod_app
 from gpuop.controller._upgrade_inputs import policy_view, state_of
 from gpuop.informer import Informer, Obj, ResourceSpec
 from gpuop.log import get_logger
@@ -120,15 +120,14 @@ class NVIDIADrivers:
             return  # only status changed (most likely our own write)
         self.op.queue.add(NVD_KEY)
 
-    def on_pod(self, event: str, old: Obj | None, new: Obj | None) -> None:
+    def on_pod(self, event: str, old: PodRecord | None, new: PodRecord | None) -> None:
         """An event of the operand pods cache: driver pods only."""
         if not self.driver_pods.update(old, new):
             return
         pod = new or old
         assert pod is not None
-        node = (pod.get("spec") or {}).get("nodeName")
-        if node:
-            self.op.queue.add(node_key(node))  # the node's upgrade reads its driver pod
+        if pod.node:
+            self.op.queue.add(node_key(pod.node))  # the node's upgrade reads its driver pod
         if event == "MODIFIED":
             return  # hand-over gates and the fleet budget only ask whether one is there
         self.op.queue.add(NVD_KEY)
@@ -250,11 +249,7 @@ class NVIDIADrivers:
             is_policy_driver(d["metadata"]["name"]) for d in self.op.owned["DaemonSet"].values()
         ):
             return set(self.op.nodes.store)
-        return {
-            str(p["spec"]["nodeName"])
-            for p in self.driver_pods.values()
-            if p["spec"].get("nodeName")
-        }
+        return {p.node for p in self.driver_pods.values() if p.node}
 
     # ----------------------------------------------------------- reconcile
     async def reconcile(self) -> None:

@@ -42,6 +42,7 @@ from gpuop.controller._owned import ALWAYS_WATCHED, OptionalWatches
 from gpuop.controller._pace import ProgressPace
 from gpuop.controller._pods import (
     WATCHED_APPS,
+    PodRecord,
     PodShape,
     pod_app,
     pod_index,
@@ -56,7 +57,7 @@ from gpuop.controller._rollout_status import STUCK_KEY, RolloutReports
 from gpuop.controller._rollout_view import NodeRollouts, pod_facts
 from gpuop.controller._site_config import SiteConfigMaps
 from gpuop.controller._upgrade import Upgrades
-from gpuop.informer import Handler, Informer, Obj, ResourceSpec
+from gpuop.informer import Informer, Obj, ResourceSpec
 from gpuop.log import get_logger
 from gpuop.metrics import OperatorMetrics
 from gpuop.rest import Kind, Rest, by_kind
@@ -120,25 +121,29 @@ class Operator:
             self.owned, owned_informer, lambda: self.queue.add(CLUSTER_KEY)
         )
 
-        def managed_cache(name: str, kind: Kind, handler: Handler, **opts: Any) -> Informer:
-            lister = rest.lister(kind, ns)
-            return Informer(
-                ResourceSpec(name, lister, label_selector=OPERAND_SELECTOR, **opts), handler
-            )
-
-        # Every operand pod: the per-node rollout reads each component's pod.
-        self.pods = managed_cache(
-            "pods",
-            POD,
+        # Every operand pod, as a PodRecord: the per-node rollout reads each
+        # component's pod, so the pods outnumber every other object we keep.
+        self.pods: Informer[PodRecord] = Informer(
+            ResourceSpec(
+                "pods",
+                rest.lister(POD, ns),
+                label_selector=OPERAND_SELECTOR,
+                transform=trim_pod,
+                shape=PodShape,
+                index=pod_index,
+                page_size=100,
+                track_index_changes=True,  # the per-node view redoes only changed nodes
+            ),
             self._on_pod,
-            transform=trim_pod,
-            shape=PodShape,
-            index=pod_index,
-            page_size=100,
-            track_index_changes=True,  # the per-node view redoes only changed nodes
         )
-        self.revisions = managed_cache(
-            "controllerrevisions", REVISION, self._on_revision, transform=trim_revision
+        self.revisions = Informer(
+            ResourceSpec(
+                "controllerrevisions",
+                rest.lister(REVISION, ns),
+                label_selector=OPERAND_SELECTOR,
+                transform=trim_revision,
+            ),
+            self._on_revision,
         )
         self.upgrades = Upgrades(
             rest,
@@ -218,7 +223,7 @@ class Operator:
 
     # ------------------------------------------------------------- informers
     @property
-    def informers(self) -> list[Informer]:
+    def informers(self) -> list[Informer[Any]]:
         return [
             self.nodes,
             self.policies,
@@ -312,13 +317,13 @@ class Operator:
         if is_driver_object(obj):
             self.queue.add(NVD_KEY)  # NVIDIADriver status, and the driver hand-over
 
-    def _on_pod(self, event: str, old: Obj | None, new: Obj | None) -> None:
+    def _on_pod(self, event: str, old: PodRecord | None, new: PodRecord | None) -> None:
         pod = new or old
         assert pod is not None
         self.nvd.on_pod(event, old, new)
         if pod_facts(old) != pod_facts(new):
             self._progress()  # where that node stands in the rollout
-        node = (pod.get("spec") or {}).get("nodeName")
+        node = pod.node
         app = pod_app(pod)
         if node and app in WATCHED_APPS:
             self.queue.add(node_key(node))

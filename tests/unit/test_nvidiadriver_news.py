@@ -15,6 +15,7 @@ from crd import OWNER_LABEL
 from gpuop.controller._keys import CLUSTER_KEY, UPGRADES_KEY, node_key
 from gpuop.controller._nodes import trim_node
 from gpuop.controller._nvidiadriver import NVD_KEY, NVIDIADrivers
+from gpuop.controller._pods import PodRecord, trim_pod
 from gpuop.informer import Informer, ResourceSpec, key_of
 
 Obj = dict[str, Any]
@@ -58,12 +59,14 @@ def _controller(waiting_for_slot: bool = False) -> tuple[NVIDIADrivers, _Queue, 
     return NVIDIADrivers(op, SimpleNamespace()), queue, nodes  # type: ignore[arg-type]
 
 
-def _pod(app: str, node: str = "n0", component: str = "nvidia-driver") -> Obj:
+def _pod(app: str, node: str = "n0", component: str = "nvidia-driver") -> PodRecord:
     labels = {"app": app, COMPONENT_POD_LABEL: component}
-    return {
-        "metadata": {"name": f"{app}-x", "namespace": "gpu-operator", "labels": labels},
-        "spec": {"nodeName": node},
-    }
+    return trim_pod(
+        {
+            "metadata": {"name": f"{app}-x", "namespace": "gpu-operator", "labels": labels},
+            "spec": {"nodeName": node},
+        }
+    )
 
 
 def _node(name: str, owner: str | None = None) -> Obj:
