@@ -13,6 +13,7 @@ per pod, most of it its name, uid and resourceVersion.
 from __future__ import annotations
 
 import sys
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -112,8 +113,12 @@ class PodRecord:
 
     key: str
     """``namespace/name``, the cache's key (the same string object: not held twice)."""
-    uid: str
-    resource_version: str
+    packed_uid: int | str
+    """The uid as the integer of its UUID (44 bytes instead of 85), or as sent when it
+    is not a UUID in the canonical form (:attr:`uid` gives it back either way)."""
+    packed_resource_version: int | str
+    """The resourceVersion as an integer (an etcd revision), or as sent when it is not
+    one (:attr:`resource_version` gives it back either way)."""
     created: str
     """``creationTimestamp`` (RFC 3339, interned: pods of one rollout share seconds)."""
     deleting: bool
@@ -131,6 +136,15 @@ class PodRecord:
     """Why the first waiting container waits (``ImagePullBackOff``), "" when none does."""
     config_digest: str
     """The driver's install digest (:func:`components.driver.digest_in`), "" when none."""
+
+    @property
+    def uid(self) -> str:
+        packed = self.packed_uid
+        return packed if isinstance(packed, str) else str(uuid.UUID(int=packed))
+
+    @property
+    def resource_version(self) -> str:
+        return str(self.packed_resource_version)
 
     @property
     def name(self) -> str:
@@ -154,8 +168,8 @@ def trim_pod(pod: Obj) -> PodRecord:
     containers = status.get("containerStatuses") or []
     return PodRecord(
         key=key_of(pod),  # unique: interning would only add an entry to Python's table
-        uid=str(meta.get("uid") or ""),
-        resource_version=str(meta.get("resourceVersion") or ""),
+        packed_uid=_pack_uid(str(meta.get("uid") or "")),
+        packed_resource_version=_pack_version(str(meta.get("resourceVersion") or "")),
         created=sys.intern(str(meta.get("creationTimestamp") or "")),
         deleting=bool(meta.get("deletionTimestamp")),
         node=sys.intern(str(spec.get("nodeName") or "")),
@@ -169,6 +183,22 @@ def trim_pod(pod: Obj) -> PodRecord:
         waiting=next((w for w in map(_waiting, containers) if w), ""),
         config_digest=sys.intern(digest_in(spec)),
     )
+
+
+def _pack_uid(uid: str) -> int | str:
+    """A canonical UUID as its integer; anything else as it is (never altered)."""
+    try:
+        number = uuid.UUID(uid).int
+    except ValueError:
+        return uid
+    return number if str(uuid.UUID(int=number)) == uid else uid
+
+
+def _pack_version(version: str) -> int | str:
+    """A decimal resourceVersion as an integer; anything else (opaque) as it is."""
+    if version.isascii() and version.isdigit() and str(int(version)) == version:
+        return int(version)
+    return version
 
 
 def _waiting(status: Obj) -> str:

@@ -31,8 +31,8 @@ DRIVER = PODS[1]
 def test_the_record_names_exactly_the_fields_its_readers_use() -> None:
     assert {f.name for f in fields(PodRecord)} == {
         "key",
-        "uid",
-        "resource_version",
+        "packed_uid",
+        "packed_resource_version",
         "created",
         "deleting",
         "node",
@@ -71,6 +71,25 @@ def test_a_recorded_driver_pod_keeps_what_the_rollout_and_the_upgrade_read() -> 
     assert trim_pod(terminating).deleting
     assert not pod.deleting
     assert pod_facts(trim_pod(terminating)) != pod_facts(pod)
+
+
+def test_uid_and_resource_version_read_back_exactly_as_sent() -> None:
+    """Both are kept as integers where they are a canonical UUID and an etcd revision
+    (half the bytes); anything else is kept as sent, never altered."""
+    for uid, rv in (
+        ("97d7821c-498b-4c86-983c-800bb78030ae", "1234567"),
+        ("97D7821C-498B-4C86-983C-800BB78030AE", "007"),
+        ("not-a-uuid", "opaque/1"),
+        ("", ""),
+    ):
+        raw = copy.deepcopy(DRIVER)
+        raw["metadata"]["uid"] = uid
+        raw["metadata"]["resourceVersion"] = rv
+        pod = trim_pod(raw)
+        assert (pod.uid, pod.resource_version) == (uid, rv)
+    packed = trim_pod(DRIVER)
+    assert isinstance(packed.packed_uid, int)
+    assert isinstance(packed.packed_resource_version, int)
 
 
 def test_readiness_follows_the_ready_condition_only() -> None:
