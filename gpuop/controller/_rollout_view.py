@@ -211,7 +211,7 @@ class NodeRollouts:
 
     def _observe(
         self, node: str, labels: Mapping[str, str], daemons: Iterable[_Daemon]
-    ) -> tuple[dict[str, PodState], dict[str, float]]:
+    ) -> tuple[Mapping[str, PodState], dict[str, float]]:
         """Each component's pod state on the node, and since when it waits (cluster time)."""
         states: dict[str, PodState] = {}
         since: dict[str, float] = {}
@@ -226,7 +226,7 @@ class NodeRollouts:
             since[daemon.component] = max(
                 since.get(daemon.component, float("-inf")), created, daemon.revision_time
             )
-        return states, since
+        return _shared_states(states), since
 
     def _daemons(self, desired: Mapping[str, Iterable[Obj]]) -> list[_Daemon]:
         newest: dict[str, tuple[int, str, float]] = {}
@@ -287,6 +287,24 @@ class NodeRollouts:
                         )
                     )
         return found
+
+
+#: One mapping per distinct observation: thousands of nodes share a handful ("every
+#: component ready"), and each node holding its own dict was a fifth of this view's
+#: memory. Readers never mutate it; anything comparing by identity (the tally) then
+#: only skips a recount that would give the same counts.
+_STATES: dict[tuple[tuple[str, PodState], ...], Mapping[str, PodState]] = {}
+_STATES_MAX = 4096
+
+
+def _shared_states(states: dict[str, PodState]) -> Mapping[str, PodState]:
+    key = tuple(states.items())
+    found = _STATES.get(key)
+    if found is None:
+        if len(_STATES) >= _STATES_MAX:
+            _STATES.clear()  # still-held mappings stay valid, only unshared
+        _STATES[key] = found = states
+    return found
 
 
 def _pod_state(pods: list[PodRecord], revision: str | None) -> tuple[PodState, float]:
