@@ -308,30 +308,26 @@ def _label(size: int | str, tag: str) -> str:
 
 
 def _cache_rows(cache: dict[str, Any] | None) -> list[Row]:
-    """Figure 4's cache share: what the node and pod caches hold, no cluster."""
+    """Figure 4's share held per GPU node (no cluster): the node and pod caches, and the
+    per-node rollout view's state."""
     if not cache:
         return []
-    rows = [
-        Row(
-            "4",
-            str(r["gpu_nodes"]),
-            "node and pod caches (tests.bench.cache_size)",
-            "MiB",
-            Summary.of([r["held_mib"]]),
-        )
-        for r in cache["sizes"]
-    ]
-    if cache.get("mib_per_1000_gpu_nodes") is not None:
-        sizes = ",".join(str(r["gpu_nodes"]) for r in cache["sizes"])
-        rows.append(
-            Row(
-                "4",
-                sizes,
-                "cache growth per 1000 GPU nodes",
-                "MiB",
-                Summary.of([cache["mib_per_1000_gpu_nodes"]]),
-            )
-        )
+    rows: list[Row] = []
+    for r in cache["sizes"]:
+        size = str(r["gpu_nodes"])
+        held = Summary.of([r["held_mib"]])
+        rows.append(Row("4", size, "node and pod caches (tests.bench.cache_size)", "MiB", held))
+        if r.get("rollout_view_mib") is not None:
+            view = Summary.of([r["rollout_view_mib"]])
+            metric = "per-node rollout view (tests.bench.cache_size)"
+            rows.append(Row("4", size, metric, "MiB", view))
+    sizes = ",".join(str(r["gpu_nodes"]) for r in cache["sizes"])
+    for key, metric in (
+        ("mib_per_1000_gpu_nodes", "cache growth per 1000 GPU nodes"),
+        ("rollout_view_mib_per_1000_gpu_nodes", "rollout view growth per 1000 GPU nodes"),
+    ):
+        if cache.get(key) is not None:
+            rows.append(Row("4", sizes, metric, "MiB", Summary.of([cache[key]])))
     return rows
 
 

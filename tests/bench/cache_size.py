@@ -7,9 +7,11 @@ watch event at a time the way the operator's watches decode them (pods through
 :class:`~gpuop.controller._pods.PodShape`), and fed through the operator's own
 transforms into real :class:`~gpuop.informer.Informer` stores with the pod
 index. Every operand pod is kept, as the operator's pods watch selects them all.
-tracemalloc reports what stays allocated; the slope over the sizes is the cache's
-share of the operator's growth per 1,000 GPU nodes (the rest of its peak RSS is
-the import floor and what LIST pages and watch streams leave behind).
+tracemalloc reports what stays allocated; then, apart, what the per-node rollout
+view (:class:`~gpuop.controller._rollout_view.NodeRollouts`) keeps after one pass
+over every node for the sample policy's DaemonSets. The slope over the sizes is
+their share of the operator's growth per 1,000 GPU nodes (the rest of its peak RSS
+is the import floor and what LIST pages and watch streams leave behind).
 """
 
 from __future__ import annotations
@@ -22,9 +24,13 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
+import crd
 import gpuop  # noqa: F401  (installs the lazy kubernetes-asyncio packages first)
-from gpuop.controller._nodes import trim_node
+from components import RenderContext, desired_objects, node_facts
+from components.labels import is_gpu_node
+from gpuop.controller._nodes import labels, trim_node
 from gpuop.controller._pods import PodShape, pod_index, trim_pod
+from gpuop.controller._rollout_view import NodeRollouts
 from gpuop.informer import Informer, ResourceSpec, key_of
 from gpuop.shapes import Decoder
 
@@ -47,7 +53,14 @@ def measure(nodes: int) -> dict[str, Any]:
     tracemalloc.start()
     node_cache = Informer(ResourceSpec("nodes", _never, transform=trim_node), lambda *_: None)
     pod_cache = Informer(
-        ResourceSpec("pods", _never, transform=trim_pod, index=pod_index, shape=PodShape),
+        ResourceSpec(
+            "pods",
+            _never,
+            transform=trim_pod,
+            index=pod_index,
+            shape=PodShape,
+            track_index_changes=True,
+        ),
         lambda *_: None,
     )
     for i in range(nodes):
@@ -66,13 +79,41 @@ def measure(nodes: int) -> dict[str, Any]:
             pod_cache._put(key_of(pod), pod)
     gc.collect()
     held, _ = tracemalloc.get_traced_memory()
+    view = _rollout_view(node_cache, pod_cache, json.loads(node_text))
+    gc.collect()
+    with_view, _ = tracemalloc.get_traced_memory()
     tracemalloc.stop()
+    del view
     return {
         "gpu_nodes": nodes,
         "pods_per_node": len(pod_texts),
         "held_mib": round(held / 2**20, 2),
         "kib_per_gpu_node": round(held / nodes / 1024, 2),
+        "rollout_view_mib": round((with_view - held) / 2**20, 2),
     }
+
+
+def _rollout_view(nodes: Informer, pods: Informer[Any], node: dict[str, Any]) -> NodeRollouts:
+    """One per-node view pass over every GPU node, for the sample policy's DaemonSets."""
+    model, problems = crd.parse_policy(crd.sample_policy())
+    assert model is not None, problems
+    ctx = RenderContext(
+        namespace="gpu-operator",
+        operator_image="gpuop:bench",
+        mig_capable=True,
+        service_monitor_crd=False,
+        prometheus_rule_crd=False,
+        gpu_nodes=(node_facts(node),),
+    )
+    desired = desired_objects(model.spec, ctx)
+
+    def empty(name: str) -> Informer:
+        return Informer(ResourceSpec(name, _never), lambda *_: None)
+
+    view = NodeRollouts(pods, empty("controllerrevisions"), empty("daemonsets"), "gpu-operator")
+    gpu = [n for n in nodes.values() if is_gpu_node(labels(n))]
+    view.view(desired, gpu)
+    return view
 
 
 def measure_sizes(sizes: tuple[int, ...] | list[int] = SIZES) -> dict[str, Any]:
@@ -80,10 +121,16 @@ def measure_sizes(sizes: tuple[int, ...] | list[int] = SIZES) -> dict[str, Any]:
     runs = [measure(n) for n in sizes]
     xs = [float(r["gpu_nodes"]) for r in runs]
     ys = [float(r["held_mib"]) for r in runs]
-    per_node = statistics.linear_regression(xs, ys).slope if len(runs) > 1 else None
+    views = [float(r["rollout_view_mib"]) for r in runs]
+    many = len(runs) > 1
+    per_node = statistics.linear_regression(xs, ys).slope if many else None
+    view_per_node = statistics.linear_regression(xs, views).slope if many else None
     return {
         "sizes": runs,
         "mib_per_1000_gpu_nodes": None if per_node is None else round(per_node * 1000, 2),
+        "rollout_view_mib_per_1000_gpu_nodes": (
+            None if view_per_node is None else round(view_per_node * 1000, 2)
+        ),
     }
 
 
@@ -99,10 +146,14 @@ def main() -> None:
     for r in got["sizes"]:
         print(
             f"{r['gpu_nodes']} GPU nodes, {r['pods_per_node']} pods each: "
-            f"{r['held_mib']:.2f} MiB, {r['kib_per_gpu_node']:.2f} KiB per GPU node"
+            f"{r['held_mib']:.2f} MiB, {r['kib_per_gpu_node']:.2f} KiB per GPU node; "
+            f"per-node rollout view {r['rollout_view_mib']:.2f} MiB"
         )
     if got["mib_per_1000_gpu_nodes"] is not None:
-        print(f"slope: {got['mib_per_1000_gpu_nodes']:.2f} MiB per 1,000 GPU nodes")
+        print(
+            f"slope: caches {got['mib_per_1000_gpu_nodes']:.2f}, rollout view "
+            f"{got['rollout_view_mib_per_1000_gpu_nodes']:.2f} MiB per 1,000 GPU nodes"
+        )
 
 
 if __name__ == "__main__":
