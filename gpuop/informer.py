@@ -4,7 +4,9 @@ Modelled on client-go's reflector and kopf's watch loop: bookmarks keep the
 resourceVersion fresh, a 410 Gone (history compacted) triggers a relist, and a
 stream silent for longer than the bookmark interval is reconnected. Objects are
 kept as plain dicts, trimmed by a per-resource transform (``managedFields`` and
-whatever the operator never reads), so memory stays flat as the fleet grows.
+whatever the operator never reads), or, for the most numerous kind (operand pods),
+as a slotted :class:`Record` of the fields read, so memory stays flat as the fleet
+grows.
 
 The cache is monotonic per object. Two sources write it: the watch, and
 ``observe()`` with what our own writes returned; without ordering, a watch event
