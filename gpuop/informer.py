@@ -4,7 +4,9 @@ Modelled on client-go's reflector and kopf's watch loop: bookmarks keep the
 resourceVersion fresh, a 410 Gone (history compacted) triggers a relist, and a
 stream silent for longer than the bookmark interval is reconnected. Objects are
 kept as plain dicts, trimmed by a per-resource transform (``managedFields`` and
-whatever the operator never reads), so memory stays flat as the fleet grows.
+whatever the operator never reads), or, for the most numerous kind (operand pods),
+as a slotted :class:`Record` of the fields read, so memory stays flat as the fleet
+grows.
 
 The cache is monotonic per object. Two sources write it: the watch, and
 ``observe()`` with what our own writes returned; without ordering, a watch event
@@ -35,10 +37,11 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, Protocol
 
 import aiohttp
 from kubernetes_asyncio.client.exceptions import ApiException
+from typing_extensions import TypeVar
 
 from gpuop.backoff import Backoff, Retry
 from gpuop.log import get_logger
@@ -47,8 +50,24 @@ from gpuop.shapes import Decoder
 log = get_logger(__name__)
 
 Obj = dict[str, Any]
+
+
+class Record(Protocol):
+    """A cache entry that is not a dict (:class:`gpuop.controller._pods.PodRecord`): a
+    projection kept for a big, numerous kind, naming what the cache itself reads."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def uid(self) -> str: ...
+    @property
+    def resource_version(self) -> str: ...
+
+
+#: What a cache holds: trimmed dicts (the default), or a :class:`Record`.
+T = TypeVar("T", bound="Obj | Record", default=Obj)
 #: ``(event_type, old, new)``: ADDED has no old, DELETED has no new.
-Handler = Callable[[str, Obj | None, Obj | None], None]
+Handler = Callable[[str, T | None, T | None], None]
 ListCall = Callable[..., Awaitable[Any]]
 
 #: The API server sends a bookmark about once a minute; silence well past that
@@ -65,7 +84,9 @@ RETRY = Backoff(0.5, 30.0)
 TOMBSTONE_SECONDS = 300.0
 
 
-def key_of(obj: Obj) -> str:
+def key_of(obj: Obj | Record) -> str:
+    if not isinstance(obj, dict):
+        return obj.key
     meta = obj.get("metadata", {})
     ns = meta.get("namespace")
     return f"{ns}/{meta['name']}" if ns else str(meta["name"])
@@ -81,16 +102,17 @@ class GoneError(Exception):
 
 
 @dataclass
-class ResourceSpec:
+class ResourceSpec(Generic[T]):
     """What to watch: a list call (which also watches with ``watch=True``) and options."""
 
     name: str
     list_call: ListCall
     label_selector: str | None = None
     field_selector: str | None = None
-    transform: Callable[[Obj], Obj] = strip_managed_fields
+    #: What is kept of each object: a dict, or a :class:`Record` (then ``T`` says which).
+    transform: Callable[[Obj], T] = strip_managed_fields  # type: ignore[assignment]
     #: Secondary index (e.g. pods by node): a key per object, or None for none.
-    index: Callable[[Obj], Any] | None = None
+    index: Callable[[T], Any] | None = None
     #: Items per LIST page. A page is parsed whole before it is trimmed, so for a
     #: big, heavily trimmed kind (pods) smaller pages lower the startup peak.
     page_size: int = 500
@@ -105,13 +127,13 @@ class ResourceSpec:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-class Informer:
+class Informer(Generic[T]):
     """One resource's cache, kept current by a watch; calls ``handler`` on changes."""
 
     def __init__(
         self,
-        spec: ResourceSpec,
-        handler: Handler,
+        spec: ResourceSpec[T],
+        handler: Handler[T],
         silence: float = SILENCE_SECONDS,
         retry: Backoff = RETRY,
     ) -> None:
@@ -119,8 +141,8 @@ class Informer:
         self.handler = handler
         self._decode = Decoder(spec.shape)
         self.silence = silence
-        self.store: dict[str, Obj] = {}
-        self._index: dict[Any, list[Obj]] = {}
+        self.store: dict[str, T] = {}
+        self._index: dict[Any, list[T]] = {}
         #: Index keys whose bucket changed since the last ``index_changes()``: lets a
         #: reader redo only what changed (the per-node rollout view, pods by node).
         self._index_changed: set[Any] = set()
@@ -138,13 +160,13 @@ class Informer:
         self.version = 0
 
     # ----------------------------------------------------------- public
-    def get(self, key: str) -> Obj | None:
+    def get(self, key: str) -> T | None:
         return self.store.get(key)
 
-    def values(self) -> list[Obj]:
+    def values(self) -> list[T]:
         return list(self.store.values())
 
-    def indexed(self, value: Any) -> list[Obj]:
+    def indexed(self, value: Any) -> list[T]:
         """Objects whose index key is ``value`` (O(1), not a scan of the store)."""
         return list(self._index.get(value, ()))
 
@@ -196,7 +218,7 @@ class Informer:
                 await asyncio.sleep(delay)
 
     # ------------------------------------------------------------ internals
-    def _put(self, key: str, obj: Obj) -> None:
+    def _put(self, key: str, obj: T) -> None:
         self._drop(key)
         self.store[key] = obj
         self.version += 1
@@ -207,7 +229,7 @@ class Informer:
                 if self.spec.track_index_changes:
                     self._index_changed.add(ikey)
 
-    def _drop(self, key: str) -> Obj | None:
+    def _drop(self, key: str) -> T | None:
         old = self.store.pop(key, None)
         if old is not None:
             self.version += 1
@@ -217,8 +239,8 @@ class Informer:
             if bucket is not None:
                 if self.spec.track_index_changes:
                     self._index_changed.add(ikey)
-                # Buckets hold one or two objects (a pod per node and app), so a
-                # list (64 bytes) rather than a dict (184); removal is by identity.
+                # Buckets hold a few objects (a node's operand pods), so a list
+                # rather than a dict; removal is by identity.
                 bucket[:] = [o for o in bucket if o is not old]
                 if not bucket:
                     del self._index[ikey]
@@ -236,7 +258,7 @@ class Informer:
                 break
             self._tombstones.popitem(last=False)
 
-    def _is_dead(self, key: str, obj: Obj) -> bool:
+    def _is_dead(self, key: str, obj: T) -> bool:
         """Is ``obj`` a version from before the deletion the watch reported?
 
         By version when they order; else by uid (a deleted uid never comes back;
@@ -269,7 +291,7 @@ class Informer:
         return kwargs
 
     async def _list(self) -> None:
-        items: dict[str, Obj] = {}
+        items: dict[str, T] = {}
         cont: str | None = None
         while True:
             kwargs = self._selectors()
@@ -408,16 +430,20 @@ def _rv_cmp(a: str, b: str) -> int | None:
     return (x > y) - (x < y)
 
 
-def _older(obj: Obj, than: Obj) -> bool:
+def _older(obj: Any, than: Any) -> bool:
     """Is ``obj`` a strictly older version than ``than``? False when they cannot be ordered."""
     return (_rv_cmp(_rv(obj), _rv(than)) or 0) < 0
 
 
-def _rv(obj: Obj) -> str:
+def _rv(obj: Obj | Record) -> str:
+    if not isinstance(obj, dict):
+        return obj.resource_version
     return str(obj.get("metadata", {}).get("resourceVersion") or "")
 
 
-def _uid(obj: Obj) -> str:
+def _uid(obj: Obj | Record) -> str:
+    if not isinstance(obj, dict):
+        return obj.uid
     return str(obj.get("metadata", {}).get("uid") or "")
 
 

@@ -45,7 +45,7 @@ from gpuop.controller._keys import CLUSTER_KEY, NVD_KEY, UPGRADES_KEY, node_key
 from gpuop.controller._memo import VersionMemo
 from gpuop.controller._nodes import labels
 from gpuop.controller._nvidiadriver_status import StatusWriter, is_policy_driver, nvd_owner
-from gpuop.controller._pods import PodSubset, is_driver_pod, pod_app
+from gpuop.controller._pods import PodRecord, PodSubset, is_driver_pod, pod_app
 from gpuop.controller._upgrade_inputs import policy_view
 from gpuop.informer import Informer, Obj, ResourceSpec
 from gpuop.kinds import by_kind
@@ -124,7 +124,7 @@ class NVIDIADrivers:
             return  # only status changed (most likely our own write)
         self.op.queue.add(NVD_KEY)
 
-    def follow_pod(self, old: Obj | None, new: Obj | None) -> bool:
+    def follow_pod(self, old: PodRecord | None, new: PodRecord | None) -> bool:
         """Follow one event of the operand pods cache; True when it was a driver pod's.
         What that wakes is the operator's router's to say (`_routes.route_pod`)."""
         return self.driver_pods.update(old, new)
@@ -237,11 +237,7 @@ class NVIDIADrivers:
             is_policy_driver(d["metadata"]["name"]) for d in self.op.owned["DaemonSet"].values()
         ):
             return set(self.op.nodes.store)
-        return {
-            str(p["spec"]["nodeName"])
-            for p in self.driver_pods.values()
-            if p["spec"].get("nodeName")
-        }
+        return {p.node for p in self.driver_pods.values() if p.node}
 
     # ----------------------------------------------------------- reconcile
     async def reconcile(self) -> None:

@@ -44,6 +44,7 @@ from gpuop.controller._nvidiadriver_status import is_driver_object
 from gpuop.controller._owned import ALWAYS_WATCHED, OptionalWatches
 from gpuop.controller._pace import ProgressPace
 from gpuop.controller._pods import (
+    PodRecord,
     PodShape,
     pod_index,
     trim_pod,
@@ -59,7 +60,7 @@ from gpuop.controller._routes import route_pod
 from gpuop.controller._site_config import SiteConfigMaps
 from gpuop.controller._upgrade import Upgrades
 from gpuop.controller._workload import WorkloadHandovers
-from gpuop.informer import Handler, Informer, Obj, ResourceSpec
+from gpuop.informer import Informer, Obj, ResourceSpec
 from gpuop.kinds import by_kind
 from gpuop.log import get_logger
 from gpuop.metrics import OperatorMetrics
@@ -124,25 +125,29 @@ class Operator:
             self.owned, owned_informer, lambda: self.queue.add(CLUSTER_KEY)
         )
 
-        def managed_cache(name: str, kind: Kind, handler: Handler, **opts: Any) -> Informer:
-            lister = rest.lister(kind, ns)
-            return Informer(
-                ResourceSpec(name, lister, label_selector=OPERAND_SELECTOR, **opts), handler
-            )
-
-        # Every operand pod: the per-node rollout reads each component's pod.
-        self.pods = managed_cache(
-            "pods",
-            POD,
+        # Every operand pod, as a PodRecord: the per-node rollout reads each
+        # component's pod, so the pods outnumber every other object we keep.
+        self.pods: Informer[PodRecord] = Informer(
+            ResourceSpec(
+                "pods",
+                rest.lister(POD, ns),
+                label_selector=OPERAND_SELECTOR,
+                transform=trim_pod,
+                shape=PodShape,
+                index=pod_index,
+                page_size=100,
+                track_index_changes=True,  # the per-node view redoes only changed nodes
+            ),
             self._on_pod,
-            transform=trim_pod,
-            shape=PodShape,
-            index=pod_index,
-            page_size=100,
-            track_index_changes=True,  # the per-node view redoes only changed nodes
         )
-        self.revisions = managed_cache(
-            "controllerrevisions", REVISION, self._on_revision, transform=trim_revision
+        self.revisions = Informer(
+            ResourceSpec(
+                "controllerrevisions",
+                rest.lister(REVISION, ns),
+                label_selector=OPERAND_SELECTOR,
+                transform=trim_revision,
+            ),
+            self._on_revision,
         )
         self.upgrades = Upgrades(
             rest,
@@ -230,7 +235,7 @@ class Operator:
 
     # ------------------------------------------------------------- informers
     @property
-    def informers(self) -> list[Informer]:
+    def informers(self) -> list[Informer[Any]]:
         return [
             self.nodes,
             self.policies,
@@ -332,7 +337,7 @@ class Operator:
         if is_driver_object(obj):
             self.queue.add(NVD_KEY)  # NVIDIADriver status, and the driver hand-over
 
-    def _on_pod(self, event: str, old: Obj | None, new: Obj | None) -> None:
+    def _on_pod(self, event: str, old: PodRecord | None, new: PodRecord | None) -> None:
         """Routed once (`_routes.route_pod`); NVIDIADrivers only follows its driver pods."""
         driver = self.nvd.follow_pod(old, new)
         wake = route_pod(

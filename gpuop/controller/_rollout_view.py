@@ -22,7 +22,7 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
-from gpuop.controller._pods import daemonset_app, is_driver_pod
+from gpuop.controller._pods import PodRecord, daemonset_app, is_driver_pod, pods_on
 from gpuop.informer import Informer, Obj
 from gpuop.log import get_logger
 from statemachine.node_rollout import (
@@ -112,7 +112,7 @@ class NodeRollouts:
 
     def __init__(
         self,
-        pods: Informer,
+        pods: Informer[PodRecord],
         revisions: Informer,
         daemonsets: Informer,
         namespace: str,
@@ -147,7 +147,7 @@ class NodeRollouts:
             self._daemons_seen = daemons
             self._pods.index_changes()  # everything is observed again anyway
         else:
-            for node_name, _app in self._pods.index_changes():
+            for node_name in self._pods.index_changes():
                 self._seen.pop(node_name, None)
         now = self._clock()
         stuck: list[StuckNode] = []
@@ -211,18 +211,14 @@ class NodeRollouts:
 
     def _observe(
         self, node: str, labels: Mapping[str, str], daemons: Iterable[_Daemon]
-    ) -> tuple[dict[str, PodState], dict[str, float]]:
+    ) -> tuple[Mapping[str, PodState], dict[str, float]]:
         """Each component's pod state on the node, and since when it waits (cluster time)."""
         states: dict[str, PodState] = {}
         since: dict[str, float] = {}
         for daemon in daemons:
             if any(labels.get(k) != v for k, v in daemon.selector):
                 continue
-            pods = [
-                p
-                for p in self._pods.indexed((node, daemon.app))
-                if not p["metadata"].get("deletionTimestamp")
-            ]
+            pods = [p for p in pods_on(self._pods, node, daemon.app) if not p.deleting]
             state, created = _pod_state(pods, daemon.revision)
             known = states.get(daemon.component)
             if known is None or _WORST[state] > _WORST[known]:
@@ -230,7 +226,7 @@ class NodeRollouts:
             since[daemon.component] = max(
                 since.get(daemon.component, float("-inf")), created, daemon.revision_time
             )
-        return states, since
+        return _shared_states(states), since
 
     def _daemons(self, desired: Mapping[str, Iterable[Obj]]) -> list[_Daemon]:
         newest: dict[str, tuple[int, str, float]] = {}
@@ -279,48 +275,52 @@ class NodeRollouts:
         for node in nodes:
             name = str(node["metadata"]["name"])
             for app in names:
-                for pod in self._pods.indexed((name, app)):
-                    meta = pod["metadata"]
+                for pod in pods_on(self._pods, name, app):
                     found.append(
                         StalePod(
-                            name=str(meta["name"]),
-                            namespace=str(meta.get("namespace") or self._namespace),
-                            uid=str(meta.get("uid") or ""),
+                            name=pod.name,
+                            namespace=pod.namespace or self._namespace,
+                            uid=pod.uid,
                             node=name,
-                            terminating=bool(meta.get("deletionTimestamp")),
+                            terminating=pod.deleting,
                             driver=is_driver_pod(pod),
                         )
                     )
         return found
 
 
-def _pod_state(pods: list[Obj], revision: str | None) -> tuple[PodState, float]:
+#: One mapping per distinct observation: thousands of nodes share a handful ("every
+#: component ready"), and each node holding its own dict was a fifth of this view's
+#: memory. Readers never mutate it; anything comparing by identity (the tally) then
+#: only skips a recount that would give the same counts.
+_STATES: dict[tuple[tuple[str, PodState], ...], Mapping[str, PodState]] = {}
+_STATES_MAX = 4096
+
+
+def _shared_states(states: dict[str, PodState]) -> Mapping[str, PodState]:
+    key = tuple(states.items())
+    found = _STATES.get(key)
+    if found is None:
+        if len(_STATES) >= _STATES_MAX:
+            _STATES.clear()  # still-held mappings stay valid, only unshared
+        _STATES[key] = found = states
+    return found
+
+
+def _pod_state(pods: list[PodRecord], revision: str | None) -> tuple[PodState, float]:
     if not pods:
         return PodState.MISSING, float("-inf")
     pod = pods[0]
-    created = _epoch(pod["metadata"].get("creationTimestamp"))
-    ready = any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in (pod.get("status") or {}).get("conditions") or []
-    )
-    if not ready:
+    created = _epoch(pod.created)
+    if not pod.ready:
         return PodState.NOT_READY, created
-    if revision is not None and (pod["metadata"].get("labels") or {}).get(_HASH_LABEL) != revision:
+    if revision is not None and pod.labels.get(_HASH_LABEL) != revision:
         return PodState.OUTDATED, created
     return PodState.READY, created
 
 
-def pod_facts(pod: Obj | None) -> Any:
+def pod_facts(pod: PodRecord | None) -> Any:
     """What the per-node view reads of a pod: a change of anything else wakes nothing."""
     if pod is None:
         return None
-    meta = pod["metadata"]
-    return (
-        (pod.get("spec") or {}).get("nodeName"),
-        bool(meta.get("deletionTimestamp")),
-        (meta.get("labels") or {}).get(_HASH_LABEL),
-        any(
-            c.get("type") == "Ready" and c.get("status") == "True"
-            for c in (pod.get("status") or {}).get("conditions") or []
-        ),
-    )
+    return (pod.node, pod.deleting, pod.labels.get(_HASH_LABEL), pod.ready)

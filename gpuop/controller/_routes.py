@@ -13,10 +13,9 @@ from dataclasses import dataclass
 from components.driver import DAEMONSET_NAME as DRIVER_DS
 from gpuop.controller._keys import CLUSTER_KEY, NVD_KEY, node_key
 from gpuop.controller._nvidiadriver_status import is_policy_driver
-from gpuop.controller._pods import WATCHED_APPS, pod_app
+from gpuop.controller._pods import WATCHED_APPS, PodRecord, pod_app
 from gpuop.controller._rollout_view import pod_facts
 from gpuop.controller._workload import HANDOVER_APPS
-from gpuop.informer import Obj
 
 
 @dataclass(frozen=True)
@@ -46,8 +45,8 @@ class Wake:
 
 def route_pod(
     event: str,
-    old: Obj | None,
-    new: Obj | None,
+    old: PodRecord | None,
+    new: PodRecord | None,
     *,
     driver: bool,
     upgrades_queued: Callable[[], bool],
@@ -57,7 +56,7 @@ def route_pod(
     answer matters: it reads every node."""
     pod = new or old
     assert pod is not None
-    node = (pod.get("spec") or {}).get("nodeName")
+    node = pod.node
     app = pod_app(pod)
     keys: list[str] = []
     if node and (driver or app in WATCHED_APPS or app in HANDOVER_APPS):

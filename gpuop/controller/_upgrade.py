@@ -29,6 +29,7 @@ from components.validator import DAEMONSET_NAME as VALIDATOR_DS
 from crd import OWNER_LABEL
 from gpuop.controller._eviction import Emptying
 from gpuop.controller._nodes import is_ready, labels
+from gpuop.controller._pods import PodRecord, pods_on
 from gpuop.controller._upgrade_inputs import (
     driver_pod_view,
     newest_revision,
@@ -37,7 +38,7 @@ from gpuop.controller._upgrade_inputs import (
 )
 from gpuop.controller._upgrade_inputs import policy_view as policy_view
 from gpuop.events import EventRecorder
-from gpuop.informer import Obj
+from gpuop.informer import Informer, Obj
 from gpuop.kinds import by_kind
 from gpuop.log import get_logger
 from gpuop.metrics import OperatorMetrics
@@ -79,7 +80,7 @@ class Upgrades:
         rest: Rest,
         metrics: OperatorMetrics,
         namespace: str,
-        pods: Any,
+        pods: Informer[PodRecord],
         revisions: Any,
         daemonsets: Any,
         nodes: Any,
@@ -135,18 +136,17 @@ class Upgrades:
                 newest.append(revision)
         return (",".join(newest) or None), rollout_key(templates)
 
-    def _driver_pods_on(self, node: str) -> list[Obj]:
-        pods: list[Obj] = self._pods.indexed((node, self.driver_app(node)))
-        return pods
+    def _driver_pods_on(self, node: str) -> list[PodRecord]:
+        return pods_on(self._pods, node, self.driver_app(node))
 
-    def _live_driver_pods(self, node: str) -> list[Obj]:
-        return [p for p in self._driver_pods_on(node) if not p["metadata"].get("deletionTimestamp")]
+    def _live_driver_pods(self, node: str) -> list[PodRecord]:
+        return [p for p in self._driver_pods_on(node) if not p.deleting]
 
     def driver_pod(self, node: str) -> DriverPodView | None:
         pods = self._live_driver_pods(node)
         if not pods:
             return None
-        return driver_pod_view(max(pods, key=lambda p: p["metadata"].get("creationTimestamp", "")))
+        return driver_pod_view(max(pods, key=lambda p: p.created))
 
     def has_driver_pod(self, node: str) -> bool:
         """``driver_pod(node) is not None`` without building the view (the fleet pass
@@ -154,7 +154,7 @@ class Upgrades:
         return bool(self._live_driver_pods(node))
 
     def validators_ready(self, node: str) -> bool:
-        pods: list[Obj] = self._pods.indexed((node, VALIDATOR_DS))
+        pods = pods_on(self._pods, node, VALIDATOR_DS)
         return bool(pods) and all(pod_ready(p) for p in pods)
 
     async def drain(self, node: str, policy: UpgradePolicyView) -> RemovalPlan:
@@ -379,8 +379,7 @@ class Upgrades:
                 self._nodes.observe(await self.rest.merge_patch(NODE, view.name, patch))
                 log.info("driver owner", node=view.name, owner=None, reason="moving")
             for pod in pods:
-                meta = pod["metadata"]
-                await self.rest.delete(POD, meta["name"], meta["namespace"])
+                await self.rest.delete(POD, pod.name, pod.namespace)
 
 
 def _node_ref(node: Obj) -> Obj:

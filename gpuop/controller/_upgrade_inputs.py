@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from components.driver import digest_in, startup_budget_seconds
+from components.driver import startup_budget_seconds
 from crd import ClusterPolicySpec
+from gpuop.controller._pods import PodRecord
 from gpuop.informer import Obj
 from statemachine import (
     DrainView,
@@ -67,38 +68,20 @@ def newest_revision(ds: Obj | None, revisions: Iterable[Obj]) -> str | None:
     return newest[1] if newest else None
 
 
-def pod_ready(pod: Obj) -> bool:
-    status = pod.get("status") or {}
-    return status.get("phase") == "Running" and any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in status.get("conditions") or []
-    )
+def pod_ready(pod: PodRecord) -> bool:
+    return pod.phase == "Running" and pod.ready
 
 
-def _restarts(pod: Obj) -> int:
-    return sum(
-        int(c.get("restartCount", 0))
-        for c in (pod.get("status") or {}).get("containerStatuses") or []
-    )
-
-
-def _waiting_reason(pod: Obj) -> str:
-    for c in (pod.get("status") or {}).get("containerStatuses") or []:
-        if c.get("waiting"):
-            return str(c["waiting"])
-    return ""
-
-
-def driver_pod_view(pod: Obj) -> DriverPodView:
+def driver_pod_view(pod: PodRecord) -> DriverPodView:
     """The rulebook's view of a node's driver pod."""
     return DriverPodView(
-        uid=pod["metadata"]["uid"],
-        revision_hash=(pod["metadata"].get("labels") or {}).get(DRIVER_REVISION_LABEL, ""),
-        running=(pod.get("status") or {}).get("phase") == "Running",
+        uid=pod.uid,
+        revision_hash=pod.labels.get(DRIVER_REVISION_LABEL, ""),
+        running=pod.phase == "Running",
         ready=pod_ready(pod),
-        restart_count=_restarts(pod),
-        waiting_reason=_waiting_reason(pod),
-        config_digest=digest_in(pod.get("spec") or {}),
+        restart_count=pod.restarts,
+        waiting_reason=pod.waiting,
+        config_digest=pod.config_digest,
     )
 
 

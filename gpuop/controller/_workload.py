@@ -26,6 +26,7 @@ from components.vgpu_manager import DAEMONSET_NAME as VGPU_MANAGER_APP
 from crd import ClusterPolicySpec
 from gpuop.controller._eviction import Emptying
 from gpuop.controller._nodes import labels
+from gpuop.controller._pods import PodRecord, pods_on
 from gpuop.events import EventRecorder
 from gpuop.informer import Informer, Obj
 from gpuop.log import get_logger
@@ -57,7 +58,7 @@ class WorkloadHandovers:
 
     def __init__(
         self,
-        pods: Informer,
+        pods: Informer[PodRecord],
         emptying: Emptying,
         events: EventRecorder,
         driver_app: Callable[[str], str],
@@ -119,7 +120,7 @@ class WorkloadHandovers:
         }
 
     def _any(self, node: str, apps: tuple[str, ...]) -> bool:
-        return any(self._pods.indexed((node, app)) for app in apps)
+        return any(pods_on(self._pods, node, app) for app in apps)
 
     async def _gpu_pods(self, node: str) -> tuple[str, ...]:
         pods = await self._emptying.node_pods(node)

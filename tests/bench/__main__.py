@@ -22,11 +22,13 @@ from typing import Any
 from gpuop import log
 from gpuop.cluster import ClientTuning, Versions
 
-from . import baseline, latency, rollout, upgrade
+from . import baseline, cache_size, latency, rollout, upgrade
 from ._harness import REPO_ROOT, BenchCluster, OperatorProcess, Settings, dump_json
 from ._stats import Row, Summary, render_table
+from .policies import DEFAULT as DEFAULT_POLICY
+from .policies import POLICIES
 
-FIGURES = ("rollout", "baseline", "latency", "upgrade")
+FIGURES = ("rollout", "baseline", "latency", "upgrade", "cache")
 OPTIONAL_FIGURES = ("floor",)
 """Asked for by name only: ``floor`` (the baseline with the node labels inside the clock)."""
 
@@ -53,6 +55,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=",".join(FIGURES),
         help=f"comma list of {', '.join(FIGURES + OPTIONAL_FIGURES)} "
         f"(default: {', '.join(FIGURES)})",
+    )
+    p.add_argument(
+        "--policies",
+        default=DEFAULT_POLICY,
+        help=f"comma list of the ClusterPolicies figures 1-4 and 7 run, of {', '.join(POLICIES)} "
+        f"({DEFAULT_POLICY}); idle, latency and upgrade run with the first only",
+    )
+    p.add_argument(
+        "--cache-sizes",
+        type=_ints,
+        default=None,
+        help="simulated GPU nodes, cache figure (no cluster): 1000,3000,10000; quick 100,300",
     )
     p.add_argument("--cpu-nodes", type=int, default=2, help="CPU-only nodes per cluster (2)")
     p.add_argument("--qps", type=int, default=300, help="kcm and scheduler client QPS (300)")
@@ -93,6 +107,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     unknown = args.figures - set(FIGURES + OPTIONAL_FIGURES)
     if unknown:
         p.error(f"unknown figures: {', '.join(sorted(unknown))}")
+    args.policies = [x.strip() for x in args.policies.split(",") if x.strip()]
+    bad = [x for x in args.policies if x not in POLICIES]
+    if bad or not args.policies:
+        p.error(f"--policies: unknown {', '.join(bad) or '(none given)'}; of {', '.join(POLICIES)}")
+    args.cache_sizes = args.cache_sizes or ([100, 300] if quick else list(cache_size.SIZES))
     return args
 
 
@@ -168,6 +187,8 @@ class Suite:
                 "idle_seconds": args.idle_seconds,
                 "idle_size": args.idle_size,
                 "settle_seconds": args.settle,
+                "policies": args.policies,
+                "cache_sizes": args.cache_sizes,
             },
             "runs": {"rollout": [], "baseline": [], "floor": []},
             "errors": [],
@@ -182,23 +203,29 @@ class Suite:
 
     async def run(self) -> None:
         a = self.args
-        for size in a.sizes:
-            if "rollout" in a.figures:
+        if "cache" in a.figures:
+            print(f"\n== cache size: {a.cache_sizes} simulated GPU nodes", file=sys.stderr)
+            self.results["runs"]["cache_size"] = cache_size.measure_sizes(a.cache_sizes)
+            self.save()
+        for policy in a.policies:
+            for size in a.sizes:
+                if "rollout" in a.figures:
+                    for rep in range(self.reps(size)):
+                        await self._rollout(size, rep, policy)
+                # Interleaved, so a machine that slows down over the run weighs on both.
                 for rep in range(self.reps(size)):
-                    await self._rollout(size, rep)
-            # Interleaved, so a machine that slows down over the run weighs on both.
-            for rep in range(self.reps(size)):
-                for kind in ("baseline", "floor"):
-                    if kind in a.figures:
-                        await self._baseline(size, rep, labels_timed=kind == "floor")
+                    for kind in ("baseline", "floor"):
+                        if kind in a.figures:
+                            await self._baseline(size, rep, kind == "floor", policy)
         self.results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         self.save()
 
-    async def _rollout(self, size: int, rep: int) -> None:
+    async def _rollout(self, size: int, rep: int, policy: str = DEFAULT_POLICY) -> None:
         a = self.args
-        idle = a.idle_seconds if rep == 0 and size == a.idle_size else 0.0
-        want_latency = rep == 0 and size == a.latency_size and "latency" in a.figures
-        want_upgrade = rep == 0 and size == a.upgrade_size and "upgrade" in a.figures
+        first = policy == a.policies[0]
+        idle = a.idle_seconds if first and rep == 0 and size == a.idle_size else 0.0
+        want_latency = first and rep == 0 and size == a.latency_size and "latency" in a.figures
+        want_upgrade = first and rep == 0 and size == a.upgrade_size and "upgrade" in a.figures
 
         async def extra(bench: BenchCluster, rest: Any, op: OperatorProcess) -> dict[str, Any]:
             out: dict[str, Any] = {}
@@ -208,7 +235,7 @@ class Suite:
                 out["upgrade"] = await upgrade.measure(bench, rest, op, a.upgrade_timeout)
             return out
 
-        print(f"\n== rollout: {size} GPU nodes, repetition {rep + 1}", file=sys.stderr)
+        print(f"\n== rollout ({policy}): {size} GPU nodes, repetition {rep + 1}", file=sys.stderr)
         try:
             run = await rollout.run_once(
                 self.settings,
@@ -217,30 +244,46 @@ class Suite:
                 settle_seconds=a.settle,
                 ready_timeout=a.ready_timeout,
                 extra=extra if (want_latency or want_upgrade) else None,
+                policy=POLICIES[policy](),
             )
-            self.results["runs"]["rollout"].append({"rep": rep, **dataclasses.asdict(run)})
+            self.results["runs"]["rollout"].append(
+                {"rep": rep, "policy": policy, **dataclasses.asdict(run)}
+            )
         except Exception as err:
-            self._error("rollout", size, rep, err)
+            self._error("rollout", size, rep, err, policy)
         self.save()
 
-    async def _baseline(self, size: int, rep: int, labels_timed: bool = False) -> None:
+    async def _baseline(
+        self, size: int, rep: int, labels_timed: bool = False, policy: str = DEFAULT_POLICY
+    ) -> None:
         kind = "floor" if labels_timed else "baseline"
-        print(f"\n== {kind}: {size} GPU nodes, repetition {rep + 1}", file=sys.stderr)
+        print(f"\n== {kind} ({policy}): {size} GPU nodes, repetition {rep + 1}", file=sys.stderr)
         try:
             got = await baseline.run_once(
-                self.settings, size, self.args.ready_timeout, labels_timed=labels_timed
+                self.settings,
+                size,
+                self.args.ready_timeout,
+                labels_timed=labels_timed,
+                policy=POLICIES[policy](),
             )
-            self.results["runs"].setdefault(kind, []).append({"gpu_nodes": size, "rep": rep, **got})
+            self.results["runs"].setdefault(kind, []).append(
+                {"gpu_nodes": size, "rep": rep, "policy": policy, **got}
+            )
         except Exception as err:
-            self._error(kind, size, rep, err)
+            self._error(kind, size, rep, err, policy)
         self.save()
 
-    def _error(self, what: str, size: int, rep: int, err: BaseException) -> None:
+    def _error(
+        self, what: str, size: int, rep: int, err: BaseException, policy: str = DEFAULT_POLICY
+    ) -> None:
         text = f"{type(err).__name__}: {err}"
-        print(f"!! {what} at {size} GPU nodes (rep {rep + 1}) failed: {text}", file=sys.stderr)
+        print(
+            f"!! {what} ({policy}) at {size} GPU nodes (rep {rep + 1}) failed: {text}",
+            file=sys.stderr,
+        )
         traceback.print_exc()
         self.results["errors"].append(
-            {"figure": what, "gpu_nodes": size, "rep": rep, "error": text}
+            {"figure": what, "policy": policy, "gpu_nodes": size, "rep": rep, "error": text}
         )
 
 
@@ -260,26 +303,64 @@ def _sum_verbs(table: dict[str, int] | None) -> dict[str, int]:
     return out
 
 
-def build_rows(results: dict[str, Any]) -> list[Row]:
+def _label(size: int | str, tag: str) -> str:
+    return f"{size} {tag}" if tag else str(size)
+
+
+def _cache_rows(cache: dict[str, Any] | None) -> list[Row]:
+    """Figure 4's share held per GPU node (no cluster): the node and pod caches, and the
+    per-node rollout view's state."""
+    if not cache:
+        return []
     rows: list[Row] = []
-    rollouts = _by_size(results["runs"]["rollout"])
-    baselines = _by_size(results["runs"]["baseline"])
-    floors = _by_size(results["runs"].get("floor", []))
+    for r in cache["sizes"]:
+        size = str(r["gpu_nodes"])
+        held = Summary.of([r["held_mib"]])
+        rows.append(Row("4", size, "node and pod caches (tests.bench.cache_size)", "MiB", held))
+        if r.get("rollout_view_mib") is not None:
+            view = Summary.of([r["rollout_view_mib"]])
+            metric = "per-node rollout view (tests.bench.cache_size)"
+            rows.append(Row("4", size, metric, "MiB", view))
+    sizes = ",".join(str(r["gpu_nodes"]) for r in cache["sizes"])
+    for key, metric in (
+        ("mib_per_1000_gpu_nodes", "cache growth per 1000 GPU nodes"),
+        ("rollout_view_mib_per_1000_gpu_nodes", "rollout view growth per 1000 GPU nodes"),
+    ):
+        if cache.get(key) is not None:
+            rows.append(Row("4", sizes, metric, "MiB", Summary.of([cache[key]])))
+    return rows
+
+
+def _policy_rows(
+    rollout_runs: list[dict[str, Any]],
+    baseline_runs: list[dict[str, Any]],
+    floor_runs: list[dict[str, Any]],
+    tag: str,
+) -> list[Row]:
+    """Figures 1-7 of one policy's runs; ``tag`` (the policy's name) follows each size."""
+    rows: list[Row] = []
+
+    def at(size: int | str) -> str:
+        return _label(size, tag)
+
+    rollouts = _by_size(rollout_runs)
+    baselines = _by_size(baseline_runs)
+    floors = _by_size(floor_runs)
 
     # 1. time to ready
     for size in sorted(set(rollouts) | set(baselines) | set(floors)):
         op = Summary.of([r["time_to_ready_s"] for r in rollouts.get(size, [])])
         ds = Summary.of([r["time_to_ready_s"] for r in baselines.get(size, [])])
         floor = Summary.of([r["time_to_ready_s"] for r in floors.get(size, [])])
-        rows.append(Row("1", str(size), "time to ready: operator (policy -> ready)", "s", op))
-        rows.append(Row("1", str(size), "time to ready: DaemonSets alone", "s", ds))
+        rows.append(Row("1", at(size), "time to ready: operator (policy -> ready)", "s", op))
+        rows.append(Row("1", at(size), "time to ready: DaemonSets alone", "s", ds))
         if floor:
-            rows.append(Row("1", str(size), "time to ready: labels, then DaemonSets", "s", floor))
+            rows.append(Row("1", at(size), "time to ready: labels, then DaemonSets", "s", floor))
             if ds:
                 rows.append(
                     Row(
                         "1",
-                        str(size),
+                        at(size),
                         "labels, then DaemonSets / DaemonSets alone",
                         "x",
                         Summary.of([floor.median / ds.median]),
@@ -289,7 +370,7 @@ def build_rows(results: dict[str, Any]) -> list[Row]:
             rows.append(
                 Row(
                     "1",
-                    str(size),
+                    at(size),
                     "operator / DaemonSets alone",
                     "x",
                     Summary.of([op.median / ds.median]),
@@ -299,7 +380,7 @@ def build_rows(results: dict[str, Any]) -> list[Row]:
         runs = rollouts.get(size, [])
         cpu = Summary.of([r["rollout_cpu_s"] for r in runs if "rollout_cpu_s" in r])
         if cpu:
-            rows.append(Row("1", str(size), "operator CPU during rollout", "s", cpu))
+            rows.append(Row("1", at(size), "operator CPU during rollout", "s", cpu))
         nodes = Summary.of(
             [
                 r["rollout_spans_s"]["patch nodes"][1]
@@ -309,7 +390,7 @@ def build_rows(results: dict[str, Any]) -> list[Row]:
         )
         if nodes:
             rows.append(
-                Row("1", str(size), "operator's last node patch after the policy", "s", nodes)
+                Row("1", at(size), "operator's last node patch after the policy", "s", nodes)
             )
 
     # 2. requests during rollout and idle
@@ -317,7 +398,7 @@ def build_rows(results: dict[str, Any]) -> list[Row]:
         verbs = sorted({v for r in runs for v in _sum_verbs(r["rollout_requests"])})
         for verb in verbs:
             values = [float(_sum_verbs(r["rollout_requests"]).get(verb, 0)) for r in runs]
-            rows.append(Row("2", str(size), f"rollout requests: {verb}", "req", Summary.of(values)))
+            rows.append(Row("2", at(size), f"rollout requests: {verb}", "req", Summary.of(values)))
         for r in runs:
             if r.get("idle_requests") is None:
                 continue
@@ -325,11 +406,11 @@ def build_rows(results: dict[str, Any]) -> list[Row]:
             secs = f"{r['idle_seconds']:.0f}s"
             writes = sum(n for v, n in idle.items() if v not in ("get", "list", "watch"))
             total = Summary.of([sum(idle.values())])
-            rows.append(Row("2", str(size), f"idle {secs}: all requests", "req", total, target="0"))
+            rows.append(Row("2", at(size), f"idle {secs}: all requests", "req", total, target="0"))
             rows.append(
                 Row(
                     "2",
-                    str(size),
+                    at(size),
                     f"idle {secs}: list",
                     "req",
                     Summary.of([idle.get("list", 0)]),
@@ -337,19 +418,19 @@ def build_rows(results: dict[str, Any]) -> list[Row]:
                 )
             )
             rows.append(
-                Row("2", str(size), f"idle {secs}: writes", "req", Summary.of([writes]), target="0")
+                Row("2", at(size), f"idle {secs}: writes", "req", Summary.of([writes]), target="0")
             )
             rows.append(
                 Row(
                     "2",
-                    str(size),
+                    at(size),
                     f"idle {secs}: watch (re)connects",
                     "req",
                     Summary.of([idle.get("watch", 0)]),
                 )
             )
             rows.append(
-                Row("2", str(size), f"idle {secs}: get", "req", Summary.of([idle.get("get", 0)]))
+                Row("2", at(size), f"idle {secs}: get", "req", Summary.of([idle.get("get", 0)]))
             )
 
     # 3. no-op restart writes
@@ -357,7 +438,7 @@ def build_rows(results: dict[str, Any]) -> list[Row]:
         rows.append(
             Row(
                 "3",
-                str(size),
+                at(size),
                 "writes on no-op restart",
                 "req",
                 Summary.of([r["restart_writes"] for r in runs]),
@@ -372,7 +453,7 @@ def build_rows(results: dict[str, Any]) -> list[Row]:
         rows.append(
             Row(
                 "4",
-                str(size),
+                at(size),
                 "operator peak RSS (VmHWM), rollout",
                 "MiB",
                 peak,
@@ -382,7 +463,7 @@ def build_rows(results: dict[str, Any]) -> list[Row]:
         rows.append(
             Row(
                 "4",
-                str(size),
+                at(size),
                 "operator peak RSS (VmHWM), restart",
                 "MiB",
                 Summary.of([r["restart_peak_rss_mib"] for r in runs]),
@@ -396,7 +477,7 @@ def build_rows(results: dict[str, Any]) -> list[Row]:
         rows.append(
             Row(
                 "4",
-                ",".join(map(str, xs)),
+                at(",".join(map(str, xs))),
                 "peak RSS growth per 1000 GPU nodes",
                 "MiB",
                 Summary.of([slope]),
@@ -410,12 +491,12 @@ def build_rows(results: dict[str, Any]) -> list[Row]:
             if lat:
                 if "p50_ms" in lat:
                     rows.append(
-                        Row("5", str(size), "event latency p50", "ms", Summary.of([lat["p50_ms"]]))
+                        Row("5", at(size), "event latency p50", "ms", Summary.of([lat["p50_ms"]]))
                     )
                     rows.append(
                         Row(
                             "5",
-                            str(size),
+                            at(size),
                             "event latency p99",
                             "ms",
                             Summary.of([lat["p99_ms"]]),
@@ -425,7 +506,7 @@ def build_rows(results: dict[str, Any]) -> list[Row]:
                 rows.append(
                     Row(
                         "5",
-                        str(size),
+                        at(size),
                         "event latency samples (missed)",
                         "",
                         text=f"{lat['samples']} ({lat['missed']})",
@@ -437,7 +518,7 @@ def build_rows(results: dict[str, Any]) -> list[Row]:
                     rows.append(
                         Row(
                             "6",
-                            str(size),
+                            at(size),
                             "fleet upgrade",
                             "",
                             text=f"not available: {up.get('reason')}",
@@ -447,7 +528,7 @@ def build_rows(results: dict[str, Any]) -> list[Row]:
                     rows.append(
                         Row(
                             "6",
-                            str(size),
+                            at(size),
                             "fleet upgrade wall time",
                             "s",
                             Summary.of([up["wall_s"]]),
@@ -456,7 +537,7 @@ def build_rows(results: dict[str, Any]) -> list[Row]:
                     rows.append(
                         Row(
                             "6",
-                            str(size),
+                            at(size),
                             "peak unschedulable nodes",
                             "nodes",
                             Summary.of([up["peak_unschedulable"]]),
@@ -466,7 +547,7 @@ def build_rows(results: dict[str, Any]) -> list[Row]:
                     rows.append(
                         Row(
                             "6",
-                            str(size),
+                            at(size),
                             "writes per GPU node",
                             "req",
                             Summary.of([up["writes_per_node"]]),
@@ -482,12 +563,32 @@ def build_rows(results: dict[str, Any]) -> list[Row]:
             if r.get("restart_first_reconcile_s") is not None
         ]
         rows.append(
-            Row("7", str(size), "startup: process start -> caches synced", "s", Summary.of(synced))
+            Row("7", at(size), "startup: process start -> caches synced", "s", Summary.of(synced))
         )
         rows.append(
-            Row("7", str(size), "startup: process start -> first reconcile", "s", Summary.of(first))
+            Row("7", at(size), "startup: process start -> first reconcile", "s", Summary.of(first))
         )
+    return rows
 
+
+def build_rows(results: dict[str, Any]) -> list[Row]:
+    rows: list[Row] = []
+    runs = results["runs"]
+    named = (results.get("settings") or {}).get("policies") or [DEFAULT_POLICY]
+    found = {
+        r.get("policy", DEFAULT_POLICY)
+        for kind in ("rollout", "baseline", "floor")
+        for r in runs.get(kind, [])
+    }
+    for policy in [*named, *sorted(found - set(named))]:
+
+        def of(kind: str, policy: str = policy) -> list[dict[str, Any]]:
+            return [r for r in runs.get(kind, []) if r.get("policy", DEFAULT_POLICY) == policy]
+
+        # The sample policy's rows read as they always did; another's sizes carry its name.
+        tag = "" if policy == DEFAULT_POLICY else policy
+        rows += _policy_rows(of("rollout"), of("baseline"), of("floor"), tag)
+    rows += _cache_rows(runs.get("cache_size"))
     for err in results.get("errors", []):
         rows.append(
             Row("!", str(err["gpu_nodes"]), f"{err['figure']} failed", "", text=err["error"][:120])

@@ -72,11 +72,16 @@ def all_ready(daemonsets: list[dict[str, Any]]) -> bool:
 
 
 async def run_once(
-    settings: Settings, gpu_nodes: int, timeout: float, labels_timed: bool = False
+    settings: Settings,
+    gpu_nodes: int,
+    timeout: float,
+    labels_timed: bool = False,
+    policy: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One baseline run; ``labels_timed``: the clock (and the CPU count) starts before
-    the nodes are labelled, not after (the ``floor`` figure)."""
-    model, problems = parse_policy(crd.sample_policy())
+    """One baseline run of ``policy`` (default: the sample policy); ``labels_timed``: the
+    clock (and the CPU count) starts before the nodes are labelled, not after (the
+    ``floor`` figure)."""
+    model, problems = parse_policy(policy or crd.sample_policy())
     assert model is not None, problems
     assert not problems, problems
     spec = model.spec

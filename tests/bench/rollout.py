@@ -125,7 +125,9 @@ async def run_once(
     settle_seconds: float,
     ready_timeout: float,
     extra: Extra | None = None,
+    policy: dict[str, Any] | None = None,
 ) -> RolloutRun:
+    """One rollout of ``policy`` (default: the sample policy) on a fresh cluster."""
     result = RolloutRun(gpu_nodes)
     logs = settings.cluster_dir.parent / f"{settings.cluster_dir.name}-logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -149,7 +151,7 @@ async def run_once(
             cluster_cpu.start()
             started = time.monotonic()
             started_wall = time.time()
-            await rest.apply(crd.sample_policy())
+            await rest.apply(policy or crd.sample_policy())
             await _wait_policy_ready(rest, ready_timeout, progress, result)
             result.time_to_ready_s = time.monotonic() - started
             result.rollout_cpu_s = first.cpu_seconds() - cpu_before

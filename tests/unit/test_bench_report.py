@@ -1,10 +1,14 @@
-"""The benchmark's report rows for figure 1: ratios come from the medians of each kind."""
+"""The benchmark's report rows: ratios come from the medians of each kind, per policy."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
+from crd import parse_policy
 from tests.bench.__main__ import build_rows, parse_args
+from tests.bench.policies import POLICIES
 
 
 def _rows(results: dict[str, Any]) -> dict[str, float]:
@@ -42,3 +46,55 @@ def test_results_without_a_floor_have_no_floor_rows() -> None:
 def test_the_floor_is_asked_for_by_name_only() -> None:
     assert "floor" not in parse_args([]).figures
     assert parse_args(["--figures", "floor,baseline"]).figures == {"floor", "baseline"}
+
+
+def test_each_policy_is_reported_apart_against_its_own_baseline() -> None:
+    results = _results([99.0])
+    results["runs"]["baseline"].append(
+        {"gpu_nodes": 1000, "time_to_ready_s": 200.0, "policy": "upstream-default"}
+    )
+    results["runs"]["rollout"] = [
+        {"gpu_nodes": 1000, "time_to_ready_s": 100.0, "restart_writes": 0},
+        {
+            "gpu_nodes": 1000,
+            "time_to_ready_s": 210.0,
+            "restart_writes": 0,
+            "policy": "upstream-default",
+        },
+    ]
+    results["runs"]["rollout"] = [
+        {**r, "rollout_requests": {}, "peak_rss_mib": 1.0, "restart_peak_rss_mib": 1.0}
+        for r in results["runs"]["rollout"]
+    ]
+    rows = _rows(results)
+    assert rows["1000 operator / DaemonSets alone"] == 100.0 / 95.0
+    assert rows["1000 upstream-default time to ready: DaemonSets alone"] == 200.0
+    assert rows["1000 upstream-default operator / DaemonSets alone"] == 210.0 / 200.0
+
+
+def test_policies_are_checked_by_name() -> None:
+    assert parse_args([]).policies == ["sample"]
+    assert parse_args(["--policies", "sample,upstream-default"]).policies == [
+        "sample",
+        "upstream-default",
+    ]
+    with pytest.raises(SystemExit):
+        parse_args(["--policies", "nope"])
+
+
+def test_the_upstream_default_policy_parses_without_problems() -> None:
+    model, problems = parse_policy(POLICIES["upstream-default"]())
+    assert model is not None
+    assert problems == []
+    assert model.metadata["labels"]["app.kubernetes.io/managed-by"] == "Helm"
+
+
+def test_the_cache_figure_reports_each_size_and_the_slope() -> None:
+    results = _results([])
+    results["runs"]["cache_size"] = {
+        "sizes": [{"gpu_nodes": 1000, "held_mib": 4.5}, {"gpu_nodes": 3000, "held_mib": 13.0}],
+        "mib_per_1000_gpu_nodes": 4.25,
+    }
+    rows = {f"{r.size} {r.metric}": r.value for r in build_rows(results) if r.figure == "4"}
+    assert rows["3000 node and pod caches (tests.bench.cache_size)"].median == 13.0
+    assert rows["1000,3000 cache growth per 1000 GPU nodes"].median == 4.25

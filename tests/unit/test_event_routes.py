@@ -9,6 +9,7 @@ from typing import Any
 from components.driver import COMPONENT_POD_LABEL
 from gpuop.controller import Operator, OperatorConfig
 from gpuop.controller._keys import NVD_KEY, node_key
+from gpuop.controller._pods import trim_pod
 from gpuop.metrics import OperatorMetrics
 
 
@@ -31,7 +32,7 @@ def test_a_driver_pod_event_is_routed_once_by_the_operator() -> None:
         "spec": {"nodeName": "n0"},
     }
 
-    op._on_pod("ADDED", None, pod)
+    op._on_pod("ADDED", None, trim_pod(pod))
 
     assert added.count(node_key("n0")) == 1
     assert added.count(NVD_KEY) == 1

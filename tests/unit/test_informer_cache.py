@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gpuop.controller._pods import pod_index, trim_pod, trim_revision
+from gpuop.controller._pods import pod_index, pods_on, trim_pod, trim_revision
 from gpuop.informer import Informer, ResourceSpec
 
 
@@ -36,12 +36,16 @@ def _pod(name: str, node: str, app: str, rv: str = "1") -> dict[str, Any]:
 
 def test_trim_pod_keeps_what_the_upgrade_code_reads() -> None:
     trimmed = trim_pod(_pod("p", "n1", "driver"))
-    assert trimmed["metadata"]["labels"]["controller-revision-hash"] == "abc"
-    assert trimmed["metadata"]["uid"] == "u-p"
-    assert trimmed["spec"] == {"nodeName": "n1"}
-    assert trimmed["status"]["containerStatuses"] == [{"name": "c", "restartCount": 3}]
-    assert "annotations" not in trimmed["metadata"]
-    assert "managedFields" not in trimmed["metadata"]
+    assert trimmed.labels["controller-revision-hash"] == "abc"
+    assert (trimmed.key, trimmed.name, trimmed.namespace) == ("ns/p", "p", "ns")
+    assert (trimmed.uid, trimmed.resource_version) == ("u-p", "1")
+    assert (trimmed.node, trimmed.app, trimmed.phase, trimmed.ready) == (
+        "n1",
+        "driver",
+        "Running",
+        True,
+    )
+    assert trimmed.restarts == 3
     assert len(repr(trimmed)) < len(repr(_pod("p", "n1", "driver"))) / 3
 
 
@@ -68,20 +72,20 @@ def test_index_follows_adds_moves_and_deletes() -> None:
     informer.observe(_pod("a", "n1", "driver"))
     informer.observe(_pod("b", "n1", "validator"))
     informer.observe(_pod("c", "n2", "driver"))
-    assert [p["metadata"]["name"] for p in informer.indexed(("n1", "driver"))] == ["a"]
+    assert [p.name for p in pods_on(informer, "n1", "driver")] == ["a"]
     # A newer version of "a" on another node moves it in the index.
     informer.observe(_pod("a", "n2", "driver", rv="2"))
-    assert informer.indexed(("n1", "driver")) == []
-    assert sorted(p["metadata"]["name"] for p in informer.indexed(("n2", "driver"))) == ["a", "c"]
+    assert pods_on(informer, "n1", "driver") == []
+    assert sorted(p.name for p in pods_on(informer, "n2", "driver")) == ["a", "c"]
     # An older version never overwrites a newer one.
     informer.observe(_pod("a", "n1", "driver", rv="1"))
-    assert informer.indexed(("n1", "driver")) == []
+    assert pods_on(informer, "n1", "driver") == []
     informer._on_line(
         b'{"type":"DELETED","object":'
         + __import__("json").dumps(_pod("c", "n2", "driver")).encode()
         + b"}"
     )
-    assert [p["metadata"]["name"] for p in informer.indexed(("n2", "driver"))] == ["a"]
+    assert [p.name for p in pods_on(informer, "n2", "driver")] == ["a"]
     assert set(informer.store) == {"ns/a", "ns/b"}
 
 

@@ -18,6 +18,7 @@ from crd import OWNER_LABEL
 from gpuop.controller._keys import CLUSTER_KEY, NVD_KEY, UPGRADES_KEY, node_key
 from gpuop.controller._nodes import trim_node
 from gpuop.controller._nvidiadriver import NVIDIADrivers
+from gpuop.controller._pods import PodRecord, trim_pod
 from gpuop.controller._routes import Wake, route_pod
 from gpuop.informer import Informer, ResourceSpec, key_of
 
@@ -62,7 +63,7 @@ def _controller(waiting_for_slot: bool = False) -> tuple[NVIDIADrivers, _Queue, 
     return NVIDIADrivers(op, SimpleNamespace()), queue, nodes  # type: ignore[arg-type]
 
 
-def _on_pod(nvd: NVIDIADrivers, event: str, old: Obj | None, new: Obj | None) -> Wake:
+def _on_pod(nvd: NVIDIADrivers, event: str, old: PodRecord | None, new: PodRecord | None) -> Wake:
     """What `Operator._on_pod` does with one event, against the fakes above."""
     passes = nvd.op.node_passes
     driver = nvd.follow_pod(old, new)
@@ -71,12 +72,16 @@ def _on_pod(nvd: NVIDIADrivers, event: str, old: Obj | None, new: Obj | None) ->
     return wake
 
 
-def _pod(app: str, node: str = "n0", component: str = "nvidia-driver") -> Obj:
-    labels = {"app": app, COMPONENT_POD_LABEL: component}
-    return {
-        "metadata": {"name": f"{app}-x", "namespace": "gpu-operator", "labels": labels},
-        "spec": {"nodeName": node},
-    }
+def _pod(
+    app: str, node: str = "n0", component: str = "nvidia-driver", app_label: str = "app"
+) -> PodRecord:
+    labels = {app_label: app, COMPONENT_POD_LABEL: component}
+    return trim_pod(
+        {
+            "metadata": {"name": f"{app}-x", "namespace": "gpu-operator", "labels": labels},
+            "spec": {"nodeName": node},
+        }
+    )
 
 
 def _node(name: str, owner: str | None = None) -> Obj:
@@ -179,9 +184,8 @@ def test_a_vm_manager_pod_wakes_its_node_whose_hand_over_may_wait_for_it() -> No
         ("nvidia-vfio-manager", "vfio-manager"),
         ("nvidia-vgpu-manager-daemonset", "vgpu-manager"),
     ):
-        pod = _pod(app, component=component)
-        del pod["metadata"]["labels"]["app"]
-        pod["metadata"]["labels"]["name" if app == "nvidia-vfio-manager" else "app"] = app
+        label = "name" if app == "nvidia-vfio-manager" else "app"
+        pod = _pod(app, component=component, app_label=label)
         wake = _on_pod(nvd, "DELETED", pod, None)
         assert wake == Wake((node_key("n0"),), fleet=False, progress=True), app
     sandbox_plugin = _pod("nvidia-sandbox-device-plugin-daemonset", component="x")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import components as c
-from gpuop.controller._pods import daemonset_app, pod_app, pod_index
+from gpuop.controller._pods import daemonset_app, pod_app, pod_index, trim_pod
 from tests.conformance._diff import conformance_dir, load_policy
 
 
@@ -20,9 +20,15 @@ def test_every_sandbox_daemonset_is_found_by_its_pods() -> None:
         d["metadata"]["name"] for d in daemonsets
     }
     for ds in daemonsets:
-        pod = {
-            "metadata": {"labels": ds["spec"]["template"]["metadata"]["labels"]},
-            "spec": {"nodeName": "gpu-node-0001"},
-        }
-        assert daemonset_app(ds) == ds["metadata"]["name"] == pod_app(pod)
-        assert pod_index(pod) == ("gpu-node-0001", ds["metadata"]["name"])
+        pod = trim_pod(
+            {
+                "metadata": {
+                    "name": "p",
+                    "namespace": "gpu-operator",
+                    "labels": ds["spec"]["template"]["metadata"]["labels"],
+                },
+                "spec": {"nodeName": "gpu-node-0001"},
+            }
+        )
+        assert daemonset_app(ds) == ds["metadata"]["name"] == pod_app(pod) == pod.app
+        assert pod_index(pod) == "gpu-node-0001"

@@ -157,3 +157,23 @@ def test_only_changed_nodes_are_observed_again(monkeypatch: pytest.MonkeyPatch) 
     pods._on_line(_line("MODIFIED", _pod("n3", apps[0][0], False, 999)))
     assert view.view(desired, nodes).not_done == ["n3"]
     assert observed == ["n3"]
+
+
+def test_nodes_alike_share_one_observation() -> None:
+    """Thousands of nodes share a handful of observations: one mapping each, not one
+    per node; a node whose pods differ gets its own, and the counts stay right."""
+    desired = _desired()
+    apps = _apps(desired)
+    labels = {k: v for _, sel in apps for k, v in sel.items()}
+    pods = _informer("pods", index=pod_index, transform=trim_pod, track_index_changes=True)
+    view = NodeRollouts(pods, _informer("r"), _informer("d"), NS, clock=lambda: NOW)
+    nodes = [_node(f"n{i}", labels) for i in range(3)]
+    for i, node in enumerate(nodes):
+        for app, _ in apps:
+            pods._on_line(_line("ADDED", _pod(node["metadata"]["name"], app, i < 2, serial=1)))
+    got = view.view(desired, nodes)
+    seen = view._seen
+    assert seen["n0"].pods is seen["n1"].pods
+    assert seen["n2"].pods is not seen["n0"].pods
+    assert got.not_done == ["n2"]
+    assert all(c.ready == 2 and c.not_ready == 1 for c in got.counts.values() if c.ready)
