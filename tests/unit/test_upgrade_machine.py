@@ -8,11 +8,14 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from transitions import Event, EventData, Machine
 
 from statemachine import upgrade
+from statemachine.cordon import CORDONED_BY_ANNOTATION
+from statemachine.driver_owner import NEXT_OWNER_LABEL, OWNER_LABEL
+from statemachine.remediation import ACTION_ANNOTATION, QUARANTINED_ANNOTATION
 from statemachine.upgrade import next_step
 from statemachine.upgrade_bookkeeping import NodeModel
 from statemachine.upgrade_guards import GuardContext
@@ -34,6 +37,7 @@ from statemachine.upgrade_keys import (
 )
 from statemachine.upgrade_views import (
     Action,
+    Decision,
     DrainView,
     DriverPodView,
     NodeUpgradeView,
@@ -46,6 +50,7 @@ from tests.unit.upgrade_fixtures import (
     NEW_POD,
     OLD,
     OLD_POD,
+    OURS,
     POLICY,
     S,
     applied,
@@ -277,6 +282,20 @@ def test_request_made_during_a_failing_attempt_is_used_up() -> None:
     assert next_step(applied(v, d), POLICY, may_start=True).target is S.UPGRADE_FAILED
 
 
+def _stopped_on_a_repeat(d: Decision) -> bool:
+    """The pass came back to a state it had already been in, and `run_to_rest` stopped it
+    there (so that a guard set can never spin) rather than at rest."""
+    visited = {d.current, *(dest for _, _, dest in d.hops[:-1])}
+    return bool(d.hops) and d.target in visited
+
+
+def _assert_settled(d: Decision, again: Decision) -> None:
+    assert again.target is d.target
+    assert again.triggers == ()
+    assert not again.has_patch
+    assert again.action is d.action
+
+
 @settings(max_examples=1000)
 @given(v=views, policy=policies, may_start=st.booleans())
 def test_decisions_reach_a_fixpoint(
@@ -285,20 +304,80 @@ def test_decisions_reach_a_fixpoint(
     """Persisting a decision and asking again (nothing else changed) changes nothing:
     a reconcile pass with no news makes no writes and never double-fires an effect.
 
-    Excluded: a node hand-labelled into an in-progress state (no record of the pod to
-    replace) that also carries an upgrade request. Its first pass finishes the
-    unrecorded upgrade and takes the request as a new one, recording the pod to
-    replace; the second pass then moves on. Two passes, both correct, but not a
-    fixpoint after one (found by hypothesis)."""
-    assume(
-        not (v.state in IN_PROGRESS_STATES and v.upgrade_requested and v.replace_pod_uid is None)
-    )
+    One exception, bounded: a pass that finishes an upgrade (or hands its cordon over)
+    and sets off again on a request or a move made meanwhile can come back to a state
+    it passed, where `run_to_rest` stops it so that guards can never spin. Its patch
+    re-queues the node, and the next pass settles (found by hypothesis; the two
+    examples below)."""
     d = next_step(v, policy, may_start=may_start)
     again = next_step(applied(v, d), policy, may_start=may_start)
-    assert again.target is d.target
-    assert again.triggers == ()
-    assert not again.has_patch
-    assert again.action is d.action
+    if _stopped_on_a_repeat(d):
+        assert d.has_patch, "a pass stopped short writes, so the node is looked at again"
+        v, d = applied(v, d), again
+        again = next_step(applied(v, d), policy, may_start=may_start)
+        assert not _stopped_on_a_repeat(d)
+    _assert_settled(d, again)
+
+
+def test_a_pass_that_starts_the_next_upgrade_settles_next() -> None:
+    """Hypothesis's example: a node waiting in cordon-required, cordoned by someone else,
+    whose driver pod was replaced meanwhile (not the recorded one, at the newest
+    revision) and that was asked for another upgrade."""
+    v = view(
+        S.CORDON_REQUIRED,
+        unschedulable=True,
+        driver_pod=NEW_POD,
+        validators_ready=True,
+        annotations={
+            REQUESTED_ANNOTATION: "true",
+            REPLACE_POD_ANNOTATION: "pod-old",
+            INITIAL_UNSCHEDULABLE_ANNOTATION: "true",
+        },
+    )
+    # As node keys ask (never may_start): the recorded upgrade is done, the request queued.
+    d = next_step(v, POLICY)
+    assert d.target is S.UPGRADE_REQUIRED
+    assert d.triggers[-2:] == ("uncordoned", "upgrade_needed")
+    assert REQUESTED_ANNOTATION not in d.annotations
+    assert d.annotations[REPLACE_POD_ANNOTATION] is None
+    _assert_settled(d, next_step(applied(v, d), POLICY))
+
+    # With may_start the same pass starts the request's upgrade and, back in
+    # cordon-required, stops; the start's record makes the next pass restart the pod.
+    first = next_step(v, POLICY, may_start=True)
+    assert first.target is S.CORDON_REQUIRED
+    assert first.triggers[-3:] == ("uncordoned", "upgrade_needed", "start")
+    assert _stopped_on_a_repeat(first)
+    assert first.annotations[REPLACE_POD_ANNOTATION] == NEW_POD.uid
+    assert first.annotations[REQUESTED_ANNOTATION] is None
+    second = next_step(applied(v, first), POLICY, may_start=True)
+    assert second.target is S.POD_RESTART_REQUIRED
+    assert second.action is Action.RESTART_DRIVER_POD
+    assert not _stopped_on_a_repeat(second)
+    after = applied(applied(v, first), second)
+    _assert_settled(second, next_step(after, POLICY, may_start=True))
+
+
+def test_a_cordon_handed_over_then_a_move_settles_next() -> None:
+    """The same stop on the node keys' way: a node done with our cordon, its driver
+    proven, quarantined meanwhile and moving to another NVIDIADriver. The pass hands the
+    cordon over and is back in upgrade-done; the next queues the move."""
+    v = view(
+        S.UPGRADE_DONE,
+        labels={OWNER_LABEL: "a", NEXT_OWNER_LABEL: "b"},
+        unschedulable=True,
+        driver_pod=NEW_POD,
+        validators_ready=True,
+        annotations={**OURS, QUARANTINED_ANNOTATION: "XID 79", ACTION_ANNOTATION: "cordon"},
+    )
+    first = next_step(v, POLICY)
+    assert first.triggers == ("resume_cordoned", "handed_over")
+    assert _stopped_on_a_repeat(first)
+    assert first.annotations[CORDONED_BY_ANNOTATION] == "health-remediation"
+    second = next_step(applied(v, first), POLICY)
+    assert second.target is S.UPGRADE_REQUIRED
+    assert second.triggers == ("upgrade_needed",)
+    _assert_settled(second, next_step(applied(applied(v, first), second), POLICY))
 
 
 @settings(max_examples=300)
