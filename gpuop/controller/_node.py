@@ -150,7 +150,7 @@ class NodeReconciler:
             return recheck
         owner = target_owner(labels(node))
         if self._nvd_unknown(spec, bool(owner)):
-            return recheck  # which policy applies is not known yet: NVIDIADrivers.on_listed
+            return recheck  # which policy applies is not known yet: woken once listed
         policy = policy_view(spec) if spec is not None else UpgradePolicyView()
         app = self.nvd.driver_app(name)
         if owner:
@@ -230,7 +230,7 @@ class NodeReconciler:
             return
         spec = model.spec
         if self._nvd_unknown(spec, bool(self.nvd.owned_nodes())):
-            return  # NVIDIADrivers.on_listed queues this pass again
+            return  # the listed NVIDIADriver cache queues this pass again
         # One budget per driver owner: the ClusterPolicy's nodes, and each
         # NVIDIADriver's nodes under that resource's own upgradePolicy.
         groups: dict[str | None, list[Obj]] = {}

@@ -19,6 +19,7 @@ automatically is recorded (next-owner label) and carried out by the upgrade mach
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -41,13 +42,13 @@ from crd import (
     parse_nvidiadriver,
 )
 from gpuop.controller._apply import owned_by, owner_reference
-from gpuop.controller._keys import CLUSTER_KEY, NVD_KEY, UPGRADES_KEY, node_key
+from gpuop.controller._keys import CLUSTER_KEY, node_key
 from gpuop.controller._memo import VersionMemo
 from gpuop.controller._nodes import labels
 from gpuop.controller._nvidiadriver_status import StatusWriter, is_policy_driver, nvd_owner
 from gpuop.controller._pods import PodSubset, is_driver_pod, pod_app
 from gpuop.controller._upgrade_inputs import policy_view
-from gpuop.informer import Informer, Obj, ResourceSpec
+from gpuop.informer import Handler, Informer, Obj, ResourceSpec
 from gpuop.kinds import by_kind
 from gpuop.log import get_logger
 from statemachine import UpgradePolicyView
@@ -74,10 +75,19 @@ _DISABLED_MESSAGE = "useNvidiaDriverCRD is not enabled in ClusterPolicy"
 class NVIDIADrivers:
     """The NVIDIADriver side of the operator; shares the operator's caches and queue."""
 
-    def __init__(self, operator: DriverHost, events: EventRecorder) -> None:
+    def __init__(
+        self,
+        operator: DriverHost,
+        events: EventRecorder,
+        *,
+        on_driver: Handler,
+        on_listed: Callable[[], None],
+    ) -> None:
         self.op = operator
         rest = operator.rest
-        self.drivers = Informer(ResourceSpec("nvidiadrivers", rest.lister(NVD)), self._on_driver)
+        #: Its events go to the operator's router (``_routes.route_nvidiadriver``).
+        self.drivers = Informer(ResourceSpec("nvidiadrivers", rest.lister(NVD)), on_driver)
+        self._on_listed = on_listed
         #: Every driver pod (the ClusterPolicy's and each NVIDIADriver's), followed
         #: through the operator's cache of operand pods (``follow_pod``).
         self.driver_pods = PodSubset(is_driver_pod)
@@ -97,32 +107,12 @@ class NVIDIADrivers:
         async with asyncio.TaskGroup() as group:
             group.create_task(self.drivers.run(), name="watch-nvidiadrivers")
             await self.drivers.synced.wait()
-            self.on_listed()
+            self._on_listed()  # the passes that waited for it
 
     def has_listed(self) -> bool:
         """Whether the NVIDIADriver cache has listed: before, which resource drives a
         node and under which upgradePolicy is unknown, and no pass may act on it."""
         return self.drivers.synced.is_set()
-
-    def on_listed(self) -> None:
-        """The cache has listed: run the passes that waited for it (this one, the fleet
-        pass and every GPU node's)."""
-        self.op.queue.add(NVD_KEY)
-        self.op.queue.add(UPGRADES_KEY)
-        for name, node in self.op.nodes.store.items():
-            if is_gpu_node(labels(node)):
-                self.op.queue.add(node_key(name))
-
-    def _on_driver(self, event: str, old: Obj | None, new: Obj | None) -> None:
-        if (
-            event == "MODIFIED"
-            and old is not None
-            and new is not None
-            and old["metadata"].get("generation") == new["metadata"].get("generation")
-            and old["metadata"].get("deletionTimestamp") == new["metadata"].get("deletionTimestamp")
-        ):
-            return  # only status changed (most likely our own write)
-        self.op.queue.add(NVD_KEY)
 
     def follow_pod(self, old: Obj | None, new: Obj | None) -> bool:
         """Follow one event of the operand pods cache; True when it was a driver pod's.

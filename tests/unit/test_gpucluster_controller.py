@@ -77,12 +77,14 @@ def _controller(rest: _Rest, gpucluster: Obj, *daemonsets: Obj) -> tuple[GPUClus
     ctl = GPUClusters(
         rest,  # type: ignore[arg-type]
         NS,
-        lambda _: None,
         lambda _key, _delay: None,
         policies,
         events,  # type: ignore[arg-type]
-        lambda: None,
         "gpuop:test",
+        on_cluster=lambda *_: None,
+        on_object=lambda *_: None,
+        on_known=lambda: None,
+        on_listed=lambda: None,
     )
     rest.stored[gpucluster["metadata"]["name"]] = gpucluster
     ctl.clusters.store[gpucluster["metadata"]["name"]] = gpucluster

@@ -59,7 +59,13 @@ def _controller(waiting_for_slot: bool = False) -> tuple[NVIDIADrivers, _Queue, 
     op.nodes = nodes
     op.node_passes = _NodePasses(queue)
     op.node_passes.queued = waiting_for_slot
-    return NVIDIADrivers(op, SimpleNamespace()), queue, nodes  # type: ignore[arg-type]
+    nvd = NVIDIADrivers(
+        op,  # type: ignore[arg-type]
+        SimpleNamespace(),  # type: ignore[arg-type]
+        on_driver=lambda *_: None,
+        on_listed=lambda: None,
+    )
+    return nvd, queue, nodes
 
 
 def _on_pod(nvd: NVIDIADrivers, event: str, old: Obj | None, new: Obj | None) -> Wake:
