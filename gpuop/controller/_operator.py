@@ -19,6 +19,7 @@ from gpuop.controller._active import ActivePolicies
 from gpuop.controller._apply import Applier, object_key
 from gpuop.controller._cluster import ClusterReconciler
 from gpuop.controller._config import OperatorConfig
+from gpuop.controller._driver_owners import DriverOwners
 from gpuop.controller._gpucluster import GPUClusters
 from gpuop.controller._keys import (
     CLUSTER_KEY,
@@ -34,7 +35,7 @@ from gpuop.controller._node import NodeReconciler
 from gpuop.controller._nodes import (
     trim_node,
 )
-from gpuop.controller._nvidiadriver import NVIDIADrivers
+from gpuop.controller._nvidiadriver import NVD, NVIDIADrivers
 from gpuop.controller._nvidiadriver_status import is_driver_object
 from gpuop.controller._owned import ALWAYS_WATCHED, OptionalWatches
 from gpuop.controller._pace import ProgressPace
@@ -149,6 +150,14 @@ class Operator:
         self.revisions = managed_cache(
             "controllerrevisions", REVISION, self._on_revision, transform=trim_revision
         )
+        #: Which driver owns and runs on each node (the read side of NVIDIADrivers),
+        #: handed to every unit that asks.
+        self.owners = DriverOwners(
+            Informer(ResourceSpec("nvidiadrivers", rest.lister(NVD)), self._on_nvidiadriver),
+            self.nodes,
+            self.owned["DaemonSet"],
+            self.active_spec,
+        )
         self.upgrades = Upgrades(
             rest,
             metrics,
@@ -157,6 +166,7 @@ class Operator:
             revisions=self.revisions,
             daemonsets=self.owned["DaemonSet"],
             nodes=self.nodes,
+            owners=self.owners,
         )
         self.gate = RolloutGate(
             rest,
@@ -183,10 +193,7 @@ class Operator:
         self.synced = False
         self._started = time.monotonic()
         self.nvd = NVIDIADrivers(
-            self,
-            self.upgrades.events,
-            on_driver=self._on_nvidiadriver,
-            on_listed=self._nvidiadrivers_listed,
+            self, self.upgrades.events, self.owners, on_listed=self._nvidiadrivers_listed
         )
         self.gpuclusters = GPUClusters(
             rest,
@@ -207,7 +214,6 @@ class Operator:
             ns,
             stuck_seconds=config.node_stuck_seconds,
         )
-        self.upgrades.driver_app = self.nvd.driver_app
         #: The ConfigMaps the driver's site configuration names (repositories, certs...).
         self.site_config = SiteConfigMaps(rest, ns, self._site_config_changed)
         self.cluster = ClusterReconciler(
@@ -239,9 +245,9 @@ class Operator:
             active_policy=self.active_policy,
             upgrades=self.upgrades,
             gate=self.gate,
-            nvd=self.nvd,
+            owners=self.owners,
             workloads=WorkloadHandovers(
-                self.pods, self.upgrades.emptying, self.upgrades.events, self.nvd.driver_app
+                self.pods, self.upgrades.emptying, self.upgrades.events, self.owners.driver_app
             ),
         )
         self.node_passes.gpuclusters = self.gpuclusters
