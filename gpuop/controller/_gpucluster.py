@@ -53,7 +53,7 @@ from crd import (
 from crd._status import format_time, set_conditions
 from gpuop.controller._apply import Applier, object_key, owned_by
 from gpuop.controller._gpucluster_objects import gpucluster_owner
-from gpuop.controller._keys import GC_KEY
+from gpuop.controller._result import Again, Result
 from gpuop.events import EventRecorder
 from gpuop.informer import Handler, Informer, Obj, ResourceSpec
 from gpuop.kinds import by_kind
@@ -97,7 +97,6 @@ class GPUClusters:
         self,
         rest: Rest,
         namespace: str,
-        add_after: Callable[[str, float], None],
         policies: Informer,
         events: EventRecorder,
         operator_image: str,
@@ -109,7 +108,8 @@ class GPUClusters:
     ) -> None:
         self.rest = rest
         self.namespace = namespace
-        self._add_after = add_after
+        #: When the pass wants to run again (a refusal's retry, a drain's backstop).
+        self._again = Again()
         self.policies = policies
         self.events = events
         self._on_object = on_object
@@ -120,7 +120,7 @@ class GPUClusters:
         self.operator_image = operator_image
         self.clusters = Informer(ResourceSpec("gpuclusters", rest.lister(GPUCLUSTER)), on_cluster)
         self.owned: dict[str, Informer] = {k.kind: self._owned_informer(k) for k in KINDS}
-        self.applier = Applier(rest, self.owned, lambda d: add_after(GC_KEY, d), events)
+        self.applier = Applier(rest, self.owned, self._again.after, events)
 
     def _owned_informer(self, kind: Any) -> Informer:
         rest_kind = by_kind(kind.api_version, kind.kind)
@@ -176,7 +176,13 @@ class GPUClusters:
         self._on_object(event, old, new)
 
     # ------------------------------------------------------------ the pass
-    async def reconcile(self) -> None:
+    async def reconcile(self) -> Result:
+        """One pass; when it wants to run again (a pass that raised keeps its wish for
+        the work queue's retry)."""
+        await self._reconcile()
+        return self._again.take()
+
+    async def _reconcile(self) -> None:
         if not self.has_listed():
             return
         raw = self.current()
@@ -255,7 +261,7 @@ class GPUClusters:
                     "Waiting for ResourceClaim-consuming DaemonSet(s) to terminate: "
                     + ", ".join(draining),
                 )
-            self._add_after(GC_KEY, DRAIN_RETRY_S)
+            self._again.after(DRAIN_RETRY_S)
             return
         finalizers = [f for f in meta.get("finalizers") or [] if f != FINALIZER]
         patch = {"metadata": {"finalizers": finalizers, "resourceVersion": meta["resourceVersion"]}}

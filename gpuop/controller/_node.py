@@ -34,6 +34,7 @@ from gpuop.controller._keys import (
 )
 from gpuop.controller._memo import VersionMemo
 from gpuop.controller._nodes import labels
+from gpuop.controller._result import Again, Result
 from gpuop.controller._rollout_gate import RolloutGate
 from gpuop.controller._upgrade import Upgrades, policy_view, requeue_after
 from gpuop.controller._workload import GPU_PODS_RECHECK_S, WorkloadHandovers
@@ -55,6 +56,8 @@ if TYPE_CHECKING:
 log = get_logger(__name__)
 
 NODE = by_kind("v1", "Node")
+CONFLICT_RETRY_S = 1.0
+"""A grant met a node newer than the cache's: the fleet pass counts again this soon."""
 
 
 @dataclass(kw_only=True)
@@ -217,15 +220,18 @@ class NodeReconciler:
             return None
         return decision
 
-    async def reconcile_upgrades(self) -> None:
-        """Start upgrades over the whole fleet: the one writer of slots (persisted states)."""
+    async def reconcile_upgrades(self) -> Result:
+        """Start upgrades over the whole fleet: the one writer of slots (persisted states).
+        Returns when the pass wants to run again (the rollout gate's clock, a conflict)."""
         cpu = time.thread_time()
+        again = Again()
         try:
-            await self._reconcile_upgrades()
+            await self._reconcile_upgrades(again)
         finally:
             self._fleet_cpu_s = time.thread_time() - cpu
+        return again.take()
 
-    async def _reconcile_upgrades(self) -> None:
+    async def _reconcile_upgrades(self, again: Again) -> None:
         raw, model, problems = self.active_policy()
         if raw is None or model is None or problems:
             return
@@ -253,11 +259,13 @@ class NodeReconciler:
                     raw, spec, nodes, newest, self._revision_of, digest, self._target_of
                 )
                 held = gate.held
+                if gate.requeue_after is not None:
+                    again.after(gate.requeue_after)
             started, conflict = await self.upgrades.grant(nodes, policy, held)
             for name in started:
                 self.queue.add(node_key(name))
             if conflict:  # the cache was behind a node: count again once it caught up
-                self.queue.add_after(UPGRADES_KEY, 1.0)
+                again.after(CONFLICT_RETRY_S)
 
     def _target_of(self, node: str) -> str | None:
         """The newest revision of the driver DaemonSet ``node`` runs (its kernel's)."""

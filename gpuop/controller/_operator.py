@@ -47,6 +47,7 @@ from gpuop.controller._pods import (
 )
 from gpuop.controller._policy_status import PolicyStatusWriter
 from gpuop.controller._remediation import Remediation, upgrade_drain
+from gpuop.controller._result import DONE, Again, Result
 from gpuop.controller._rollout_gate import RolloutGate
 from gpuop.controller._rollout_status import RolloutReports
 from gpuop.controller._rollout_view import NodeRollouts
@@ -168,13 +169,7 @@ class Operator:
             nodes=self.nodes,
             owners=self.owners,
         )
-        self.gate = RolloutGate(
-            rest,
-            metrics,
-            self.upgrades.events,
-            self.policies,
-            lambda delay: self.queue.add_after(UPGRADES_KEY, delay),
-        )
+        self.gate = RolloutGate(rest, metrics, self.upgrades.events, self.policies)
         self.remediation = Remediation(
             rest,
             metrics,
@@ -184,12 +179,10 @@ class Operator:
             self.active_policy,
             upgrade_drain(self.upgrades),
         )
-        self.applier = Applier(
-            rest,
-            self.owned,
-            lambda d: self.queue.add_after(CLUSTER_KEY, d),
-            events=self.upgrades.events,
-        )
+        #: When the cluster pass wants to run again: its applier's refusal timers and
+        #: its status writer's coalescing tell it, and it returns that (`_run_pass`).
+        cluster_again = Again()
+        self.applier = Applier(rest, self.owned, cluster_again.after, events=self.upgrades.events)
         self.synced = False
         self._started = time.monotonic()
         self.nvd = NVIDIADrivers(
@@ -198,7 +191,6 @@ class Operator:
         self.gpuclusters = GPUClusters(
             rest,
             ns,
-            self.queue.add_after,
             self.policies,
             self.upgrades.events,
             config.operator_image,
@@ -225,16 +217,14 @@ class Operator:
             active_policy=self.active_policy,
             applier=self.applier,
             status=PolicyStatusWriter(
-                rest,
-                self.policies,
-                self.upgrades.events,
-                lambda d: self.queue.add_after(CLUSTER_KEY, d),
+                rest, self.policies, self.upgrades.events, cluster_again.after
             ),
             rollouts=self.rollouts,
             reports=RolloutReports(rest, self.rollouts, self.upgrades.events, metrics),
             nvd=self.nvd,
             watches=self.watches,
             timers=self.queue,
+            again=cluster_again,
             site_config=self.site_config,
         )
         self.cluster.gpucluster_conflict = self.gpuclusters.conflict
@@ -374,32 +364,35 @@ class Operator:
 
     # ------------------------------------------------------------ dispatch
     async def _reconcile(self, key: str) -> None:
+        """The worker loop's one step: run the key's pass, and queue the key again when
+        the pass says so (as controller-runtime does with a reconciler's Result)."""
         started = time.monotonic()
         try:
-            await self._run_pass(key)
+            result = await self._run_pass(key)
         finally:
             self.metrics.reconcile_duration_seconds.labels(_pass_name(key)).observe(
                 time.monotonic() - started
             )
+        if result.requeue_after is not None:
+            self.queue.add_after(key, result.requeue_after)
 
-    async def _run_pass(self, key: str) -> None:
+    async def _run_pass(self, key: str) -> Result:
         node = node_of(key)
         if node is not None:
             await self.node_passes.reconcile_node(node)
         elif key == CLUSTER_KEY:
-            await self.cluster.reconcile()
+            return await self.cluster.reconcile()
         elif key == UPGRADES_KEY:
-            await self.node_passes.reconcile_upgrades()
+            return await self.node_passes.reconcile_upgrades()
         elif key == REMEDIATION_KEY:
-            again = await self.remediation.reconcile()
-            if again is not None:
-                self.queue.add_after(REMEDIATION_KEY, again)
+            return Result(await self.remediation.reconcile())
         elif key == NVD_KEY:
             await self.nvd.reconcile()
         elif key == GC_KEY:
-            await self.gpuclusters.reconcile()
+            return await self.gpuclusters.reconcile()
         elif key == STUCK_KEY:
             self.queue.add(CLUSTER_KEY)  # a node is due to count as stuck
+        return DONE
 
     def active_policy(self) -> tuple[Obj | None, ClusterPolicy | None, list[str]]:
         """The oldest ClusterPolicy is the active one; parsed once per resourceVersion."""
