@@ -20,6 +20,7 @@ from gpuop.controller._keys import (
     node_key,
 )
 from gpuop.controller._nodes import trim_node
+from gpuop.controller._rollout_gate import RECORD_ANNOTATION
 from gpuop.informer import Informer, key_of
 from gpuop.metrics import OperatorMetrics
 
@@ -116,6 +117,18 @@ def test_a_policy_spec_change_wakes_each_pass_and_gpu_node_once() -> None:
             node_key("g0"): 1,
         }
     )
+
+
+def test_a_spec_and_gate_record_change_wakes_the_fleet_pass_once() -> None:
+    """Both what the gate reads (its record) and the spec changed: one wake, not two."""
+    op, woken = _operator()
+    old = {"metadata": {"name": "p", "generation": 1}, "spec": {}}
+    record = {RECORD_ANNOTATION: "{}"}
+    new = {"metadata": {"name": "p", "generation": 2, "annotations": record}, "spec": {}}
+
+    _fire(op.policies, "MODIFIED", old, new)
+
+    assert woken[UPGRADES_KEY] == 1
 
 
 def test_a_policy_status_write_wakes_only_what_reads_its_annotations() -> None:
