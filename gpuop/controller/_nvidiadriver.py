@@ -45,6 +45,7 @@ from gpuop.controller._memo import VersionMemo
 from gpuop.controller._nodes import labels
 from gpuop.controller._nvidiadriver_status import StatusWriter, is_policy_driver, nvd_owner
 from gpuop.controller._pods import PodSubset, is_driver_pod, pod_app
+from gpuop.controller._routes import Wake
 from gpuop.informer import Obj
 from gpuop.kinds import by_kind
 from gpuop.log import get_logger
@@ -70,7 +71,7 @@ _DISABLED_MESSAGE = "useNvidiaDriverCRD is not enabled in ClusterPolicy"
 
 
 class NVIDIADrivers:
-    """The NVIDIADriver side of the operator; shares the operator's caches and queue."""
+    """The NVIDIADriver side of the operator; shares the operator's caches and writers."""
 
     def __init__(
         self,
@@ -79,6 +80,7 @@ class NVIDIADrivers:
         owners: DriverOwners,
         *,
         on_listed: Callable[[], None],
+        wake: Callable[[Wake], None],
     ) -> None:
         self.op = operator
         rest = operator.rest
@@ -87,6 +89,9 @@ class NVIDIADrivers:
         self.owners = owners
         self.drivers = owners.drivers
         self._on_listed = on_listed
+        #: What its own label writes wake (the node, cluster and fleet passes), queued
+        #: by the operator as a watch event's wakes are.
+        self._wake = wake
         #: Every driver pod (the ClusterPolicy's and each NVIDIADriver's), followed
         #: through the operator's cache of operand pods (``follow_pod``).
         self.driver_pods = PodSubset(is_driver_pod)
@@ -297,15 +302,14 @@ class NVIDIADrivers:
             self.op.nodes.observe(patched)
             # Cached before its watch event, which then changes nothing: the node's
             # upgrade (a move starts, or is handed over) is woken here.
-            self.op.queue.add(node_key(name))
+            self._wake(Wake((node_key(name),)))
             log.info(
                 "driver owner", node=name, **{k.rsplit(".", 1)[-1]: v for k, v in patch.items()}
             )
         if changes:
             # Our own write may have been cached before its watch event arrives, and the
             # ClusterPolicy's driver waits on owner labels: tell it now.
-            self.op.queue.add(CLUSTER_KEY)
-            self.op.node_passes.fleet_soon()
+            self._wake(Wake((CLUSTER_KEY,), fleet=True))
 
     async def _fail(self, raw: Obj, reason: str, message: str) -> None:
         await self.status.write(

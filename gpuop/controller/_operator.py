@@ -186,7 +186,11 @@ class Operator:
         self.synced = False
         self._started = time.monotonic()
         self.nvd = NVIDIADrivers(
-            self, self.upgrades.events, self.owners, on_listed=self._nvidiadrivers_listed
+            self,
+            self.upgrades.events,
+            self.owners,
+            on_listed=self._nvidiadrivers_listed,
+            wake=self._wake,
         )
         self.gpuclusters = GPUClusters(
             rest,

@@ -10,6 +10,7 @@ from typing import Any
 
 from components.driver import COMPONENT_POD_LABEL
 from components.keys import NFD_GPU_LABELS
+from crd import OWNER_LABEL
 from gpuop.controller import Operator, OperatorConfig
 from gpuop.controller._keys import (
     CLUSTER_KEY,
@@ -196,3 +197,21 @@ def test_a_node_event_remediation_does_not_read_leaves_it_asleep() -> None:
 
     assert REMEDIATION_KEY not in woken
     assert woken[node_key("n0")] == 1
+
+
+async def test_an_owner_label_write_wakes_its_node_the_cluster_and_fleet_passes_once() -> None:
+    """NVIDIADrivers' own writes wake the other passes through the operator's router
+    too (its node's watch event, cached already, then changes nothing)."""
+    op, woken = _operator(_node("n0"))
+
+    async def merge_patch(_kind: Any, name: str, patch: Obj) -> Obj:
+        node = op.nodes.get(name)
+        assert node is not None
+        node_labels = {**node["metadata"]["labels"], **patch["metadata"]["labels"]}
+        return {**node, "metadata": {**node["metadata"], "labels": node_labels}}
+
+    op.nvd.op.rest.merge_patch = merge_patch  # type: ignore[attr-defined]
+
+    await op.nvd._label({"n0": {OWNER_LABEL: "default"}})
+
+    assert woken == Counter({node_key("n0"): 1, CLUSTER_KEY: 1, FLEET: 1})

@@ -67,6 +67,7 @@ def _controller(waiting_for_slot: bool = False) -> tuple[NVIDIADrivers, _Queue, 
         SimpleNamespace(),  # type: ignore[arg-type]
         owners,
         on_listed=lambda: None,
+        wake=lambda w: w.apply(queue.add, op.node_passes.fleet_soon, lambda: None),
     )
     return nvd, queue, nodes
 
