@@ -24,7 +24,6 @@ from crd import REASON_RECONCILE_FAILED, ClusterPolicySpec, not_ready_status
 from gpuop.controller._active import ActivePolicy
 from gpuop.controller._apply import Applier, owned_by, owner_reference
 from gpuop.controller._config import OperatorConfig
-from gpuop.controller._keys import CLUSTER_KEY
 from gpuop.controller._label_gate import LabelGate
 from gpuop.controller._memo import VersionMemo
 from gpuop.controller._nodes import GpuNodes
@@ -32,6 +31,7 @@ from gpuop.controller._owned import OptionalWatches
 from gpuop.controller._pace import LEAST_WAIT_S
 from gpuop.controller._policy_status import PolicyStatusWriter, generation, now
 from gpuop.controller._psa import PodSecurityLabels
+from gpuop.controller._result import Again, Result
 from gpuop.controller._rollout_status import RolloutReports, Timers
 from gpuop.controller._rollout_view import NodeRollouts, RolloutView
 from gpuop.controller._site_config import SiteConfigMaps
@@ -88,6 +88,9 @@ class ClusterReconciler:
     nvd: NVIDIADrivers
     watches: OptionalWatches
     timers: Timers
+    """The stuck-node timer's (``rollout-stuck``, not this pass's own key)."""
+    again: Again
+    """When this pass wants to run again; its applier and status writer are handed it."""
     site_config: SiteConfigMaps
     _served: VersionMemo[str, bool] = field(default_factory=VersionMemo, init=False)
     _pass_cpu_s: float = field(default=0.0, init=False)
@@ -116,7 +119,13 @@ class ClusterReconciler:
         lengthens the end of a rollout (``Operator._progress``)."""
         return min(COALESCE_MAX_S, max(COALESCE_MIN_S, COALESCE_FACTOR * self._pass_cpu_s))
 
-    async def reconcile(self) -> None:
+    async def reconcile(self) -> Result:
+        """One pass; when it wants to run again (a pass that raised keeps its wish for
+        the work queue's retry)."""
+        await self._measured()
+        return self.again.take()
+
+    async def _measured(self) -> None:
         self.metrics.reconciliation_total.inc()
         cpu = time.thread_time()
         try:
@@ -204,7 +213,7 @@ class ClusterReconciler:
         refused = await self.applier.apply_all([o for o in objects if id(o) not in waiting])
         await self.applier.prune(objects)
         if await self.reports.release_stale(fleet.out_of_service, desired):
-            self.timers.add_after(CLUSTER_KEY, STALE_RETRY_S)  # the cap left some
+            self.again.after(STALE_RETRY_S)  # the cap left some
         self.reports.schedule(view, self.timers)
 
         seen = ClusterObservation(
@@ -289,7 +298,7 @@ class ClusterReconciler:
             self.nodes.version,
         )
         if look_again is not None:
-            self.timers.add_after(CLUSTER_KEY, look_again)
+            self.again.after(look_again)
         return {id(o) for o in held}
 
     def _node_facts(self, gpu_nodes: list[Obj]) -> tuple[NodeFacts, ...]:

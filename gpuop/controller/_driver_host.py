@@ -1,6 +1,7 @@
 """What the NVIDIADriver controller needs of the operator that hosts it.
 
-NVIDIADrivers shares the operator's caches, queue and writers rather than keeping copies;
+NVIDIADrivers shares the operator's caches and writers rather than keeping copies (what
+its writes wake goes through the operator's router, handed to it as ``wake``);
 naming exactly those parts here, as a protocol, keeps the NVIDIADriver modules from
 importing the operator that imports them (import-linter's acyclic contract).
 """
@@ -16,14 +17,6 @@ if TYPE_CHECKING:
     from gpuop.controller._site_config import SiteConfigMaps
     from gpuop.informer import Informer
     from gpuop.rest import Rest
-    from gpuop.workqueue import WorkQueue
-
-
-class FleetNews(Protocol):
-    """The node passes' side of a driver pod event: whether a node waits for a slot."""
-
-    def upgrades_queued(self) -> bool: ...
-    def fleet_soon(self) -> None: ...
 
 
 class DriverHost(Protocol):
@@ -34,15 +27,11 @@ class DriverHost(Protocol):
     @property
     def config(self) -> OperatorConfig: ...
     @property
-    def queue(self) -> WorkQueue: ...
-    @property
     def nodes(self) -> Informer: ...
     @property
     def owned(self) -> dict[str, Informer]: ...
     @property
     def applier(self) -> Applier: ...
-    @property
-    def node_passes(self) -> FleetNews: ...
     @property
     def site_config(self) -> SiteConfigMaps: ...
 

@@ -53,15 +53,15 @@ from crd import (
 from crd._status import format_time, set_conditions
 from gpuop.controller._apply import Applier, object_key, owned_by
 from gpuop.controller._gpucluster_objects import gpucluster_owner
+from gpuop.controller._result import Again, Result
 from gpuop.events import EventRecorder
-from gpuop.informer import Informer, Obj, ResourceSpec
+from gpuop.informer import Handler, Informer, Obj, ResourceSpec
 from gpuop.kinds import by_kind
 from gpuop.log import get_logger
 from gpuop.rest import Kind, Rest
 
 log = get_logger(__name__)
 
-GC_KEY = "gpuclusters"
 GPUCLUSTER = by_kind(GC_API_VERSION, GC_KIND)
 NAMESPACE = by_kind("v1", "Namespace")
 DAEMONSET = by_kind("apps/v1", "DaemonSet")
@@ -90,34 +90,37 @@ def conflict_message(policy: str) -> str:
 
 
 class GPUClusters:
-    """The GPUCluster side of the operator: its own caches, the operator's queue."""
+    """The GPUCluster side of the operator: its own caches, whose events it hands to
+    the operator's router (``on_cluster``, ``on_object``) after keeping its books."""
 
     def __init__(
         self,
         rest: Rest,
         namespace: str,
-        add: Callable[[str], None],
-        add_after: Callable[[str, float], None],
         policies: Informer,
         events: EventRecorder,
-        on_change: Callable[[], None],
         operator_image: str,
+        *,
+        on_cluster: Handler,
+        on_object: Handler,
+        on_known: Callable[[], None],
+        on_listed: Callable[[], None],
     ) -> None:
         self.rest = rest
         self.namespace = namespace
-        self._add = add
-        self._add_after = add_after
+        #: When the pass wants to run again (a refusal's retry, a drain's backstop).
+        self._again = Again()
         self.policies = policies
         self.events = events
-        #: Told when a GPUCluster comes, goes or starts deleting: node labels and the
-        #: ClusterPolicy's conflict depend on it.
-        self._on_change = on_change
+        self._on_object = on_object
+        #: Told once whether a GPUCluster exists is known (node labels follow it), and
+        #: once every cache has listed (the pass may act).
+        self._on_known = on_known
+        self._on_listed = on_listed
         self.operator_image = operator_image
-        self.clusters = Informer(
-            ResourceSpec("gpuclusters", rest.lister(GPUCLUSTER)), self._on_cluster
-        )
+        self.clusters = Informer(ResourceSpec("gpuclusters", rest.lister(GPUCLUSTER)), on_cluster)
         self.owned: dict[str, Informer] = {k.kind: self._owned_informer(k) for k in KINDS}
-        self.applier = Applier(rest, self.owned, lambda d: add_after(GC_KEY, d), events)
+        self.applier = Applier(rest, self.owned, self._again.after, events)
 
     def _owned_informer(self, kind: Any) -> Informer:
         rest_kind = by_kind(kind.api_version, kind.kind)
@@ -137,9 +140,9 @@ class GPUClusters:
             for informer in self.informers:
                 group.create_task(informer.run(), name=f"watch-{informer.spec.name}")
             await self.clusters.synced.wait()
-            self._on_change()  # node labels may follow whether a GPUCluster exists
+            self._on_known()  # node labels may follow whether a GPUCluster exists
             await asyncio.gather(*(i.synced.wait() for i in self.informers))
-            self._add(GC_KEY)
+            self._on_listed()
 
     def has_listed(self) -> bool:
         """Every cache has listed: only then may a pass apply, prune or drain."""
@@ -165,28 +168,21 @@ class GPUClusters:
         raw = self.current()
         return str(raw["metadata"]["name"]) if raw is not None else None
 
-    def _on_cluster(self, event: str, old: Obj | None, new: Obj | None) -> None:
-        if (
-            event == "MODIFIED"
-            and old is not None
-            and new is not None
-            and old["metadata"].get("generation") == new["metadata"].get("generation")
-            and old["metadata"].get("deletionTimestamp") == new["metadata"].get("deletionTimestamp")
-            and old["metadata"].get("finalizers") == new["metadata"].get("finalizers")
-        ):
-            return  # only status changed (most likely our own write)
-        self._add(GC_KEY)
-        self._on_change()
-
     def _on_owned(self, kind: Kind, event: str, old: Obj | None, new: Obj | None) -> None:
         obj = new or old
         assert obj is not None
         if event == "DELETED":
             self.applier.deleted(object_key(obj, kind.kind))
-        self._add(GC_KEY)
+        self._on_object(event, old, new)
 
     # ------------------------------------------------------------ the pass
-    async def reconcile(self) -> None:
+    async def reconcile(self) -> Result:
+        """One pass; when it wants to run again (a pass that raised keeps its wish for
+        the work queue's retry)."""
+        await self._reconcile()
+        return self._again.take()
+
+    async def _reconcile(self) -> None:
         if not self.has_listed():
             return
         raw = self.current()
@@ -265,7 +261,7 @@ class GPUClusters:
                     "Waiting for ResourceClaim-consuming DaemonSet(s) to terminate: "
                     + ", ".join(draining),
                 )
-            self._add_after(GC_KEY, DRAIN_RETRY_S)
+            self._again.after(DRAIN_RETRY_S)
             return
         finalizers = [f for f in meta.get("finalizers") or [] if f != FINALIZER]
         patch = {"metadata": {"finalizers": finalizers, "resourceVersion": meta["resourceVersion"]}}

@@ -34,6 +34,7 @@ from gpuop.controller._keys import (
 )
 from gpuop.controller._memo import VersionMemo
 from gpuop.controller._nodes import labels
+from gpuop.controller._result import Again, Result
 from gpuop.controller._rollout_gate import RolloutGate
 from gpuop.controller._upgrade import Upgrades, policy_view, requeue_after
 from gpuop.controller._workload import GPU_PODS_RECHECK_S, WorkloadHandovers
@@ -48,13 +49,15 @@ from statemachine.upgrade_keys import STATE_LABEL, UpgradeState, parse_state
 from statemachine.workload_handover import GPU_PODS_LEAVING
 
 if TYPE_CHECKING:
+    from gpuop.controller._driver_owners import DriverOwners
     from gpuop.controller._gpucluster import GPUClusters
-    from gpuop.controller._nvidiadriver import NVIDIADrivers
     from gpuop.workqueue import WorkQueue
 
 log = get_logger(__name__)
 
 NODE = by_kind("v1", "Node")
+CONFLICT_RETRY_S = 1.0
+"""A grant met a node newer than the cache's: the fleet pass counts again this soon."""
 
 
 @dataclass(kw_only=True)
@@ -69,7 +72,8 @@ class NodeReconciler:
     active_policy: ActivePolicy
     upgrades: Upgrades
     gate: RolloutGate
-    nvd: NVIDIADrivers
+    owners: DriverOwners
+    """Which driver owns and runs on a node, and under which upgradePolicy."""
     workloads: WorkloadHandovers
     gpuclusters: GPUClusters | None = None
     """Set by the operator: with no ClusterPolicy, a GPUCluster's labels hold."""
@@ -150,12 +154,12 @@ class NodeReconciler:
             return recheck
         owner = target_owner(labels(node))
         if self._nvd_unknown(spec, bool(owner)):
-            return recheck  # which policy applies is not known yet: NVIDIADrivers.on_listed
+            return recheck  # which policy applies is not known yet: woken once listed
         policy = policy_view(spec) if spec is not None else UpgradePolicyView()
-        app = self.nvd.driver_app(name)
+        app = self.owners.driver_app(name)  # asked once: the upgrade step is handed it
         if owner:
             # An NVIDIADriver drives this node (or is to): its own upgradePolicy applies.
-            policy = (self.nvd.upgrade_policies() or {}).get(owner) or UpgradePolicyView(
+            policy = (self.owners.upgrade_policies() or {}).get(owner) or UpgradePolicyView(
                 auto_upgrade=False
             )
         if not (policy.auto_upgrade and is_gpu_node(labels(node)) and target == CONTAINER_WORKLOAD):
@@ -166,7 +170,7 @@ class NodeReconciler:
             # uncordons what we cordoned and removes our label and annotations.
             policy = UpgradePolicyView(auto_upgrade=False)
         newest = self.upgrades.newest_driver_revision(app) if app else None
-        decision = await self.upgrades.step(node, policy, newest)
+        decision = await self.upgrades.step(node, policy, newest, app)
         delay = requeue_after(decision)
         if delay is not None:
             self.queue.add_after(node_key(name), delay)
@@ -185,7 +189,7 @@ class NodeReconciler:
         a node's (or, ``owned``, this node's) driver and upgradePolicy may be a
         resource's, and reading "no resource" as "auto-upgrade off" uncordons nodes in
         the middle of their upgrade and forgets it."""
-        if self.nvd.has_listed():
+        if self.owners.has_listed():
             return False
         return owned or (spec is not None and spec.driver.use_nvidia_driver_crd)
 
@@ -207,37 +211,40 @@ class NodeReconciler:
         policy = policy_view(spec)
         if not (policy.auto_upgrade and is_gpu_node(after)) or STATE_LABEL in after:
             return None
-        app = self.nvd.driver_app(node["metadata"]["name"])
+        app = self.owners.driver_app(node["metadata"]["name"])
         newest = self.upgrades.newest_driver_revision(app) if app else None
         fresh = {**node, "metadata": {**node["metadata"], "labels": after}}
-        view = replace(await self.upgrades.view(fresh, policy, newest), enrolling=True)
+        view = replace(await self.upgrades.view(fresh, policy, newest, app), enrolling=True)
         decision = next_step(view, policy)
         if decision.target is not UpgradeState.UPGRADE_DONE or decision.action is not Action.NONE:
             return None
         return decision
 
-    async def reconcile_upgrades(self) -> None:
-        """Start upgrades over the whole fleet: the one writer of slots (persisted states)."""
+    async def reconcile_upgrades(self) -> Result:
+        """Start upgrades over the whole fleet: the one writer of slots (persisted states).
+        Returns when the pass wants to run again (the rollout gate's clock, a conflict)."""
         cpu = time.thread_time()
+        again = Again()
         try:
-            await self._reconcile_upgrades()
+            await self._reconcile_upgrades(again)
         finally:
             self._fleet_cpu_s = time.thread_time() - cpu
+        return again.take()
 
-    async def _reconcile_upgrades(self) -> None:
+    async def _reconcile_upgrades(self, again: Again) -> None:
         raw, model, problems = self.active_policy()
         if raw is None or model is None or problems:
             return
         spec = model.spec
-        if self._nvd_unknown(spec, bool(self.nvd.owned_nodes())):
-            return  # NVIDIADrivers.on_listed queues this pass again
+        if self._nvd_unknown(spec, bool(self.owners.owned_nodes())):
+            return  # the listed NVIDIADriver cache queues this pass again
         # One budget per driver owner: the ClusterPolicy's nodes, and each
         # NVIDIADriver's nodes under that resource's own upgradePolicy.
         groups: dict[str | None, list[Obj]] = {}
         for node in self.nodes.values():
             groups.setdefault(target_owner(labels(node)), []).append(node)
         policies: dict[str | None, UpgradePolicyView] = {None: policy_view(spec)}
-        policies.update(self.nvd.upgrade_policies() or {})
+        policies.update(self.owners.upgrade_policies() or {})
         for owner, nodes in groups.items():
             policy = policies.get(owner, UpgradePolicyView(auto_upgrade=False))
             if not policy.auto_upgrade:
@@ -246,21 +253,23 @@ class NodeReconciler:
             if owner is None:  # canary and halt: the ClusterPolicy's own rollout
                 # One rollout over all its driver DaemonSets (one per kernel when
                 # precompiled); each node is compared with its own DaemonSet's revision.
-                pools = [p.name for p in self.nvd.policy_pools()] or [DRIVER_DS]
+                pools = [p.name for p in self.owners.policy_pools()] or [DRIVER_DS]
                 newest, digest = self.upgrades.rollout(pools)
                 gate = await self.gate.reconcile(
                     raw, spec, nodes, newest, self._revision_of, digest, self._target_of
                 )
                 held = gate.held
+                if gate.requeue_after is not None:
+                    again.after(gate.requeue_after)
             started, conflict = await self.upgrades.grant(nodes, policy, held)
             for name in started:
                 self.queue.add(node_key(name))
             if conflict:  # the cache was behind a node: count again once it caught up
-                self.queue.add_after(UPGRADES_KEY, 1.0)
+                again.after(CONFLICT_RETRY_S)
 
     def _target_of(self, node: str) -> str | None:
         """The newest revision of the driver DaemonSet ``node`` runs (its kernel's)."""
-        app = self.nvd.driver_app(node)
+        app = self.owners.driver_app(node)
         return self.upgrades.newest_driver_revision(app) if app else None
 
     def _revision_of(self, node: str) -> str | None:

@@ -19,14 +19,13 @@ automatically is recorded (next-owner label) and carried out by the upgrade mach
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from components import RenderContext, daemonset_ready, is_gpu_node, with_hash
-from components.driver import DAEMONSET_NAME as POLICY_DRIVER_DS
-from components.driver import DriverPool, pool_for
 from components.driver_config import referenced_config_maps
 from components.nvidiadriver import NVIDIADriverRenderError, policy_for, render
 from crd import (
@@ -41,16 +40,15 @@ from crd import (
     parse_nvidiadriver,
 )
 from gpuop.controller._apply import owned_by, owner_reference
-from gpuop.controller._keys import CLUSTER_KEY, NVD_KEY, UPGRADES_KEY, node_key
+from gpuop.controller._keys import CLUSTER_KEY, node_key
 from gpuop.controller._memo import VersionMemo
 from gpuop.controller._nodes import labels
 from gpuop.controller._nvidiadriver_status import StatusWriter, is_policy_driver, nvd_owner
 from gpuop.controller._pods import PodRecord, PodSubset, is_driver_pod, pod_app
-from gpuop.controller._upgrade_inputs import policy_view
-from gpuop.informer import Informer, Obj, ResourceSpec
+from gpuop.controller._routes import Wake
+from gpuop.informer import Obj
 from gpuop.kinds import by_kind
 from gpuop.log import get_logger
-from statemachine import UpgradePolicyView
 from statemachine.driver_owner import NEXT_OWNER_LABEL, DriverResource, assign_owners
 from statemachine.upgrade_keys import (
     SLOT_STATES,
@@ -61,6 +59,7 @@ from statemachine.upgrade_keys import (
 
 if TYPE_CHECKING:
     from gpuop.controller._driver_host import DriverHost
+    from gpuop.controller._driver_owners import DriverOwners
     from gpuop.events import EventRecorder
 
 log = get_logger(__name__)
@@ -72,22 +71,33 @@ _DISABLED_MESSAGE = "useNvidiaDriverCRD is not enabled in ClusterPolicy"
 
 
 class NVIDIADrivers:
-    """The NVIDIADriver side of the operator; shares the operator's caches and queue."""
+    """The NVIDIADriver side of the operator; shares the operator's caches and writers."""
 
-    def __init__(self, operator: DriverHost, events: EventRecorder) -> None:
+    def __init__(
+        self,
+        operator: DriverHost,
+        events: EventRecorder,
+        owners: DriverOwners,
+        *,
+        on_listed: Callable[[], None],
+        wake: Callable[[Wake], None],
+    ) -> None:
         self.op = operator
         rest = operator.rest
-        self.drivers = Informer(ResourceSpec("nvidiadrivers", rest.lister(NVD)), self._on_driver)
+        #: The read side (which driver owns and runs on a node), shared with the node
+        #: passes; its NVIDIADriver cache is watched here (``run``).
+        self.owners = owners
+        self.drivers = owners.drivers
+        self._on_listed = on_listed
+        #: What its own label writes wake (the node, cluster and fleet passes), queued
+        #: by the operator as a watch event's wakes are.
+        self._wake = wake
         #: Every driver pod (the ClusterPolicy's and each NVIDIADriver's), followed
         #: through the operator's cache of operand pods (``follow_pod``).
         self.driver_pods = PodSubset(is_driver_pod)
-        self._parsed: VersionMemo[str, NVIDIADriver | None] = VersionMemo()
-        #: Fleet-wide answers read by every cluster pass and every NVIDIADriver pass,
-        #: worked out again only after their cache changed (a rollout's passes would
-        #: otherwise scan every node and every driver pod each time).
-        self._owned_nodes: VersionMemo[str, frozenset[str]] = VersionMemo()
+        #: Read by every cluster pass, worked out again only after the driver pods
+        #: changed (a rollout's passes would otherwise scan every driver pod each time).
         self._foreign_pods: VersionMemo[str, bool] = VersionMemo()
-        self._policy_pools: VersionMemo[str, tuple[DriverPool, ...]] = VersionMemo()
         self.status = StatusWriter(rest, operator.config.namespace, events, self.drivers)
 
     # ------------------------------------------------------------ watching
@@ -97,32 +107,7 @@ class NVIDIADrivers:
         async with asyncio.TaskGroup() as group:
             group.create_task(self.drivers.run(), name="watch-nvidiadrivers")
             await self.drivers.synced.wait()
-            self.on_listed()
-
-    def has_listed(self) -> bool:
-        """Whether the NVIDIADriver cache has listed: before, which resource drives a
-        node and under which upgradePolicy is unknown, and no pass may act on it."""
-        return self.drivers.synced.is_set()
-
-    def on_listed(self) -> None:
-        """The cache has listed: run the passes that waited for it (this one, the fleet
-        pass and every GPU node's)."""
-        self.op.queue.add(NVD_KEY)
-        self.op.queue.add(UPGRADES_KEY)
-        for name, node in self.op.nodes.store.items():
-            if is_gpu_node(labels(node)):
-                self.op.queue.add(node_key(name))
-
-    def _on_driver(self, event: str, old: Obj | None, new: Obj | None) -> None:
-        if (
-            event == "MODIFIED"
-            and old is not None
-            and new is not None
-            and old["metadata"].get("generation") == new["metadata"].get("generation")
-            and old["metadata"].get("deletionTimestamp") == new["metadata"].get("deletionTimestamp")
-        ):
-            return  # only status changed (most likely our own write)
-        self.op.queue.add(NVD_KEY)
+            self._on_listed()  # the passes that waited for it
 
     def follow_pod(self, old: PodRecord | None, new: PodRecord | None) -> bool:
         """Follow one event of the operand pods cache; True when it was a driver pod's.
@@ -130,27 +115,10 @@ class NVIDIADrivers:
         return self.driver_pods.update(old, new)
 
     # ----------------------------------------------------------- questions
-    def _enabled(self) -> bool:
-        spec = self.op.active_spec()
-        return spec is not None and spec.driver.enabled and spec.driver.use_nvidia_driver_crd
-
     def holds_policy_driver(self) -> bool:
         """Whether the ClusterPolicy's driver DaemonSet must wait: a resource still owns a
         node or still has a driver pod running."""
-        return bool(self.owned_nodes()) or self._has_foreign_driver_pods()
-
-    def owned_nodes(self) -> frozenset[str]:
-        """The nodes an NVIDIADriver owns, or is taking over (they carry its owner or
-        next-owner label)."""
-        return self._owned_nodes.get(
-            "nodes",
-            str(self.op.nodes.version),
-            lambda: frozenset(
-                str(n["metadata"]["name"])
-                for n in self.op.nodes.values()
-                if OWNER_LABEL in labels(n) or NEXT_OWNER_LABEL in labels(n)
-            ),
-        )
+        return bool(self.owners.owned_nodes()) or self._has_foreign_driver_pods()
 
     def _has_foreign_driver_pods(self) -> bool:
         """Whether any driver pod belongs to an NVIDIADriver's DaemonSet."""
@@ -159,64 +127,6 @@ class NVIDIADrivers:
             str(self.driver_pods.version),
             lambda: any(not is_policy_driver(pod_app(p)) for p in self.driver_pods.values()),
         )
-
-    def _model(self, name: str) -> NVIDIADriver | None:
-        """The parsed resource, once per resourceVersion (every node pass asks)."""
-        raw = self.drivers.get(name)
-        if raw is None or raw["metadata"].get("deletionTimestamp"):
-            return None
-        rv = str(raw["metadata"].get("resourceVersion"))
-        return self._parsed.get(name, rv, lambda: _parse_or_none(raw))
-
-    def driver_app(self, node: str) -> str:
-        """The driver DaemonSet (`app`) running on ``node``: the ClusterPolicy's, or the
-        owning resource's whose pool selects the node ("" when there is none yet)."""
-        found = self.op.nodes.get(node)
-        owner = labels(found).get(OWNER_LABEL) if found is not None else None
-        node_labels = labels(found) if found is not None else {}
-        if not owner:
-            # A precompiled driver has a DaemonSet per kernel: the node's kernel's.
-            return pool_for(node_labels, self.policy_pools()) or POLICY_DRIVER_DS
-        for ds in self.op.owned["DaemonSet"].values():
-            if nvd_owner(ds) != owner:
-                continue
-            selector = ds["spec"]["template"]["spec"].get("nodeSelector") or {}
-            if all(node_labels.get(k) == v for k, v in selector.items()):
-                return str(ds["metadata"]["name"])
-        return ""
-
-    def policy_pools(self) -> tuple[DriverPool, ...]:
-        """The ClusterPolicy's driver DaemonSets (one, or one per kernel when precompiled),
-        worked out again only after the DaemonSet cache changed (every node asks)."""
-        daemonsets = self.op.owned["DaemonSet"]
-        return self._policy_pools.get(
-            "pools",
-            str(daemonsets.version),
-            lambda: tuple(
-                DriverPool(
-                    name=str(ds["metadata"]["name"]),
-                    node_selector=ds["spec"]["template"]["spec"].get("nodeSelector") or {},
-                    created=str(ds["metadata"].get("creationTimestamp") or ""),
-                )
-                for ds in daemonsets.values()
-                if is_policy_driver(ds["metadata"]["name"])
-                and nvd_owner(ds) is None
-                and not ds["metadata"].get("deletionTimestamp")
-            ),
-        )
-
-    def upgrade_policies(self) -> dict[str, UpgradePolicyView] | None:
-        """Each resource's own upgradePolicy (upstream defaults when unset); None when the
-        ClusterPolicy does not use NVIDIADrivers."""
-        spec = self.op.active_spec()
-        if spec is None or not self._enabled() or not self.has_listed():
-            return None
-        result = {}
-        for raw in self.drivers.values():
-            model = self._model(raw["metadata"]["name"])
-            if model is not None:
-                result[model.name] = policy_view(policy_for(model.spec, spec))
-        return result
 
     def upgrade_incomplete(self) -> list[str]:
         """Nodes owned by a resource whose driver upgrade is pending, running or failed
@@ -241,10 +151,10 @@ class NVIDIADrivers:
 
     # ----------------------------------------------------------- reconcile
     async def reconcile(self) -> None:
-        if not self.has_listed():
+        if not self.owners.has_listed():
             return
         raws = sorted(self.drivers.values(), key=lambda r: r["metadata"]["name"])
-        if not self._enabled():
+        if not self.owners.enabled():
             await self._disable(raws)
             return
         models: dict[str, NVIDIADriver] = {}
@@ -264,7 +174,7 @@ class NVIDIADrivers:
             )
             for name, m in models.items()
         ]
-        policies = self.upgrade_policies() or {}
+        policies = self.owners.upgrade_policies() or {}
         managed = {name for name, policy in policies.items() if policy.auto_upgrade}
         busy = {
             name
@@ -365,7 +275,7 @@ class NVIDIADrivers:
                 await self.op.rest.delete(DAEMONSET, meta["name"], meta.get("namespace"))
                 log.info("deleted", kind="DaemonSet", name=meta["name"], reason="disabled")
         await self._label(
-            {n: {OWNER_LABEL: None, NEXT_OWNER_LABEL: None} for n in self.owned_nodes()}
+            {n: {OWNER_LABEL: None, NEXT_OWNER_LABEL: None} for n in self.owners.owned_nodes()}
         )
         for raw in raws:
             if raw["metadata"].get("deletionTimestamp"):
@@ -388,24 +298,16 @@ class NVIDIADrivers:
             self.op.nodes.observe(patched)
             # Cached before its watch event, which then changes nothing: the node's
             # upgrade (a move starts, or is handed over) is woken here.
-            self.op.queue.add(node_key(name))
+            self._wake(Wake((node_key(name),)))
             log.info(
                 "driver owner", node=name, **{k.rsplit(".", 1)[-1]: v for k, v in patch.items()}
             )
         if changes:
             # Our own write may have been cached before its watch event arrives, and the
             # ClusterPolicy's driver waits on owner labels: tell it now.
-            self.op.queue.add(CLUSTER_KEY)
-            self.op.node_passes.fleet_soon()
+            self._wake(Wake((CLUSTER_KEY,), fleet=True))
 
     async def _fail(self, raw: Obj, reason: str, message: str) -> None:
         await self.status.write(
             raw, "notReady", (False, "Error", ""), (True, reason, message[:32000])
         )
-
-
-def _parse_or_none(raw: Obj) -> NVIDIADriver | None:
-    try:
-        return parse_nvidiadriver(raw)
-    except ValidationError:
-        return None

@@ -14,16 +14,16 @@ import time
 from typing import Any
 
 from components._k8s import MANAGED_BY, MANAGED_BY_LABEL
-from components.keys import MIG_CAPABLE_LABEL
-from components.labels import is_gpu_node
-from crd import OWNER_LABEL, ClusterPolicy, ClusterPolicySpec
+from crd import ClusterPolicy, ClusterPolicySpec
 from gpuop.controller._active import ActivePolicies
 from gpuop.controller._apply import Applier, object_key
 from gpuop.controller._cluster import ClusterReconciler
 from gpuop.controller._config import OperatorConfig
-from gpuop.controller._gpucluster import GC_KEY, GPUClusters
+from gpuop.controller._driver_owners import DriverOwners
+from gpuop.controller._gpucluster import GPUClusters
 from gpuop.controller._keys import (
     CLUSTER_KEY,
+    GC_KEY,
     NVD_KEY,
     REMEDIATION_KEY,
     STUCK_KEY,
@@ -33,13 +33,9 @@ from gpuop.controller._keys import (
 )
 from gpuop.controller._node import NodeReconciler
 from gpuop.controller._nodes import (
-    is_ready,
-    labels,
-    node_fingerprint,
-    node_out_of_service,
     trim_node,
 )
-from gpuop.controller._nvidiadriver import NVIDIADrivers
+from gpuop.controller._nvidiadriver import NVD, NVIDIADrivers
 from gpuop.controller._nvidiadriver_status import is_driver_object
 from gpuop.controller._owned import ALWAYS_WATCHED, OptionalWatches
 from gpuop.controller._pace import ProgressPace
@@ -50,13 +46,26 @@ from gpuop.controller._pods import (
     trim_pod,
     trim_revision,
 )
-from gpuop.controller._policy_status import PolicyStatusWriter, generation
+from gpuop.controller._policy_status import PolicyStatusWriter
 from gpuop.controller._remediation import Remediation, upgrade_drain
-from gpuop.controller._remediation_views import policy_facts
-from gpuop.controller._rollout_gate import RolloutGate, gate_facts
+from gpuop.controller._result import DONE, Again, Result
+from gpuop.controller._rollout_gate import RolloutGate
 from gpuop.controller._rollout_status import RolloutReports
 from gpuop.controller._rollout_view import NodeRollouts
-from gpuop.controller._routes import route_pod
+from gpuop.controller._routes import (
+    Wake,
+    route_gpucluster,
+    route_gpucluster_object,
+    route_gpucluster_presence,
+    route_node,
+    route_nvidiadriver,
+    route_nvidiadrivers_listed,
+    route_owned,
+    route_pod,
+    route_policy,
+    route_revision,
+    route_site_config,
+)
 from gpuop.controller._site_config import SiteConfigMaps
 from gpuop.controller._upgrade import Upgrades
 from gpuop.controller._workload import WorkloadHandovers
@@ -65,8 +74,6 @@ from gpuop.kinds import by_kind
 from gpuop.log import get_logger
 from gpuop.metrics import OperatorMetrics
 from gpuop.rest import Kind, Rest
-from statemachine.driver_owner import NEXT_OWNER_LABEL
-from statemachine.upgrade_keys import STATE_LABEL, skipped
 
 log = get_logger(__name__)
 
@@ -149,6 +156,14 @@ class Operator:
             ),
             self._on_revision,
         )
+        #: Which driver owns and runs on each node (the read side of NVIDIADrivers),
+        #: handed to every unit that asks.
+        self.owners = DriverOwners(
+            Informer(ResourceSpec("nvidiadrivers", rest.lister(NVD)), self._on_nvidiadriver),
+            self.nodes,
+            self.owned["DaemonSet"],
+            self.active_spec,
+        )
         self.upgrades = Upgrades(
             rest,
             metrics,
@@ -157,14 +172,9 @@ class Operator:
             revisions=self.revisions,
             daemonsets=self.owned["DaemonSet"],
             nodes=self.nodes,
+            owners=self.owners,
         )
-        self.gate = RolloutGate(
-            rest,
-            metrics,
-            self.upgrades.events,
-            self.policies,
-            lambda delay: self.queue.add_after(UPGRADES_KEY, delay),
-        )
+        self.gate = RolloutGate(rest, metrics, self.upgrades.events, self.policies)
         self.remediation = Remediation(
             rest,
             metrics,
@@ -174,19 +184,30 @@ class Operator:
             self.active_policy,
             upgrade_drain(self.upgrades),
         )
-        self.applier = Applier(
-            rest,
-            self.owned,
-            lambda d: self.queue.add_after(CLUSTER_KEY, d),
-            events=self.upgrades.events,
-        )
+        #: When the cluster pass wants to run again: its applier's refusal timers and
+        #: its status writer's coalescing tell it, and it returns that (`_run_pass`).
+        cluster_again = Again()
+        self.applier = Applier(rest, self.owned, cluster_again.after, events=self.upgrades.events)
         self.synced = False
         self._started = time.monotonic()
-        self.nvd = NVIDIADrivers(self, self.upgrades.events)
+        self.nvd = NVIDIADrivers(
+            self,
+            self.upgrades.events,
+            self.owners,
+            on_listed=self._nvidiadrivers_listed,
+            wake=self._wake,
+        )
         self.gpuclusters = GPUClusters(
-            rest, ns, self.queue.add, self.queue.add_after, self.policies,
-            self.upgrades.events, self._gpucluster_changed, config.operator_image,
-        )  # fmt: skip
+            rest,
+            ns,
+            self.policies,
+            self.upgrades.events,
+            config.operator_image,
+            on_cluster=self._on_gpucluster,
+            on_object=self._on_gpucluster_object,
+            on_known=self._gpucluster_known,
+            on_listed=lambda: self.queue.add(GC_KEY),
+        )
         self.rollouts = NodeRollouts(
             self.pods,
             self.revisions,
@@ -194,7 +215,6 @@ class Operator:
             ns,
             stuck_seconds=config.node_stuck_seconds,
         )
-        self.upgrades.driver_app = self.nvd.driver_app
         #: The ConfigMaps the driver's site configuration names (repositories, certs...).
         self.site_config = SiteConfigMaps(rest, ns, self._site_config_changed)
         self.cluster = ClusterReconciler(
@@ -206,16 +226,14 @@ class Operator:
             active_policy=self.active_policy,
             applier=self.applier,
             status=PolicyStatusWriter(
-                rest,
-                self.policies,
-                self.upgrades.events,
-                lambda d: self.queue.add_after(CLUSTER_KEY, d),
+                rest, self.policies, self.upgrades.events, cluster_again.after
             ),
             rollouts=self.rollouts,
             reports=RolloutReports(rest, self.rollouts, self.upgrades.events, metrics),
             nvd=self.nvd,
             watches=self.watches,
             timers=self.queue,
+            again=cluster_again,
             site_config=self.site_config,
         )
         self.cluster.gpucluster_conflict = self.gpuclusters.conflict
@@ -226,9 +244,9 @@ class Operator:
             active_policy=self.active_policy,
             upgrades=self.upgrades,
             gate=self.gate,
-            nvd=self.nvd,
+            owners=self.owners,
             workloads=WorkloadHandovers(
-                self.pods, self.upgrades.emptying, self.upgrades.events, self.nvd.driver_app
+                self.pods, self.upgrades.emptying, self.upgrades.events, self.owners.driver_app
             ),
         )
         self.node_passes.gpuclusters = self.gpuclusters
@@ -268,82 +286,66 @@ class Operator:
                 self.queue.add(node_key(name))
 
     # -------------------------------------------------------- event routing
+    # Each handler keeps the operator's books (the applier's, the pace's, the driver
+    # pods NVIDIADrivers follows), asks `_routes` once what the event wakes, and queues
+    # that: no unit queues anything from an event.
+    def _wake(self, wake: Wake) -> None:
+        wake.apply(self.queue.add, self.node_passes.fleet_soon, self._progress)
+
     def _site_config_changed(self) -> None:
-        self.queue.add(CLUSTER_KEY)
-        self.queue.add(NVD_KEY)
+        self._wake(route_site_config())
 
     def _on_node(self, event: str, old: Obj | None, new: Obj | None) -> None:
-        node = new or old
-        assert node is not None
-        name = node["metadata"]["name"]
-        if node_fingerprint(old) == node_fingerprint(new):
-            return
-        self.queue.add(node_key(name))
-        if self.remediation.wants_node(old, new):
-            self.queue.add(REMEDIATION_KEY)
-        self.queue.add(NVD_KEY)
-        if event != "MODIFIED" or _budget_facts(old) != _budget_facts(new):
-            self.node_passes.fleet_soon()  # what the budget reads
-        if event != "MODIFIED" or _gpu_facts(old) != _gpu_facts(new):
-            self.queue.add(CLUSTER_KEY)
-        elif (
-            self.cluster.label_gate.waiting_nodes
-            and old is not None
-            and new is not None
-            and labels(old) != labels(new)
-        ):
-            self._progress()  # new workloads wait for the deploy labels: count them again
+        self._wake(
+            route_node(
+                event,
+                old,
+                new,
+                remediation_reads=self.remediation.wants_node,
+                labels_awaited=bool(self.cluster.label_gate.waiting_nodes),
+            )
+        )
 
     def _on_policy(self, event: str, old: Obj | None, new: Obj | None) -> None:
-        if policy_facts(old) != policy_facts(new):
-            self.queue.add(REMEDIATION_KEY)
-        if gate_facts(old) != gate_facts(new):
-            self.queue.add(UPGRADES_KEY)  # the resume annotation, or the gate's record
-        if (
-            event == "MODIFIED"
-            and old is not None
-            and new is not None
-            and generation(old) == generation(new)
-            and old["metadata"].get("labels") == new["metadata"].get("labels")
-        ):
-            return  # only status changed (most likely our own write)
-        self.queue.add(CLUSTER_KEY)
-        self.queue.add(UPGRADES_KEY)
-        self.queue.add(NVD_KEY)
-        self.queue.add(GC_KEY)  # a ClusterPolicy beside a GPUCluster is a conflict
-        # Enabled components decide each node's deploy labels.
-        for name, node in self.nodes.store.items():
-            if is_gpu_node(labels(node)):
-                self.queue.add(node_key(name))
+        self._wake(route_policy(event, old, new, self.nodes.store.items()))
 
-    def _gpucluster_changed(self) -> None:
-        """A GPUCluster came, went or is deleting: the conflict and the node labels."""
-        self.queue.add(CLUSTER_KEY)
-        for name in self.nodes.store:
-            self.queue.add(node_key(name))
+    def _on_nvidiadriver(self, event: str, old: Obj | None, new: Obj | None) -> None:
+        self._wake(route_nvidiadriver(event, old, new))
+
+    def _nvidiadrivers_listed(self) -> None:
+        self._wake(route_nvidiadrivers_listed(self.nodes.store.items()))
+
+    def _on_gpucluster(self, event: str, old: Obj | None, new: Obj | None) -> None:
+        self._wake(route_gpucluster(event, old, new, self.nodes.store.items()))
+
+    def _gpucluster_known(self) -> None:
+        self._wake(route_gpucluster_presence(self.nodes.store.items()))
+
+    def _on_gpucluster_object(self, event: str, old: Obj | None, new: Obj | None) -> None:
+        self._wake(route_gpucluster_object(event, old, new))
 
     def _on_owned(self, kind: Kind, event: str, old: Obj | None, new: Obj | None) -> None:
         obj = new or old
         assert obj is not None
-        if kind.kind == "DaemonSet" and self.pace.daemonsets_changed(
+        settled = kind.kind == "DaemonSet" and self.pace.daemonsets_changed(
             self.owned["DaemonSet"].values()
-        ):
-            self.queue.add(CLUSTER_KEY)  # the rollout may be done: say so now
+        )
         if event == "DELETED":
             self.applier.deleted(object_key(obj, kind.kind))
-            self.queue.add(CLUSTER_KEY)  # put back at once
-        else:
-            self._progress()  # mostly DaemonSet status during a rollout
-        if is_driver_object(obj):
-            self.queue.add(NVD_KEY)  # NVIDIADriver status, and the driver hand-over
+        self._wake(
+            route_owned(
+                event, old, new, daemonsets_settled=settled, driver_object=is_driver_object(obj)
+            )
+        )
 
     def _on_pod(self, event: str, old: PodRecord | None, new: PodRecord | None) -> None:
         """Routed once (`_routes.route_pod`); NVIDIADrivers only follows its driver pods."""
         driver = self.nvd.follow_pod(old, new)
-        wake = route_pod(
-            event, old, new, driver=driver, upgrades_queued=self.node_passes.upgrades_queued
+        self._wake(
+            route_pod(
+                event, old, new, driver=driver, upgrades_queued=self.node_passes.upgrades_queued
+            )
         )
-        wake.apply(self.queue.add, self.node_passes.fleet_soon, self._progress)
 
     def _progress(self) -> None:
         """Something the cluster pass only counts moved: run it soon, coalescing the
@@ -353,17 +355,10 @@ class Operator:
         self.queue.add_after(CLUSTER_KEY, self.pace.wait(self.cluster.coalesce_seconds()))
 
     def _on_revision(self, event: str, old: Obj | None, new: Obj | None) -> None:
-        # A new driver revision may start upgrades on every GPU node. Other operands'
-        # revisions start nothing (their DaemonSets roll by themselves): a fresh install
-        # creates eight, and each would queue every node pass.
         rev = new or old
         assert rev is not None
-        if not self._is_driver_revision(rev):
-            return
-        self.queue.add(UPGRADES_KEY)
-        for name, node in self.nodes.store.items():
-            if is_gpu_node(labels(node)):
-                self.queue.add(node_key(name))
+        driver = self._is_driver_revision(rev)
+        self._wake(route_revision(event, old, new, driver=driver, nodes=self.nodes.store.items()))
 
     def _is_driver_revision(self, rev: Obj) -> bool:
         """Is ``rev`` a revision of a driver DaemonSet (the ClusterPolicy's or an
@@ -378,32 +373,35 @@ class Operator:
 
     # ------------------------------------------------------------ dispatch
     async def _reconcile(self, key: str) -> None:
+        """The worker loop's one step: run the key's pass, and queue the key again when
+        the pass says so (as controller-runtime does with a reconciler's Result)."""
         started = time.monotonic()
         try:
-            await self._run_pass(key)
+            result = await self._run_pass(key)
         finally:
             self.metrics.reconcile_duration_seconds.labels(_pass_name(key)).observe(
                 time.monotonic() - started
             )
+        if result.requeue_after is not None:
+            self.queue.add_after(key, result.requeue_after)
 
-    async def _run_pass(self, key: str) -> None:
+    async def _run_pass(self, key: str) -> Result:
         node = node_of(key)
         if node is not None:
             await self.node_passes.reconcile_node(node)
         elif key == CLUSTER_KEY:
-            await self.cluster.reconcile()
+            return await self.cluster.reconcile()
         elif key == UPGRADES_KEY:
-            await self.node_passes.reconcile_upgrades()
+            return await self.node_passes.reconcile_upgrades()
         elif key == REMEDIATION_KEY:
-            again = await self.remediation.reconcile()
-            if again is not None:
-                self.queue.add_after(REMEDIATION_KEY, again)
+            return Result(await self.remediation.reconcile())
         elif key == NVD_KEY:
             await self.nvd.reconcile()
         elif key == GC_KEY:
-            await self.gpuclusters.reconcile()
+            return await self.gpuclusters.reconcile()
         elif key == STUCK_KEY:
             self.queue.add(CLUSTER_KEY)  # a node is due to count as stuck
+        return DONE
 
     def active_policy(self) -> tuple[Obj | None, ClusterPolicy | None, list[str]]:
         """The oldest ClusterPolicy is the active one; parsed once per resourceVersion."""
@@ -416,33 +414,3 @@ class Operator:
 def _pass_name(key: str) -> str:
     """The pass a work-queue key runs, for metrics: `node/<name>` counts as `node`."""
     return key if node_of(key) is None else "node"
-
-
-def _budget_facts(node: Obj | None) -> Any:
-    """What ``Upgrades.grant`` reads of a node."""
-    if node is None:
-        return None
-    node_labels = labels(node)
-    return (
-        node_labels.get(STATE_LABEL),
-        node_labels.get(OWNER_LABEL),  # which budget the node counts in
-        node_labels.get(NEXT_OWNER_LABEL),
-        skipped(node_labels),
-        is_gpu_node(node_labels),
-        node["spec"].get("unschedulable", False),
-        is_ready(node),
-    )
-
-
-def _gpu_facts(node: Obj | None) -> Any:
-    if node is None:
-        return None
-    node_labels = labels(node)
-    owner = node_labels.get(OWNER_LABEL)
-    return (
-        is_gpu_node(node_labels),
-        node_labels.get(MIG_CAPABLE_LABEL),
-        owner,  # holds the ClusterPolicy's driver back
-        node_labels.get(STATE_LABEL) if owner else None,  # NVIDIADriver upgrades: not ready
-        node_out_of_service(node),  # its stale operand pods may be released
-    )

@@ -126,13 +126,11 @@ class RolloutGate:
         metrics: OperatorMetrics,
         events: EventRecorder,
         policies: Any,
-        requeue: Callable[[float], None],
     ) -> None:
         self.rest = rest
         self.metrics = metrics
         self.events = events
         self._policies = policies
-        self._requeue = requeue
 
     async def reconcile(
         self,
@@ -182,9 +180,7 @@ class RolloutGate:
                 _policy_ref(raw), "DriverUpgradeResumed", "driver rollout resumed by annotation"
             )
         await self._report(raw, decision)
-        if decision.requeue_after is not None:
-            self._requeue(decision.requeue_after)
-        return decision
+        return decision  # its requeue_after: when the fleet pass looks again
 
     def _metrics(self, decision: GateDecision) -> None:
         record = decision.record

@@ -1,21 +1,42 @@
-"""What one operand pod event wakes, decided in one place.
+"""What each watch event wakes, decided in one place: one function per event kind.
 
-The operator's pods cache hands every event here once (``Operator._on_pod``): the
-NVIDIADriver unit only follows its driver pods (``NVIDIADrivers.follow_pod``) and
-queues nothing itself, so a pod event is routed once, not once per unit that reads it.
+Every watch handler of the operator (and the NVIDIADriver and GPUCluster units' own
+caches, whose handlers only keep their books and hand the event on) asks one function
+here which work-queue keys the event wakes, and ``Operator._wake`` queues them. No unit
+queues anything from an event handler, so an event is routed once, not once per unit
+that reads it: the NVIDIADriver unit only follows its driver pods
+(``NVIDIADrivers.follow_pod``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from components.driver import DAEMONSET_NAME as DRIVER_DS
-from gpuop.controller._keys import CLUSTER_KEY, NVD_KEY, node_key
+from components.keys import MIG_CAPABLE_LABEL
+from components.labels import is_gpu_node
+from crd import OWNER_LABEL
+from gpuop.controller._keys import (
+    CLUSTER_KEY,
+    GC_KEY,
+    NVD_KEY,
+    REMEDIATION_KEY,
+    UPGRADES_KEY,
+    node_key,
+)
+from gpuop.controller._nodes import is_ready, labels, node_fingerprint, node_out_of_service
 from gpuop.controller._nvidiadriver_status import is_policy_driver
 from gpuop.controller._pods import WATCHED_APPS, PodRecord, pod_app
+from gpuop.controller._policy_status import generation
+from gpuop.controller._remediation_views import policy_facts
+from gpuop.controller._rollout_gate import gate_facts
 from gpuop.controller._rollout_view import pod_facts
 from gpuop.controller._workload import HANDOVER_APPS
+from gpuop.informer import Obj
+from statemachine.driver_owner import NEXT_OWNER_LABEL
+from statemachine.upgrade_keys import STATE_LABEL, skipped
 
 
 @dataclass(frozen=True)
@@ -24,6 +45,7 @@ class Wake:
     each on its own coalescing clock."""
 
     keys: tuple[str, ...] = ()
+    """Queued at once, each once (``wake`` drops repeats)."""
     fleet: bool = False
     """The fleet pass, coalesced (``NodeReconciler.fleet_soon``)."""
     progress: bool = False
@@ -77,3 +99,178 @@ def route_pod(
             # once, a fresh install's 1,000 driver pods were 1,000 fleet passes.
             fleet = True
     return Wake(tuple(keys), fleet=fleet, progress=pod_facts(old) != pod_facts(new))
+
+
+def wake(*keys: str, fleet: bool = False, progress: bool = False) -> Wake:
+    """A `Wake` naming each key once, in the order first named."""
+    return Wake(tuple(dict.fromkeys(keys)), fleet=fleet, progress=progress)
+
+
+def gpu_node_keys(nodes: Iterable[tuple[str, Obj]]) -> list[str]:
+    """The ``node/<name>`` key of every GPU node among ``(name, node)`` pairs."""
+    return [node_key(name) for name, node in nodes if is_gpu_node(labels(node))]
+
+
+def route_node(
+    event: str,
+    old: Obj | None,
+    new: Obj | None,
+    *,
+    remediation_reads: Callable[[Obj | None, Obj | None], bool],
+    labels_awaited: bool,
+) -> Wake:
+    """What a node event wakes: its node pass, the NVIDIADriver pass (owners), the
+    remediation pass when it reads what changed, the fleet pass when a budget fact
+    changed, and the cluster pass when a GPU fact changed, or (paced) when new
+    workloads wait for deploy labels (``labels_awaited``) and the labels changed."""
+    node = new or old
+    assert node is not None
+    if node_fingerprint(old) == node_fingerprint(new):
+        return Wake()
+    keys = [node_key(node["metadata"]["name"])]
+    if remediation_reads(old, new):
+        keys.append(REMEDIATION_KEY)
+    keys.append(NVD_KEY)
+    fleet = event != "MODIFIED" or budget_facts(old) != budget_facts(new)
+    progress = False
+    if event != "MODIFIED" or gpu_facts(old) != gpu_facts(new):
+        keys.append(CLUSTER_KEY)
+    elif labels_awaited and old is not None and new is not None and labels(old) != labels(new):
+        progress = True  # new workloads wait for the deploy labels: count them again
+    return wake(*keys, fleet=fleet, progress=progress)
+
+
+def route_policy(
+    event: str, old: Obj | None, new: Obj | None, nodes: Iterable[tuple[str, Obj]]
+) -> Wake:
+    """What a ClusterPolicy event wakes; a status-only change (most likely our own
+    write) wakes only the passes that read its annotations. Its enabled components
+    decide each GPU node's deploy labels, so a spec change wakes every GPU node."""
+    keys: list[str] = []
+    if policy_facts(old) != policy_facts(new):
+        keys.append(REMEDIATION_KEY)
+    if gate_facts(old) != gate_facts(new):
+        keys.append(UPGRADES_KEY)  # the resume annotation, or the gate's record
+    if (
+        event == "MODIFIED"
+        and old is not None
+        and new is not None
+        and generation(old) == generation(new)
+        and old["metadata"].get("labels") == new["metadata"].get("labels")
+    ):
+        return wake(*keys)
+    # A ClusterPolicy beside a GPUCluster is a conflict: the GPUCluster pass says so.
+    keys += [CLUSTER_KEY, UPGRADES_KEY, NVD_KEY, GC_KEY, *gpu_node_keys(nodes)]
+    return wake(*keys)
+
+
+def _spec_changed(event: str, old: Obj | None, new: Obj | None, *fields: str) -> bool:
+    """Whether an event changes more than status: ``generation`` or one of ``fields``
+    of the metadata moved (a MODIFIED event that moves neither is most likely our own
+    status write)."""
+    if event != "MODIFIED" or old is None or new is None:
+        return True
+    return any(old["metadata"].get(f) != new["metadata"].get(f) for f in ("generation", *fields))
+
+
+def route_nvidiadriver(event: str, old: Obj | None, new: Obj | None) -> Wake:
+    """An NVIDIADriver changed (not only its status): the NVIDIADriver pass."""
+    if not _spec_changed(event, old, new, "deletionTimestamp"):
+        return Wake()
+    return wake(NVD_KEY)
+
+
+def route_nvidiadrivers_listed(nodes: Iterable[tuple[str, Obj]]) -> Wake:
+    """The NVIDIADriver cache listed: the passes that waited for it (its own, the fleet
+    pass and every GPU node's)."""
+    return wake(NVD_KEY, UPGRADES_KEY, *gpu_node_keys(nodes))
+
+
+def route_gpucluster_presence(nodes: Iterable[tuple[str, Obj]]) -> Wake:
+    """A GPUCluster came, went or is deleting (or its cache listed): the ClusterPolicy's
+    conflict and every node's labels."""
+    return wake(CLUSTER_KEY, *(node_key(name) for name, _ in nodes))
+
+
+def route_gpucluster(
+    event: str, old: Obj | None, new: Obj | None, nodes: Iterable[tuple[str, Obj]]
+) -> Wake:
+    """A GPUCluster changed (not only its status): its pass, and what its presence
+    decides."""
+    if not _spec_changed(event, old, new, "deletionTimestamp", "finalizers"):
+        return Wake()
+    return wake(GC_KEY, *route_gpucluster_presence(nodes).keys)
+
+
+def route_gpucluster_object(event: str, old: Obj | None, new: Obj | None) -> Wake:
+    """One of the GPUCluster's objects changed: its pass puts it back or counts it."""
+    return wake(GC_KEY)
+
+
+def route_owned(
+    event: str,
+    old: Obj | None,
+    new: Obj | None,
+    *,
+    daemonsets_settled: bool,
+    driver_object: bool,
+) -> Wake:
+    """An object the ClusterPolicy owns changed: the cluster pass at once when it was
+    deleted (put back) or the DaemonSets just became all ready (``daemonsets_settled``:
+    the rollout may be done), else paced (mostly DaemonSet status during a rollout);
+    a driver object's also wakes the NVIDIADriver pass (status, and the hand-over)."""
+    keys: list[str] = []
+    if daemonsets_settled:
+        keys.append(CLUSTER_KEY)
+    if event == "DELETED":
+        keys.append(CLUSTER_KEY)
+    if driver_object:
+        keys.append(NVD_KEY)
+    return wake(*keys, progress=event != "DELETED")
+
+
+def route_revision(
+    event: str, old: Obj | None, new: Obj | None, *, driver: bool, nodes: Iterable[tuple[str, Obj]]
+) -> Wake:
+    """A driver DaemonSet's new revision may start upgrades on every GPU node. Other
+    operands' revisions start nothing (their DaemonSets roll by themselves): a fresh
+    install creates eight, and each would wake every node pass."""
+    if not driver:
+        return Wake()
+    return wake(UPGRADES_KEY, *gpu_node_keys(nodes))
+
+
+def route_site_config() -> Wake:
+    """A ConfigMap the driver's site configuration names changed: both driver renders."""
+    return wake(CLUSTER_KEY, NVD_KEY)
+
+
+def budget_facts(node: Obj | None) -> Any:
+    """What ``Upgrades.grant`` reads of a node."""
+    if node is None:
+        return None
+    node_labels = labels(node)
+    return (
+        node_labels.get(STATE_LABEL),
+        node_labels.get(OWNER_LABEL),  # which budget the node counts in
+        node_labels.get(NEXT_OWNER_LABEL),
+        skipped(node_labels),
+        is_gpu_node(node_labels),
+        node["spec"].get("unschedulable", False),
+        is_ready(node),
+    )
+
+
+def gpu_facts(node: Obj | None) -> Any:
+    """What the cluster pass reads of a node."""
+    if node is None:
+        return None
+    node_labels = labels(node)
+    owner = node_labels.get(OWNER_LABEL)
+    return (
+        is_gpu_node(node_labels),
+        node_labels.get(MIG_CAPABLE_LABEL),
+        owner,  # holds the ClusterPolicy's driver back
+        node_labels.get(STATE_LABEL) if owner else None,  # NVIDIADriver upgrades: not ready
+        node_out_of_service(node),  # its stale operand pods may be released
+    )

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -72,6 +72,19 @@ _EMPTYING = {
 }
 
 
+class DriverApps(Protocol):
+    """Which driver DaemonSet (its `app`) runs on a node (``DriverOwners``)."""
+
+    def driver_app(self, node: str) -> str: ...
+
+
+class PolicyDriverOnly:
+    """No NVIDIADrivers: every node runs the ClusterPolicy's driver DaemonSet."""
+
+    def driver_app(self, node: str) -> str:
+        return DRIVER_DS
+
+
 class Upgrades:
     """Carries out upgrade decisions for the operator (which owns the caches)."""
 
@@ -84,6 +97,7 @@ class Upgrades:
         revisions: Any,
         daemonsets: Any,
         nodes: Any,
+        owners: DriverApps | None = None,
     ) -> None:
         self.rest = rest
         self.metrics = metrics
@@ -103,9 +117,9 @@ class Upgrades:
         #: Overrides the bound of pod-restart-required the policy's startup probe gives
         #: (see ``UpgradePolicyView``); for tests only.
         self.driver_ready_timeout_seconds: int | None = None
-        #: Hook for NVIDIADrivers: which driver DaemonSet (its `app`) runs on a node;
-        #: its pods are in the operand pods cache like every other driver's.
-        self.driver_app: Callable[[str], str] = lambda node: DRIVER_DS
+        #: Which driver DaemonSet (its `app`) runs on a node; its pods are in the
+        #: operand pods cache like every other driver's.
+        self._owners = owners if owners is not None else PolicyDriverOnly()
 
     # ------------------------------------------------------------- inputs
     def newest_driver_revision(self, app: str = DRIVER_DS) -> str | None:
@@ -136,14 +150,16 @@ class Upgrades:
                 newest.append(revision)
         return (",".join(newest) or None), rollout_key(templates)
 
-    def _driver_pods_on(self, node: str) -> list[PodRecord]:
-        return pods_on(self._pods, node, self.driver_app(node))
+    def _driver_pods_on(self, node: str, app: str | None = None) -> list[PodRecord]:
+        """The pods of ``app`` (asked of the owners when not given) on ``node``."""
+        app = self._owners.driver_app(node) if app is None else app
+        return pods_on(self._pods, node, app)
 
-    def _live_driver_pods(self, node: str) -> list[PodRecord]:
-        return [p for p in self._driver_pods_on(node) if not p.deleting]
+    def _live_driver_pods(self, node: str, app: str | None = None) -> list[PodRecord]:
+        return [p for p in self._driver_pods_on(node, app) if not p.deleting]
 
-    def driver_pod(self, node: str) -> DriverPodView | None:
-        pods = self._live_driver_pods(node)
+    def driver_pod(self, node: str, app: str | None = None) -> DriverPodView | None:
+        pods = self._live_driver_pods(node, app)
         if not pods:
             return None
         return driver_pod_view(max(pods, key=lambda p: p.created))
@@ -162,9 +178,12 @@ class Upgrades:
         return await self.emptying.drain(node, policy)
 
     async def view(
-        self, node: Obj, policy: UpgradePolicyView, newest: str | None
+        self, node: Obj, policy: UpgradePolicyView, newest: str | None, app: str | None = None
     ) -> NodeUpgradeView:
+        """The rulebook's inputs for ``node``; ``app``: its driver DaemonSet, as the node
+        pass already asked (asked of the owners when not given)."""
         name = node["metadata"]["name"]
+        app = self._owners.driver_app(name) if app is None else app
         node_labels = labels(node)
         wait = 0
         gpu = drain = RemovalPlan()
@@ -190,7 +209,7 @@ class Upgrades:
         elif state is UpgradeState.DRAIN_REQUIRED:
             left = self.emptying.left(name, drain.remaining)
         return replace(
-            self._cached_view(node, newest),
+            self._cached_view(node, newest, app),
             wait_pods_running=wait,
             gpu_pods=len(gpu.remaining),
             gpu_pods_refused=gpu.refusals,
@@ -199,7 +218,7 @@ class Upgrades:
             pods_left=left,
         )
 
-    def _cached_view(self, node: Obj, newest: str | None) -> NodeUpgradeView:
+    def _cached_view(self, node: Obj, newest: str | None, app: str) -> NodeUpgradeView:
         """The node as the caches show it, with no pod counts (the grant needs none)."""
         name = node["metadata"]["name"]
         return NodeUpgradeView(
@@ -209,10 +228,10 @@ class Upgrades:
             annotations=node["metadata"].get("annotations") or {},
             unschedulable=bool(node["spec"].get("unschedulable")),
             node_ready=is_ready(node),
-            driver_pod=self.driver_pod(name),
+            driver_pod=self.driver_pod(name, app),
             newest_revision=newest,
             validators_ready=self.validators_ready(name),
-            newest_config_digest=self.template_digest(self.driver_app(name)),
+            newest_config_digest=self.template_digest(app),
         )
 
     # --------------------------------------------------------- fleet budget
@@ -245,8 +264,9 @@ class Upgrades:
         conflict = False
         for name in selection.start:
             node = by_name[name]
-            newest = self.newest_driver_revision(self.driver_app(name))
-            decision = start_step(self._cached_view(node, newest), policy)
+            app = self._owners.driver_app(name)
+            newest = self.newest_driver_revision(app)
+            decision = start_step(self._cached_view(node, newest, app), policy)
             if decision is None:
                 continue
             try:
@@ -273,11 +293,15 @@ class Upgrades:
         return fleet
 
     # ------------------------------------------------------------ decisions
-    async def step(self, node: Obj, policy: UpgradePolicyView, newest: str | None) -> Decision:
-        """One node's next step from ``cordon-required`` on (never a start)."""
+    async def step(
+        self, node: Obj, policy: UpgradePolicyView, newest: str | None, app: str | None = None
+    ) -> Decision:
+        """One node's next step from ``cordon-required`` on (never a start); ``app``: its
+        driver DaemonSet, as the node pass asked once (asked here when not given)."""
         if policy.auto_upgrade and self.driver_ready_timeout_seconds is not None:
             policy = replace(policy, driver_ready_timeout_seconds=self.driver_ready_timeout_seconds)
-        view = await self.view(node, policy, newest)
+        app = self._owners.driver_app(node["metadata"]["name"]) if app is None else app
+        view = await self.view(node, policy, newest, app)
         timeless = replace(view, now=0.0)
         rested = self._resting.get(view.name)
         if rested is not None and rested[0] == policy and rested[1] == timeless:
@@ -296,7 +320,7 @@ class Upgrades:
             return Decision(view.name, decision.current, decision.current, Action.NONE, "")
         if decision.target not in _EMPTYING or decision.target is not decision.current:
             self.emptying.forget(view.name)  # a new step: its own refusals only
-        await self._act(view, decision, policy)
+        await self._act(view, decision, policy, app)
         await self._report(node, decision)
         return decision
 
@@ -360,7 +384,7 @@ class Upgrades:
         self._resting.pop(name, None)
 
     async def _act(
-        self, view: NodeUpgradeView, decision: Decision, policy: UpgradePolicyView
+        self, view: NodeUpgradeView, decision: Decision, policy: UpgradePolicyView, app: str
     ) -> None:
         action = decision.action
         if action is Action.DELETE_GPU_PODS:
@@ -373,7 +397,7 @@ class Upgrades:
             # unless the node moves to another NVIDIADriver: then the owner label goes
             # first, so the old DaemonSet lets go of the node, and the new owner gets it
             # once the pod has left (NVIDIADrivers.reconcile).
-            pods = self._driver_pods_on(view.name)
+            pods = self._driver_pods_on(view.name, app)
             if view.moving and OWNER_LABEL in view.labels:
                 patch = {"metadata": {"labels": {OWNER_LABEL: None}}}
                 self._nodes.observe(await self.rest.merge_patch(NODE, view.name, patch))

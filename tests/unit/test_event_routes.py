@@ -1,39 +1,218 @@
-"""The operator routes each watch event once: a driver pod's event, read by both the
-node passes and the NVIDIADriver unit, wakes its node and the fleet pass once."""
+"""The operator routes each watch event once (`_routes`): every cache's handler, the
+NVIDIADriver and GPUCluster units' own included, ends in one routing function, and each
+key it wakes is queued once, however many units read the event."""
 
 from __future__ import annotations
 
+from collections import Counter
 from types import SimpleNamespace
 from typing import Any
 
 from components.driver import COMPONENT_POD_LABEL
+from components.keys import NFD_GPU_LABELS
+from crd import OWNER_LABEL
 from gpuop.controller import Operator, OperatorConfig
-from gpuop.controller._keys import NVD_KEY, node_key
+from gpuop.controller._keys import (
+    CLUSTER_KEY,
+    GC_KEY,
+    NVD_KEY,
+    REMEDIATION_KEY,
+    UPGRADES_KEY,
+    node_key,
+)
+from gpuop.controller._nodes import trim_node
 from gpuop.controller._pods import trim_pod
+from gpuop.controller._rollout_gate import RECORD_ANNOTATION
+from gpuop.informer import Informer, key_of
 from gpuop.metrics import OperatorMetrics
+
+Obj = dict[str, Any]
+FLEET = "upgrades (coalesced)"
+PACED = "cluster (paced)"
 
 
 async def _never(**_: Any) -> None:
     raise AssertionError("not listed in this test")
 
 
-def test_a_driver_pod_event_is_routed_once_by_the_operator() -> None:
+def _operator(*nodes: Obj) -> tuple[Operator, Counter[str]]:
+    """An operator whose queue counts what each event wakes."""
     rest = SimpleNamespace(lister=lambda *_a, **_k: _never, observer=None)
     op = Operator(rest, OperatorConfig(namespace="gpu-operator"), OperatorMetrics())  # type: ignore[arg-type]
-    added: list[str] = []
-    fleet: list[str] = []
-    op.queue.add = added.append  # type: ignore[method-assign]
-    op.queue.add_after = lambda key, _delay: added.append(f"{key} (paced)")  # type: ignore[method-assign]
+    woken: Counter[str] = Counter()
+    op.queue.add = lambda key: woken.update([key])  # type: ignore[method-assign]
+    op.queue.add_after = lambda key, _delay: woken.update(  # type: ignore[method-assign]
+        [PACED if key == CLUSTER_KEY else f"{key} (after)"]
+    )
     op.node_passes.upgrades_queued = lambda: True  # type: ignore[method-assign]
-    op.node_passes.fleet_soon = lambda: fleet.append("upgrades")  # type: ignore[method-assign]
+    op.node_passes.fleet_soon = lambda: woken.update([FLEET])  # type: ignore[method-assign]
+    for node in nodes:
+        op.nodes._put(key_of(node), node)
+    return op, woken
+
+
+def _node(name: str, gpu: bool = True) -> Obj:
+    """A node as the cache holds it (trimmed)."""
+    labels = {NFD_GPU_LABELS[0]: "true"} if gpu else {}
+    raw = {"metadata": {"name": name, "resourceVersion": "1", "labels": labels}, "spec": {}}
+    return trim_node(raw)
+
+
+def _fire(informer: Informer[Any], event: str, old: Any, new: Any) -> None:
+    """One watch event, as the cache hands it to the handler it was built with."""
+    informer.handler(event, old, new)
+
+
+def test_a_driver_pod_event_is_routed_once_by_the_operator() -> None:
+    op, woken = _operator()
     labels = {"app": "nvidia-driver-daemonset", COMPONENT_POD_LABEL: "nvidia-driver"}
     pod = {
         "metadata": {"name": "driver-x", "namespace": "gpu-operator", "labels": labels},
         "spec": {"nodeName": "n0"},
     }
 
-    op._on_pod("ADDED", None, trim_pod(pod))
+    _fire(op.pods, "ADDED", None, trim_pod(pod))
 
-    assert added.count(node_key("n0")) == 1
-    assert added.count(NVD_KEY) == 1
-    assert fleet == ["upgrades"]
+    assert woken[node_key("n0")] == 1
+    assert woken[NVD_KEY] == 1
+    assert woken[FLEET] == 1
+
+
+def test_a_new_node_wakes_each_pass_that_reads_it_once() -> None:
+    op, woken = _operator()
+
+    _fire(op.nodes, "ADDED", None, _node("n0"))
+
+    assert woken == Counter(
+        {node_key("n0"): 1, REMEDIATION_KEY: 1, NVD_KEY: 1, CLUSTER_KEY: 1, FLEET: 1}
+    )
+
+
+def test_a_node_event_that_changes_nothing_read_wakes_nothing() -> None:
+    op, woken = _operator()
+    node = _node("n0")
+
+    _fire(
+        op.nodes,
+        "MODIFIED",
+        node,
+        {**node, "metadata": {**node["metadata"], "resourceVersion": "2"}},
+    )
+
+    assert woken == Counter()
+
+
+def test_a_policy_spec_change_wakes_each_pass_and_gpu_node_once() -> None:
+    op, woken = _operator(_node("g0"), _node("c0", gpu=False))
+    old = {"metadata": {"name": "p", "generation": 1}, "spec": {}}
+    new = {"metadata": {"name": "p", "generation": 2, "annotations": {"x": "y"}}, "spec": {}}
+
+    _fire(op.policies, "MODIFIED", old, new)
+
+    assert woken == Counter(
+        {
+            REMEDIATION_KEY: 1,
+            CLUSTER_KEY: 1,
+            UPGRADES_KEY: 1,
+            NVD_KEY: 1,
+            GC_KEY: 1,
+            node_key("g0"): 1,
+        }
+    )
+
+
+def test_a_spec_and_gate_record_change_wakes_the_fleet_pass_once() -> None:
+    """Both what the gate reads (its record) and the spec changed: one wake, not two."""
+    op, woken = _operator()
+    old = {"metadata": {"name": "p", "generation": 1}, "spec": {}}
+    record = {RECORD_ANNOTATION: "{}"}
+    new = {"metadata": {"name": "p", "generation": 2, "annotations": record}, "spec": {}}
+
+    _fire(op.policies, "MODIFIED", old, new)
+
+    assert woken[UPGRADES_KEY] == 1
+
+
+def test_a_policy_status_write_wakes_only_what_reads_its_annotations() -> None:
+    op, woken = _operator(_node("g0"))
+    old = {"metadata": {"name": "p", "generation": 1}, "spec": {}}
+    new = {**old, "status": {"state": "ready"}}
+
+    _fire(op.policies, "MODIFIED", old, new)
+
+    assert woken == Counter()
+
+
+def test_an_nvidiadriver_event_is_routed_by_the_operator_once() -> None:
+    op, woken = _operator()
+    old = {"metadata": {"name": "d", "generation": 1}}
+
+    _fire(op.nvd.drivers, "MODIFIED", old, {**old, "status": {"state": "ready"}})
+    assert woken == Counter()  # our own status write
+    _fire(op.nvd.drivers, "MODIFIED", old, {"metadata": {"name": "d", "generation": 2}})
+    assert woken == Counter({NVD_KEY: 1})
+
+
+def test_the_listed_nvidiadriver_cache_wakes_each_waiting_pass_once() -> None:
+    op, woken = _operator(_node("g0"), _node("c0", gpu=False))
+
+    op.nvd._on_listed()
+
+    assert woken == Counter({NVD_KEY: 1, UPGRADES_KEY: 1, node_key("g0"): 1})
+
+
+def test_a_gpucluster_event_wakes_its_pass_the_conflict_and_every_node_once() -> None:
+    op, woken = _operator(_node("g0"), _node("c0", gpu=False))
+    gc = {"metadata": {"name": "gpu-cluster", "generation": 1}}
+
+    _fire(op.gpuclusters.clusters, "ADDED", None, gc)
+
+    assert woken == Counter({GC_KEY: 1, CLUSTER_KEY: 1, node_key("g0"): 1, node_key("c0"): 1})
+
+
+def test_a_gpucluster_object_event_wakes_its_pass_once() -> None:
+    op, woken = _operator()
+    ds = {"metadata": {"name": "x", "namespace": "gpu-operator"}}
+
+    _fire(op.gpuclusters.owned["DaemonSet"], "DELETED", ds, None)
+
+    assert woken == Counter({GC_KEY: 1})
+
+
+def test_a_deleted_daemonset_wakes_the_cluster_pass_once() -> None:
+    """The last DaemonSet gone is both a deletion (put it back) and "every DaemonSet is
+    ready" (the rollout may be done): one wake, not two."""
+    op, woken = _operator()
+    ds = {"metadata": {"name": "nvidia-device-plugin-daemonset", "namespace": "gpu-operator"}}
+
+    _fire(op.owned["DaemonSet"], "DELETED", ds, None)
+
+    assert woken == Counter({CLUSTER_KEY: 1})
+
+
+def test_a_node_event_remediation_does_not_read_leaves_it_asleep() -> None:
+    op, woken = _operator()
+    op.remediation.wants_node = lambda _old, _new: False  # type: ignore[method-assign]
+
+    _fire(op.nodes, "ADDED", None, _node("n0"))
+
+    assert REMEDIATION_KEY not in woken
+    assert woken[node_key("n0")] == 1
+
+
+async def test_an_owner_label_write_wakes_its_node_the_cluster_and_fleet_passes_once() -> None:
+    """NVIDIADrivers' own writes wake the other passes through the operator's router
+    too (its node's watch event, cached already, then changes nothing)."""
+    op, woken = _operator(_node("n0"))
+
+    async def merge_patch(_kind: Any, name: str, patch: Obj) -> Obj:
+        node = op.nodes.get(name)
+        assert node is not None
+        node_labels = {**node["metadata"]["labels"], **patch["metadata"]["labels"]}
+        return {**node, "metadata": {**node["metadata"], "labels": node_labels}}
+
+    op.nvd.op.rest.merge_patch = merge_patch  # type: ignore[attr-defined]
+
+    await op.nvd._label({"n0": {OWNER_LABEL: "default"}})
+
+    assert woken == Counter({node_key("n0"): 1, CLUSTER_KEY: 1, FLEET: 1})

@@ -37,7 +37,7 @@ def test_fleet_news_waits_twenty_times_the_last_pass(last_pass_cpu_s: float, wai
         active_policy=nothing,
         upgrades=nothing,
         gate=nothing,
-        nvd=nothing,
+        owners=nothing,
         workloads=nothing,
     )
     passes._fleet_cpu_s = last_pass_cpu_s
@@ -64,7 +64,7 @@ def _passes_over(nodes: Informer) -> NodeReconciler:
         active_policy=nothing,
         upgrades=nothing,
         gate=nothing,
-        nvd=nothing,
+        owners=nothing,
         workloads=nothing,
     )
 

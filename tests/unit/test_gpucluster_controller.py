@@ -9,7 +9,8 @@ import asyncio
 import copy
 from typing import Any
 
-from gpuop.controller._gpucluster import FINALIZER, FOREGROUND, GPUClusters
+from gpuop.controller._gpucluster import DRAIN_RETRY_S, FINALIZER, FOREGROUND, GPUClusters
+from gpuop.controller._result import Result
 from gpuop.informer import Informer, Obj, ResourceSpec
 
 NS = "gpu-operator"
@@ -77,12 +78,13 @@ def _controller(rest: _Rest, gpucluster: Obj, *daemonsets: Obj) -> tuple[GPUClus
     ctl = GPUClusters(
         rest,  # type: ignore[arg-type]
         NS,
-        lambda _: None,
-        lambda _key, _delay: None,
         policies,
         events,  # type: ignore[arg-type]
-        lambda: None,
         "gpuop:test",
+        on_cluster=lambda *_: None,
+        on_object=lambda *_: None,
+        on_known=lambda: None,
+        on_listed=lambda: None,
     )
     rest.stored[gpucluster["metadata"]["name"]] = gpucluster
     ctl.clusters.store[gpucluster["metadata"]["name"]] = gpucluster
@@ -149,7 +151,8 @@ def test_delete_drains_claim_holders_in_the_foreground_then_releases() -> None:
     exporter = _daemonset("nvidia-dcgm-exporter-dra", claims=True)
     ctl, events = _controller(rest, deleting, plugin, validator, exporter)
 
-    asyncio.run(ctl.reconcile())
+    # The pass says when it looks again (a backstop): it touches no queue.
+    assert asyncio.run(ctl.reconcile()) == Result(DRAIN_RETRY_S)
     assert rest.writes == [
         ("delete", "daemonsets/nvidia-dra-validator", FOREGROUND),
         ("delete", "daemonsets/nvidia-dcgm-exporter-dra", FOREGROUND),
@@ -170,7 +173,7 @@ def test_delete_drains_claim_holders_in_the_foreground_then_releases() -> None:
     # Gone: the finalizer goes; the plugin is left to garbage collection.
     for ds in (validator, exporter):
         del ctl.owned["DaemonSet"].store[f"{NS}/{ds['metadata']['name']}"]
-    asyncio.run(ctl.reconcile())
+    assert asyncio.run(ctl.reconcile()) == Result()  # released: only news wakes it
     verb, where, patch = rest.writes[-1]
     assert (verb, where) == ("patch", "gpuclusters/")
     assert patch["metadata"]["finalizers"] == []

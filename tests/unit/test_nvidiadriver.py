@@ -414,7 +414,8 @@ def test_policy_driver_names_and_resource_ownership() -> None:
 
 
 def test_owner_label_changes_wake_the_cluster_and_budget_passes() -> None:
-    from gpuop.controller._operator import _budget_facts, _gpu_facts
+    from gpuop.controller._routes import budget_facts as _budget_facts
+    from gpuop.controller._routes import gpu_facts as _gpu_facts
 
     def node(**extra: str) -> dict[str, Any]:
         labels = {"nvidia.com/gpu.present": "true", **extra}

@@ -15,6 +15,7 @@ from typing import Any
 
 from components.driver import COMPONENT_POD_LABEL
 from crd import OWNER_LABEL
+from gpuop.controller._driver_owners import DriverOwners
 from gpuop.controller._keys import CLUSTER_KEY, NVD_KEY, UPGRADES_KEY, node_key
 from gpuop.controller._nodes import trim_node
 from gpuop.controller._nvidiadriver import NVIDIADrivers
@@ -60,7 +61,16 @@ def _controller(waiting_for_slot: bool = False) -> tuple[NVIDIADrivers, _Queue, 
     op.nodes = nodes
     op.node_passes = _NodePasses(queue)
     op.node_passes.queued = waiting_for_slot
-    return NVIDIADrivers(op, SimpleNamespace()), queue, nodes  # type: ignore[arg-type]
+    drivers = Informer(ResourceSpec("nvidiadrivers", _never), lambda *_: None)
+    owners = DriverOwners(drivers, nodes, SimpleNamespace(), lambda: None)  # type: ignore[arg-type]
+    nvd = NVIDIADrivers(
+        op,  # type: ignore[arg-type]
+        SimpleNamespace(),  # type: ignore[arg-type]
+        owners,
+        on_listed=lambda: None,
+        wake=lambda w: w.apply(queue.add, op.node_passes.fleet_soon, lambda: None),
+    )
+    return nvd, queue, nodes
 
 
 def _on_pod(nvd: NVIDIADrivers, event: str, old: PodRecord | None, new: PodRecord | None) -> Wake:
@@ -122,12 +132,12 @@ def test_owned_nodes_and_foreign_pods_follow_their_caches() -> None:
     nvd, _, nodes = _controller()
     for node in (_node("n0"), _node("n1")):
         nodes._put(key_of(node), trim_node(node))
-    assert nvd.owned_nodes() == frozenset()
+    assert nvd.owners.owned_nodes() == frozenset()
     assert not nvd.holds_policy_driver()
 
     owned = trim_node(_node("n1", owner="mine"))
     nodes._put(key_of(owned), owned)
-    assert nvd.owned_nodes() == frozenset({"n1"})
+    assert nvd.owners.owned_nodes() == frozenset({"n1"})
     assert nvd.holds_policy_driver()
 
     nodes._put(key_of(owned), trim_node(_node("n1")))

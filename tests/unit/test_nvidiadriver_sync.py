@@ -129,6 +129,6 @@ def test_the_listed_nvidiadriver_cache_wakes_the_passes_that_waited() -> None:
     queued: list[str] = []
     op.queue.add = queued.append  # type: ignore[method-assign]
 
-    op.nvd.on_listed()
+    op.nvd._on_listed()
 
     assert {NVD_KEY, UPGRADES_KEY, node_key("gpu-0")} <= set(queued)

@@ -80,7 +80,6 @@ async def _reconcile(raw: Obj) -> tuple[GatePhase, _Server]:
         OperatorMetrics(CollectorRegistry()),
         _Events(),  # type: ignore[arg-type]
         _Cache(),
-        lambda _: None,
     )
     spec = ClusterPolicySpec.model_validate({"driver": {"upgradePolicy": {"haltAfterFailures": 1}}})
     decision = await gate.reconcile(copy.deepcopy(raw), spec, [], NEW, lambda _: None)

@@ -35,6 +35,7 @@ def _operator(daemonsets: dict[str, dict[str, Any]]) -> Any:
         config=SimpleNamespace(namespace=NS),
     )
     fake._is_driver_revision = MethodType(Operator._is_driver_revision, fake)
+    fake._wake = lambda wake: [fake.queue.add(key) for key in wake.keys]
     return fake
 
 
