@@ -6,11 +6,23 @@ VMs (the sandbox validator's status files).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from components._accounts import operand_account
 from components._host_paths import HOST_ROOT_MOUNT, RUN_NVIDIA, VALIDATIONS_DIR, mount
-from components._k8s import dump_env, env, field_env, merge_env, security_context
-from components.context import RenderContext
+from components._k8s import (
+    container,
+    daemonset,
+    dump_env,
+    env,
+    field_env,
+    merge_env,
+    security_context,
+)
+from components.context import Manifest, RenderContext
+from components.keys import TRUE
 from crd import ClusterPolicySpec, ComponentSpec, DriverManagerSpec, component_image
 
 WORKLOAD_TYPE_FILE = f"{VALIDATIONS_DIR}/workload-type"
@@ -34,6 +46,102 @@ def resources(section: ComponentSpec, default: dict[str, Any] | None = None) -> 
     if section.resources is not None:
         return section.resources.model_dump(mode="json", exclude_none=True)
     return dict(default or {})
+
+
+def operand_container(
+    name: str,
+    image: str,
+    section: ComponentSpec,
+    *,
+    args: Sequence[str] = (),
+    default_resources: dict[str, Any] | None = None,
+    **options: Any,
+) -> dict[str, Any]:
+    """A sandbox operand's own privileged container: the section's args replace `args`
+    (upstream does not append them), and its resources, else `default_resources`, are
+    set as given."""
+    main = container(
+        name,
+        image,
+        section,
+        args=section.args or args,
+        section_args=False,
+        privileged=True,
+        **options,
+    )
+    if section.resources is not None or default_resources is not None:
+        main["resources"] = resources(section, default_resources)
+    return main
+
+
+@dataclass(frozen=True)
+class Operand:
+    """Who a sandbox operand is: its component name, DaemonSet, service account (with
+    its Role's and ClusterRole's rules) and the deploy label that places it."""
+
+    name: str
+    daemonset: str
+    account: str
+    deploy_label: str
+    role: list[dict[str, Any]]
+    cluster: list[dict[str, Any]] | None = None
+
+
+def operand_objects(
+    spec: ClusterPolicySpec,
+    ctx: RenderContext,
+    section: ComponentSpec,
+    pod: dict[str, Any],
+    operand: Operand,
+    *,
+    extra: Sequence[Manifest] = (),
+    **daemonset_options: Any,
+) -> list[Manifest]:
+    """The operand's account and RBAC, `extra` objects, and its DaemonSet running `pod`
+    as the account on the nodes labelled `deploy_label=true`, with the section's
+    `hostNetwork`."""
+    return [
+        *operand_account(operand.account, operand.name, spec, ctx, operand.role, operand.cluster),
+        *extra,
+        daemonset(
+            operand.daemonset,
+            operand.name,
+            spec,
+            ctx,
+            {"serviceAccountName": operand.account, **pod},
+            node_selector={operand.deploy_label: TRUE},
+            host_network=section.host_network,
+            **daemonset_options,
+        ),
+    ]
+
+
+def validations_container(
+    ctx: RenderContext,
+    name: str,
+    script: str,
+    *,
+    propagation: str,
+    env_vars: Sequence[dict[str, Any]] = (),
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A root shell container of the operator image running `script` with the status
+    files of the validations (`/run/nvidia/validations`) mounted."""
+    result: dict[str, Any] = {
+        "name": name,
+        "image": ctx.operator_image,
+        "imagePullPolicy": ctx.operator_image_pull_policy,
+        "command": ["sh", "-c"],
+        "args": [script],
+        **(extra or {}),
+    }
+    if env_vars:
+        result["env"] = list(env_vars)
+    result["securityContext"] = security_context(privileged=True, root=True)
+    result["volumeMounts"] = [
+        mount("run-nvidia-validations", VALIDATIONS_DIR, propagation=propagation)
+    ]
+    return result
 
 
 def driver_manager_init_container(
@@ -83,18 +191,13 @@ def workload_wait(
         f" {skip}, skipping validation; exit 0; fi; until [ -f {ready_file} ]; do echo"
         f" {waiting}; sleep 5; done;"
     )
-    return {
-        "name": name,
-        "image": ctx.operator_image,
-        "imagePullPolicy": ctx.operator_image_pull_policy,
-        "command": ["sh", "-c"],
-        "args": [script],
-        "env": [env("NVIDIA_VISIBLE_DEVICES", "void")],
-        "securityContext": security_context(privileged=True, root=True),
-        "volumeMounts": [
-            mount("run-nvidia-validations", VALIDATIONS_DIR, propagation="HostToContainer")
-        ],
-    }
+    return validations_container(
+        ctx,
+        name,
+        script,
+        propagation="HostToContainer",
+        env_vars=[env("NVIDIA_VISIBLE_DEVICES", "void")],
+    )
 
 
 def vfio_pci_wait(ctx: RenderContext, skip: str = "vfio-pci not needed") -> dict[str, Any]:

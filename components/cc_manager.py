@@ -10,13 +10,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from components._accounts import SCC_RULE, operand_account
+from components._accounts import SCC_RULE
 from components._host_paths import RUN_NVIDIA, VALIDATIONS_DIR, host_path, mount
-from components._k8s import container, daemonset, env, field_env, pull_secrets
-from components._sandbox import MANAGER_RESOURCES, resources, sandbox_enabled
+from components._k8s import env, field_env, pull_secrets
+from components._sandbox import (
+    MANAGER_RESOURCES,
+    Operand,
+    operand_container,
+    operand_objects,
+    sandbox_enabled,
+)
 from components.component import VM_HOSTS, Component, Permissions
 from components.context import Manifest, RenderContext
-from components.keys import DEPLOY_CC_MANAGER_LABEL, KATA_MODE, TRUE
+from components.keys import DEPLOY_CC_MANAGER_LABEL, KATA_MODE
 from components.kinds import CLUSTER_RBAC, DAEMONSET, NAMESPACED_RBAC
 from crd import ClusterPolicySpec, component_image
 
@@ -48,27 +54,28 @@ def enabled(spec: ClusterPolicySpec) -> bool:
     )
 
 
+_OPERAND = Operand(
+    NAME, DAEMONSET_NAME, SERVICE_ACCOUNT, DEPLOY_CC_MANAGER_LABEL, _ROLE_RULES, _CLUSTER_RULES
+)
+
+
 def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
     manager = spec.cc_manager
-    main = container(
+    main = operand_container(
         CONTAINER_NAME,
         component_image(spec, "ccManager"),
         manager,
-        args=manager.args or (),
-        section_args=False,
+        default_resources=MANAGER_RESOURCES,
         env_vars=[
             field_env("NODE_NAME", "spec.nodeName"),
             env("NVIDIA_VISIBLE_DEVICES", "void"),
             env(DEFAULT_MODE_ENV, manager.default_mode),
         ],
         mounts=[mount("host-sys", "/sys"), mount("run-nvidia", RUN_NVIDIA)],
-        privileged=True,
         selinux_s0=True,
         extra={"lifecycle": {"preStop": {"exec": {"command": ["/bin/rm", "-f", READY_FILE]}}}},
     )
-    main["resources"] = resources(manager, MANAGER_RESOURCES)
     pod: dict[str, Any] = {
-        "serviceAccountName": SERVICE_ACCOUNT,
         "containers": [main],
         "imagePullSecrets": pull_secrets(manager.image_pull_secrets),
         "volumes": [
@@ -76,19 +83,7 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
             host_path("run-nvidia", RUN_NVIDIA, "DirectoryOrCreate"),
         ],
     }
-    return [
-        *operand_account(SERVICE_ACCOUNT, NAME, spec, ctx, _ROLE_RULES, _CLUSTER_RULES),
-        daemonset(
-            DAEMONSET_NAME,
-            NAME,
-            spec,
-            ctx,
-            pod,
-            node_selector={DEPLOY_CC_MANAGER_LABEL: TRUE},
-            host_network=manager.host_network,
-            selector_key=SELECTOR_KEY,
-        ),
-    ]
+    return operand_objects(spec, ctx, manager, pod, _OPERAND, selector_key=SELECTOR_KEY)
 
 
 COMPONENT = Component(

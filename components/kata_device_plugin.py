@@ -6,13 +6,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from components._accounts import operand_account
 from components._host_paths import host_path, kubelet_path, mount, validations_volume
-from components._k8s import container, daemonset, field_env, pull_secrets
-from components._sandbox import resources, sandbox_enabled, vfio_pci_wait
+from components._k8s import field_env, pull_secrets
+from components._sandbox import (
+    Operand,
+    operand_container,
+    operand_objects,
+    sandbox_enabled,
+    vfio_pci_wait,
+)
 from components.component import PASSTHROUGH_ONLY, Component, Permissions, Placement
 from components.context import Manifest, RenderContext
-from components.keys import DEPLOY_KATA_DEVICE_PLUGIN_LABEL, KATA_MODE, TRUE
+from components.keys import DEPLOY_KATA_DEVICE_PLUGIN_LABEL, KATA_MODE
 from components.kinds import CLUSTER_RBAC, DAEMONSET, NAMESPACED_RBAC
 from components.sandbox_device_plugin import (
     CDI_ROOT,
@@ -38,26 +43,30 @@ def enabled(spec: ClusterPolicySpec) -> bool:
     )
 
 
+_OPERAND = Operand(
+    NAME,
+    DAEMONSET_NAME,
+    SERVICE_ACCOUNT,
+    DEPLOY_KATA_DEVICE_PLUGIN_LABEL,
+    ROLE_RULES,
+    CLUSTER_RULES,
+)
+
+
 def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
     plugin = spec.kata_sandbox_device_plugin
-    main = container(
+    main = operand_container(
         CONTAINER_NAME,
         component_image(spec, "kataSandboxDevicePlugin"),
         plugin,
-        args=plugin.args or (),
-        section_args=False,
         env_vars=[
             field_env("NODE_NAME", "spec.nodeName"),
             field_env("POD_NAMESPACE", "metadata.namespace"),
             field_env("POD_SERVICE_ACCOUNT", "spec.serviceAccountName"),
         ],
         mounts=[mount("device-plugin", KUBELET_PLUGINS_DIR), mount("cdi-root", CDI_ROOT)],
-        privileged=True,
     )
-    if plugin.resources is not None:
-        main["resources"] = resources(plugin)
     pod: dict[str, Any] = {
-        "serviceAccountName": SERVICE_ACCOUNT,
         "initContainers": [vfio_pci_wait(ctx, skip="kata not needed")],
         "containers": [main],
         "imagePullSecrets": pull_secrets(
@@ -69,18 +78,7 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
             host_path("cdi-root", CDI_ROOT, "DirectoryOrCreate"),
         ],
     }
-    return [
-        *operand_account(SERVICE_ACCOUNT, NAME, spec, ctx, ROLE_RULES, CLUSTER_RULES),
-        daemonset(
-            DAEMONSET_NAME,
-            NAME,
-            spec,
-            ctx,
-            pod,
-            node_selector={DEPLOY_KATA_DEVICE_PLUGIN_LABEL: TRUE},
-            host_network=plugin.host_network,
-        ),
-    ]
+    return operand_objects(spec, ctx, plugin, pod, _OPERAND)
 
 
 COMPONENT = Component(

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from components._accounts import SCC_RULE, operand_account
+from components._accounts import SCC_RULE
 from components._host_paths import (
     DRIVER_ROOT,
     HOST_ROOT_MOUNT,
@@ -26,16 +26,20 @@ from components._host_paths import (
 from components._k8s import (
     PART_OF,
     PART_OF_LABEL,
-    daemonset,
     env,
     field_env,
     pull_secrets,
     security_context,
 )
-from components._sandbox import sandbox_enabled
+from components._sandbox import (
+    Operand,
+    operand_objects,
+    sandbox_enabled,
+    validations_container,
+)
 from components.component import VM_HOSTS, Component, Permissions
 from components.context import Manifest, RenderContext
-from components.keys import DEPLOY_SANDBOX_VALIDATOR_LABEL, TRUE
+from components.keys import DEPLOY_SANDBOX_VALIDATOR_LABEL
 from components.kinds import CLUSTER_RBAC, DAEMONSET, NAMESPACED_RBAC
 from crd import ClusterPolicySpec
 
@@ -90,22 +94,36 @@ def _check(spec: ClusterPolicySpec, ctx: RenderContext, check: str) -> dict[str,
     }
 
 
+_CLEAR = f"rm -f {VALIDATIONS_DIR}/*"
+"""The status files go with the validator, so what waits on them waits for it again."""
+
+
+_SELECTOR = {PART_OF_LABEL: PART_OF}
+"""Upstream's selector (immutable)."""
+_OPERAND = Operand(
+    NAME,
+    DAEMONSET_NAME,
+    SERVICE_ACCOUNT,
+    DEPLOY_SANDBOX_VALIDATOR_LABEL,
+    [SCC_RULE],
+    _CLUSTER_RULES,
+)
+
+
 def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
     validator = spec.validator
-    main = {
-        "name": CONTAINER_NAME,
-        "image": ctx.operator_image,
-        "imagePullPolicy": ctx.operator_image_pull_policy,
-        "command": ["sh", "-c"],
-        "args": ["echo all validations are successful; while true; do sleep 86400; done"],
-        "lifecycle": {"preStop": {"exec": {"command": ["sh", "-c", f"rm -f {VALIDATIONS_DIR}/*"]}}},
-        "securityContext": security_context(privileged=True, root=True),
-        "volumeMounts": [
-            mount("run-nvidia-validations", VALIDATIONS_DIR, propagation="Bidirectional")
-        ],
-    }
+    main = validations_container(
+        ctx,
+        CONTAINER_NAME,
+        "echo all validations are successful; while true; do sleep 86400; done",
+        propagation="Bidirectional",
+        extra={
+            "lifecycle": {
+                "preStop": {"exec": {"command": ["sh", "-c", f"rm -f {VALIDATIONS_DIR}/*"]}}
+            }
+        },
+    )
     pod: dict[str, Any] = {
-        "serviceAccountName": SERVICE_ACCOUNT,
         "initContainers": [_check(spec, ctx, check) for check in CHECKS],
         "containers": [main],
         "imagePullSecrets": pull_secrets(
@@ -117,19 +135,7 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
             host_path("host-root", spec.host_paths.root_fs),
         ],
     }
-    return [
-        *operand_account(SERVICE_ACCOUNT, NAME, spec, ctx, [SCC_RULE], _CLUSTER_RULES),
-        daemonset(
-            DAEMONSET_NAME,
-            NAME,
-            spec,
-            ctx,
-            pod,
-            node_selector={DEPLOY_SANDBOX_VALIDATOR_LABEL: TRUE},
-            host_network=validator.host_network,
-            selector_labels={PART_OF_LABEL: PART_OF},  # upstream's selector (immutable)
-        ),
-    ]
+    return operand_objects(spec, ctx, validator, pod, _OPERAND, selector_labels=_SELECTOR)
 
 
 COMPONENT = Component(

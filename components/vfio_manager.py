@@ -10,18 +10,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from components._accounts import SCC_RULE, operand_account
+from components._accounts import SCC_RULE
 from components._host_paths import HOST_ROOT_MOUNT, RUN_NVIDIA, host_path, mount
-from components._k8s import container, daemonset, env, pull_secrets
+from components._k8s import env, pull_secrets
 from components._sandbox import (
     MANAGER_RESOURCES,
+    Operand,
     driver_manager_init_container,
-    resources,
+    operand_container,
+    operand_objects,
     sandbox_enabled,
 )
 from components.component import PASSTHROUGH_ONLY, Component, Permissions
 from components.context import Manifest, RenderContext
-from components.keys import DEPLOY_VFIO_MANAGER_LABEL, TRUE
+from components.keys import DEPLOY_VFIO_MANAGER_LABEL
 from components.kinds import CLUSTER_RBAC, DAEMONSET, NAMESPACED_RBAC
 from crd import ClusterPolicySpec, component_image
 
@@ -51,28 +53,30 @@ def enabled(spec: ClusterPolicySpec) -> bool:
     return sandbox_enabled(spec) and spec.vfio_manager.enabled
 
 
+_OPERAND = Operand(
+    NAME, DAEMONSET_NAME, SERVICE_ACCOUNT, DEPLOY_VFIO_MANAGER_LABEL, [SCC_RULE], _CLUSTER_RULES
+)
+
+
 def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
     manager = spec.vfio_manager
-    main = container(
+    main = operand_container(
         CONTAINER_NAME,
         component_image(spec, "vfioManager"),
         manager,
         command=["/bin/sh", "-c"],
-        args=manager.args or [BIND],
-        section_args=False,
+        args=[BIND],
+        default_resources=MANAGER_RESOURCES,
         env_vars=[env("HOST_ROOT", HOST_ROOT_MOUNT)],
         mounts=[
             mount("host-sys", "/sys"),
             mount("host-lib-modules", "/lib/modules", read_only=True),
             mount("host-root", HOST_ROOT_MOUNT),
         ],
-        privileged=True,
         selinux_s0=True,
         extra={"lifecycle": {"preStop": {"exec": {"command": ["/bin/sh", "-c", UNBIND]}}}},
     )
-    main["resources"] = resources(manager, MANAGER_RESOURCES)
     pod: dict[str, Any] = {
-        "serviceAccountName": SERVICE_ACCOUNT,
         "initContainers": [
             driver_manager_init_container(
                 spec, "vfioManager.driverManager", manager.driver_manager, manager
@@ -90,19 +94,7 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
             host_path("host-root", spec.host_paths.root_fs),
         ],
     }
-    return [
-        *operand_account(SERVICE_ACCOUNT, NAME, spec, ctx, [SCC_RULE], _CLUSTER_RULES),
-        daemonset(
-            DAEMONSET_NAME,
-            NAME,
-            spec,
-            ctx,
-            pod,
-            node_selector={DEPLOY_VFIO_MANAGER_LABEL: TRUE},
-            host_network=manager.host_network,
-            selector_key=SELECTOR_KEY,
-        ),
-    ]
+    return operand_objects(spec, ctx, manager, pod, _OPERAND, selector_key=SELECTOR_KEY)
 
 
 COMPONENT = Component(

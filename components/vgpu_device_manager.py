@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from components import vgpu_layouts
-from components._accounts import SCC_RULE, operand_account
+from components._accounts import SCC_RULE
 from components._host_paths import (
     HOST_ROOT_MOUNT,
     VALIDATIONS_DIR,
@@ -21,18 +21,21 @@ from components._host_paths import (
     validations_volume,
 )
 from components._k8s import (
-    container,
-    daemonset,
     env,
     field_env,
     metadata,
     pull_secrets,
-    security_context,
 )
-from components._sandbox import resources, sandbox_enabled
+from components._sandbox import (
+    Operand,
+    operand_container,
+    operand_objects,
+    sandbox_enabled,
+    validations_container,
+)
 from components.component import VGPU_ONLY, Component, Permissions
 from components.context import Manifest, RenderContext
-from components.keys import DEPLOY_VGPU_DEVICE_MANAGER_LABEL, TRUE
+from components.keys import DEPLOY_VGPU_DEVICE_MANAGER_LABEL
 from components.kinds import CLUSTER_RBAC, CONFIG_MAP, DAEMONSET, NAMESPACED_RBAC
 from crd import ClusterPolicySpec, component_image
 
@@ -81,27 +84,27 @@ def _wait_for_vgpu_manager(ctx: RenderContext) -> dict[str, Any]:
         f"until [ -f {VGPU_MANAGER_READY} ] || [ -f {HOST_VGPU_MANAGER_READY} ]; do echo"
         " waiting for NVIDIA vGPU Manager to be setup; sleep 5; done"
     )
-    return {
-        "name": "vgpu-manager-validation",
-        "image": ctx.operator_image,
-        "imagePullPolicy": ctx.operator_image_pull_policy,
-        "command": ["sh", "-c"],
-        "args": [script],
-        "securityContext": security_context(privileged=True, root=True),
-        "volumeMounts": [
-            mount("run-nvidia-validations", VALIDATIONS_DIR, propagation="Bidirectional")
-        ],
-    }
+    return validations_container(
+        ctx, "vgpu-manager-validation", script, propagation="Bidirectional"
+    )
+
+
+_OPERAND = Operand(
+    NAME,
+    DAEMONSET_NAME,
+    SERVICE_ACCOUNT,
+    DEPLOY_VGPU_DEVICE_MANAGER_LABEL,
+    _ROLE_RULES,
+    _CLUSTER_RULES,
+)
 
 
 def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
     manager = spec.vgpu_device_manager
-    main = container(
+    main = operand_container(
         CONTAINER_NAME,
         component_image(spec, "vgpuDeviceManager"),
         manager,
-        args=manager.args or (),
-        section_args=False,
         env_vars=[
             field_env("NAMESPACE", "metadata.namespace"),
             field_env("NODE_NAME", "spec.nodeName"),
@@ -114,12 +117,8 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
             mount("host-root", HOST_ROOT_MOUNT, propagation="HostToContainer"),
             mount("driver-install-dir", "/driver-root", propagation="HostToContainer"),
         ],
-        privileged=True,
     )
-    if manager.resources is not None:
-        main["resources"] = resources(manager)
     pod: dict[str, Any] = {
-        "serviceAccountName": SERVICE_ACCOUNT,
         "initContainers": [_wait_for_vgpu_manager(ctx)],
         "containers": [main],
         "imagePullSecrets": pull_secrets(
@@ -148,19 +147,7 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
                 "data": {"config.yaml": _LAYOUTS},
             }
         )
-    return [
-        *operand_account(SERVICE_ACCOUNT, NAME, spec, ctx, _ROLE_RULES, _CLUSTER_RULES),
-        *defaults,
-        daemonset(
-            DAEMONSET_NAME,
-            NAME,
-            spec,
-            ctx,
-            pod,
-            node_selector={DEPLOY_VGPU_DEVICE_MANAGER_LABEL: TRUE},
-            host_network=manager.host_network,
-        ),
-    ]
+    return operand_objects(spec, ctx, manager, pod, _OPERAND, extra=defaults)
 
 
 _LAYOUTS = vgpu_layouts.config_yaml()

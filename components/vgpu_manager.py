@@ -13,19 +13,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from components._accounts import SCC_RULE, operand_account
+from components._accounts import SCC_RULE
 from components._host_paths import RUN_NVIDIA, host_path, mount
-from components._k8s import container, daemonset, pull_secrets
+from components._k8s import pull_secrets
 from components._sandbox import (
+    Operand,
     driver_manager_init_container,
-    resources,
+    operand_container,
+    operand_objects,
     sandbox_enabled,
 )
 from components.component import VGPU_ONLY, Component, Permissions
 from components.context import Manifest, RenderContext
 from components.driver_config import kernel_module_mounts
 from components.driver_sidecars import with_os_tag
-from components.keys import DEPLOY_VGPU_MANAGER_LABEL, TRUE
+from components.keys import DEPLOY_VGPU_MANAGER_LABEL
 from components.kinds import CLUSTER_RBAC, DAEMONSET, NAMESPACED_RBAC
 from crd import ClusterPolicySpec, component_image
 
@@ -62,6 +64,11 @@ def image(spec: ClusterPolicySpec, ctx: RenderContext) -> str:
     return with_os_tag(component_image(spec, "vgpuManager"), ctx.os_tag)
 
 
+_OPERAND = Operand(
+    NAME, DAEMONSET_NAME, SERVICE_ACCOUNT, DEPLOY_VGPU_MANAGER_LABEL, [SCC_RULE], _CLUSTER_RULES
+)
+
+
 def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
     manager = spec.vgpu_manager
     mounts = [
@@ -91,19 +98,16 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
     mounts += module_mounts
     if module_volume is not None:
         volumes.append(module_volume)
-    main = container(
+    main = operand_container(
         CONTAINER_NAME,
         image(spec, ctx),
         manager,
         command=["nvidia-driver"],
-        args=manager.args or ["init"],
-        section_args=False,
+        args=["init"],
         mounts=mounts,
-        privileged=True,
         selinux_s0=True,
     )
     pod: dict[str, Any] = {
-        "serviceAccountName": SERVICE_ACCOUNT,
         "hostPID": True,
         "hostIPC": True,
         "initContainers": [
@@ -118,22 +122,15 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         ),
         "volumes": volumes,
     }
-    if manager.resources is not None:
-        main["resources"] = resources(manager)
-    return [
-        *operand_account(SERVICE_ACCOUNT, NAME, spec, ctx, [SCC_RULE], _CLUSTER_RULES),
-        daemonset(
-            DAEMONSET_NAME,
-            NAME,
-            spec,
-            ctx,
-            pod,
-            node_selector={DEPLOY_VGPU_MANAGER_LABEL: TRUE},
-            pod_annotations={"kubectl.kubernetes.io/default-container": CONTAINER_NAME},
-            host_network=manager.host_network,
-            grace_period=GRACE_PERIOD,
-        ),
-    ]
+    return operand_objects(
+        spec,
+        ctx,
+        manager,
+        pod,
+        _OPERAND,
+        pod_annotations={"kubectl.kubernetes.io/default-container": CONTAINER_NAME},
+        grace_period=GRACE_PERIOD,
+    )
 
 
 COMPONENT = Component(
