@@ -16,6 +16,12 @@ SCC_RULE = {
     "verbs": ["use"],
 }
 """Lets an operand's pods use OpenShift's privileged SCC; a no-op elsewhere."""
+CLUSTER_VERSION_RULE = {
+    "apiGroups": ["config.openshift.io"],
+    "resources": ["clusterversions"],
+    "verbs": ["get", "list"],
+}
+"""Lets an operand read OpenShift's version (no such objects elsewhere)."""
 
 
 def service_account(

@@ -21,6 +21,7 @@ from typing import Any
 
 from components import driver_digest
 from components._accounts import (
+    CLUSTER_VERSION_RULE,
     SCC_RULE,
     operand_account,
 )
@@ -66,11 +67,7 @@ _STARTUP_DEFAULTS = ContainerProbeSpec(
 """Builds can take many minutes on a fresh kernel: allow up to ~20 minutes."""
 
 _CLUSTER_RULES = [
-    {
-        "apiGroups": ["config.openshift.io"],
-        "resources": ["clusterversions"],
-        "verbs": ["get", "list"],
-    },
+    CLUSTER_VERSION_RULE,
     {
         "apiGroups": [""],
         "resources": ["nodes"],

@@ -4,10 +4,8 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from components._host_paths import host_path, kubelet_path, mount, validations_volume
-from components._k8s import field_env, pull_secrets
+from components._host_paths import mount
+from components._k8s import field_env
 from components._sandbox import (
     Operand,
     operand_container,
@@ -24,6 +22,7 @@ from components.sandbox_device_plugin import (
     CLUSTER_RULES,
     KUBELET_PLUGINS_DIR,
     ROLE_RULES,
+    plugin_pod,
 )
 from crd import ClusterPolicySpec, component_image
 
@@ -66,18 +65,7 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         ],
         mounts=[mount("device-plugin", KUBELET_PLUGINS_DIR), mount("cdi-root", CDI_ROOT)],
     )
-    pod: dict[str, Any] = {
-        "initContainers": [vfio_pci_wait(ctx, skip="kata not needed")],
-        "containers": [main],
-        "imagePullSecrets": pull_secrets(
-            plugin.image_pull_secrets, ctx.operator_image_pull_secrets
-        ),
-        "volumes": [
-            host_path("device-plugin", kubelet_path(spec, "device-plugins")),
-            validations_volume(),
-            host_path("cdi-root", CDI_ROOT, "DirectoryOrCreate"),
-        ],
-    }
+    pod = plugin_pod(spec, ctx, plugin, main, [vfio_pci_wait(ctx, skip="kata not needed")])
     return operand_objects(spec, ctx, plugin, pod, _OPERAND)
 
 

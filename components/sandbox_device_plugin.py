@@ -7,9 +7,10 @@ devices; its init containers hold it until the sandbox validator has found them 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from components._accounts import SCC_RULE
+from components._accounts import CLUSTER_VERSION_RULE, SCC_RULE
 from components._host_paths import host_path, kubelet_path, mount, validations_volume
 from components._k8s import field_env, pull_secrets
 from components._sandbox import (
@@ -25,7 +26,7 @@ from components.component import VM_HOSTS, Component, Permissions, Placement
 from components.context import Manifest, RenderContext
 from components.keys import DEPLOY_SANDBOX_DEVICE_PLUGIN_LABEL, KUBEVIRT_MODE
 from components.kinds import CLUSTER_RBAC, DAEMONSET, NAMESPACED_RBAC
-from crd import ClusterPolicySpec, component_image
+from crd import ClusterPolicySpec, ComponentSpec, component_image
 
 NAME = "sandbox-device-plugin"
 DAEMONSET_NAME = "nvidia-sandbox-device-plugin-daemonset"
@@ -49,11 +50,7 @@ ROLE_RULES = [
 ]
 """Both sandbox device plugins publish their devices as NFD NodeFeatures."""
 CLUSTER_RULES = [
-    {
-        "apiGroups": ["config.openshift.io"],
-        "resources": ["clusterversions"],
-        "verbs": ["get", "list"],
-    },
+    CLUSTER_VERSION_RULE,
     {"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["get"]},
 ]
 
@@ -95,18 +92,33 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
             mount("cdi-root", CDI_ROOT),
         ],
     )
-    pod: dict[str, Any] = {
-        "initContainers": [
-            vfio_pci_wait(ctx),
-            workload_wait(
-                ctx,
-                "vgpu-devices-validation",
-                "vm-vgpu",
-                VGPU_DEVICES_READY,
-                "vgpu-devices not needed",
-                "waiting for vGPU devices...",
-            ),
-        ],
+    vgpu_wait = workload_wait(
+        ctx,
+        "vgpu-devices-validation",
+        "vm-vgpu",
+        VGPU_DEVICES_READY,
+        "vgpu-devices not needed",
+        "waiting for vGPU devices...",
+    )
+    pod = plugin_pod(
+        spec, ctx, plugin, main, [vfio_pci_wait(ctx), vgpu_wait], [host_path("vfio", "/dev/vfio")]
+    )
+    return operand_objects(spec, ctx, plugin, pod, _OPERAND)
+
+
+def plugin_pod(
+    spec: ClusterPolicySpec,
+    ctx: RenderContext,
+    plugin: ComponentSpec,
+    main: dict[str, Any],
+    waits: list[dict[str, Any]],
+    devices: Sequence[dict[str, Any]] = (),
+) -> dict[str, Any]:
+    """The pod of a sandbox device plugin (this one or Kata's): `main` once `waits` have
+    seen the node's GPUs ready for VMs, with the kubelet's device plugin socket folder,
+    the validations' status files, the host's `devices` and its CDI specs mounted."""
+    return {
+        "initContainers": waits,
         "containers": [main],
         "imagePullSecrets": pull_secrets(
             plugin.image_pull_secrets, ctx.operator_image_pull_secrets
@@ -114,11 +126,10 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         "volumes": [
             host_path("device-plugin", kubelet_path(spec, "device-plugins")),
             validations_volume(),
-            host_path("vfio", "/dev/vfio"),
+            *devices,
             host_path("cdi-root", CDI_ROOT, "DirectoryOrCreate"),
         ],
     }
-    return operand_objects(spec, ctx, plugin, pod, _OPERAND)
 
 
 COMPONENT = Component(

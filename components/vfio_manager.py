@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from components._accounts import SCC_RULE
+from components._accounts import CLUSTER_VERSION_RULE, SCC_RULE
 from components._host_paths import HOST_ROOT_MOUNT, RUN_NVIDIA, host_path, mount
 from components._k8s import env, pull_secrets
 from components._sandbox import (
@@ -37,11 +37,7 @@ BIND = "vfio-manage bind --all && while true; do sleep 86400; done"
 UNBIND = "vfio-manage unbind --all"
 
 _CLUSTER_RULES = [
-    {
-        "apiGroups": ["config.openshift.io"],
-        "resources": ["clusterversions"],
-        "verbs": ["get", "list"],
-    },
+    CLUSTER_VERSION_RULE,
     {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "patch", "watch"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
     {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},

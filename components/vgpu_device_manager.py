@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from components import vgpu_layouts
-from components._accounts import SCC_RULE
+from components._accounts import CLUSTER_VERSION_RULE, SCC_RULE
 from components._host_paths import (
     HOST_ROOT_MOUNT,
     VALIDATIONS_DIR,
@@ -54,11 +54,7 @@ _ROLE_RULES = [
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
 ]
 _CLUSTER_RULES = [
-    {
-        "apiGroups": ["config.openshift.io"],
-        "resources": ["clusterversions"],
-        "verbs": ["get", "list"],
-    },
+    CLUSTER_VERSION_RULE,
     {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "update"]},
 ]
 """It watches its node's `nvidia.com/vgpu.config` and records its state on the node."""

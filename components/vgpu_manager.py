@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from components._accounts import SCC_RULE
+from components._accounts import CLUSTER_VERSION_RULE, SCC_RULE
 from components._host_paths import RUN_NVIDIA, host_path, mount
 from components._k8s import pull_secrets
 from components._sandbox import (
@@ -38,11 +38,7 @@ CONTAINER_NAME = "nvidia-vgpu-manager-ctr"
 GRACE_PERIOD = 120
 
 _CLUSTER_RULES = [
-    {
-        "apiGroups": ["config.openshift.io"],
-        "resources": ["clusterversions"],
-        "verbs": ["get", "list"],
-    },
+    CLUSTER_VERSION_RULE,
     {
         "apiGroups": [""],
         "resources": ["nodes"],
