@@ -9,7 +9,7 @@ budget (the ClusterPolicy's, and each NVIDIADriver's under its own upgradePolicy
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -77,6 +77,8 @@ class NodeReconciler:
     workloads: WorkloadHandovers
     gpuclusters: GPUClusters | None = None
     """Set by the operator: with no ClusterPolicy, a GPUCluster's labels hold."""
+    progress: Callable[[], None] = field(default=lambda: None)
+    """Set by the operator: the paced cluster pass (``Operator._progress``)."""
     _fleet_cpu_s: float = field(default=0.0, init=False)
     _queued: VersionMemo[str, bool] = field(default_factory=VersionMemo, init=False)
 
@@ -182,6 +184,13 @@ class NodeReconciler:
             self.queue.add(node_key(name))  # the next step may already be due
         if decision.changed_state:
             self.fleet_soon()
+            node_labels = labels(node)
+            if OWNER_LABEL in node_labels or NEXT_OWNER_LABEL in node_labels:
+                # The ClusterPolicy is not ready while an NVIDIADriver upgrade is pending
+                # or running (``ClusterReconciler._driver_handover``). This write of ours
+                # wakes no watch event (``Informer.observe``), so the cluster pass is told
+                # here: else it may last have looked before the node's final state.
+                self.progress()
         return recheck
 
     def _nvd_unknown(self, spec: ClusterPolicySpec | None, owned: bool) -> bool:

@@ -250,6 +250,7 @@ class Operator:
             ),
         )
         self.node_passes.gpuclusters = self.gpuclusters
+        self.node_passes.progress = self._progress
 
     # ------------------------------------------------------------- informers
     @property

@@ -370,6 +370,19 @@ async def _driver_pods(rest: Rest) -> dict[str, tuple[str, str, str]]:
     }
 
 
+async def _policy_ready(rest: Rest, timeout: float) -> None:
+    """Wait for the ClusterPolicy to be ready; on timeout, say what its status holds."""
+    try:
+        await eventually(lambda: policy_state_is(rest, "ready"), timeout=timeout)
+    except AssertionError as err:
+        status = (await rest.get(POLICY, "cluster-policy")).get("status")
+        nodes = {
+            n: (lab.get(STATE_LABEL), lab.get(crd.OWNER_LABEL))
+            for n, lab in (await _labels(rest)).items()
+        }
+        raise AssertionError(f"{err}\nstatus: {status}\nnodes: {nodes}") from err
+
+
 async def test_version_change_upgrades_only_that_resources_nodes_within_its_budget(
     rest: Rest, api_client: client.ApiClient
 ) -> None:
@@ -416,7 +429,7 @@ async def test_version_change_upgrades_only_that_resources_nodes_within_its_budg
                 return pods if done else None
 
             after = await eventually(upgraded, timeout=180)
-            assert await eventually(lambda: policy_state_is(rest, "ready"), timeout=60)
+            await _policy_ready(rest, 60)
     finally:
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
