@@ -232,9 +232,9 @@ class Watcher:
                 self.cordons.setdefault(name, []).append(
                     (int(version), bool(obj.get("spec", {}).get("unschedulable")))
                 )
-            self.check(f"{kind_of_event} {kind.kind} {name} rv={version}")
+            self.check(f"{kind_of_event} {kind.kind} {name} rv={version}", int(version))
 
-    def check(self, what: str) -> None:
+    def check(self, what: str, rv: int = 0) -> None:
         self.observations += 1
         gpu = [n for n in self.nodes.values() if _labels(n).get(NFD_GPU_LABEL) == "true"]
         in_progress, unavailable = _budget_use(gpu)
@@ -535,7 +535,7 @@ class DriverWatcher(Watcher):
             group.create_task(self._watch(NODE, None, self.nodes, ""))
             group.create_task(self._watch(POD, OPERATOR_NS, self.pods, DRIVER_COMPONENT))
 
-    def check(self, what: str) -> None:
+    def check(self, what: str, rv: int = 0) -> None:
         self.observations += 1
         gpu = [n for n in self.nodes.values() if _labels(n).get(NFD_GPU_LABEL) == "true"]
         placed = {
@@ -548,7 +548,6 @@ class DriverWatcher(Watcher):
         for name, node_name in sorted(changed.items()):
             if self.armed and node_name in self.nodes:
                 came = "came" if name in placed else "went"
-                rv = int(what.rpartition("rv=")[2] or 0) if "rv=" in what else 0
                 self.placements.append((f"{what} ({came})", name, node_name, rv))
         self._where = placed
         groups: dict[str, list[dict[str, Any]]] = {}
