@@ -36,6 +36,7 @@ from gpuop.controller._memo import VersionMemo
 from gpuop.controller._nodes import labels
 from gpuop.controller._result import Again, Result
 from gpuop.controller._rollout_gate import RolloutGate
+from gpuop.controller._routes import gpu_facts
 from gpuop.controller._upgrade import Upgrades, policy_view, requeue_after
 from gpuop.controller._workload import GPU_PODS_RECHECK_S, WorkloadHandovers
 from gpuop.informer import Informer, Obj
@@ -118,7 +119,15 @@ class NodeReconciler:
         return gpucluster_label_changes(node_labels, active=dra.active())
 
     async def reconcile_node(self, name: str) -> None:
-        if await self._reconcile_node(name):
+        facts = gpu_facts(self.nodes.get(name))
+        recheck = await self._reconcile_node(name)
+        if gpu_facts(self.nodes.get(name)) != facts:
+            # Our own writes wake no watch event (``Informer.observe``): when one moved
+            # what the cluster pass reads of the node (an NVIDIADriver upgrade state, which
+            # holds the policy's readiness), it is told here, or it may last have looked
+            # before the node's final state.
+            self.progress()
+        if recheck:
             # Held for container GPU pods, which are not watched: look again.
             self.queue.add_after(node_key(name), GPU_PODS_RECHECK_S)
 
@@ -184,13 +193,6 @@ class NodeReconciler:
             self.queue.add(node_key(name))  # the next step may already be due
         if decision.changed_state:
             self.fleet_soon()
-            node_labels = labels(node)
-            if OWNER_LABEL in node_labels or NEXT_OWNER_LABEL in node_labels:
-                # The ClusterPolicy is not ready while an NVIDIADriver upgrade is pending
-                # or running (``ClusterReconciler._driver_handover``). This write of ours
-                # wakes no watch event (``Informer.observe``), so the cluster pass is told
-                # here: else it may last have looked before the node's final state.
-                self.progress()
         return recheck
 
     def _nvd_unknown(self, spec: ClusterPolicySpec | None, owned: bool) -> bool:

@@ -267,10 +267,14 @@ def gpu_facts(node: Obj | None) -> Any:
         return None
     node_labels = labels(node)
     owner = node_labels.get(OWNER_LABEL)
+    next_owner = node_labels.get(NEXT_OWNER_LABEL)
     return (
         is_gpu_node(node_labels),
         node_labels.get(MIG_CAPABLE_LABEL),
         owner,  # holds the ClusterPolicy's driver back
-        node_labels.get(STATE_LABEL) if owner else None,  # NVIDIADriver upgrades: not ready
+        next_owner,
+        # NVIDIADriver upgrades pending, running or failed: the policy is not ready
+        # (``NVIDIADrivers.upgrade_incomplete`` reads these, on owned and moving nodes).
+        (node_labels.get(STATE_LABEL), skipped(node_labels)) if owner or next_owner else None,
         node_out_of_service(node),  # its stale operand pods may be released
     )

@@ -1,9 +1,11 @@
 """An NVIDIADriver node's upgrade state is read by the ClusterPolicy's readiness
 (`ClusterReconciler._driver_handover`), and the node pass's own state write wakes no
-watch event (`Informer.observe`): the node pass itself tells the cluster pass."""
+watch event (`Informer.observe`): the node pass itself tells the cluster pass when its
+writes moved what that pass reads of the node (`_routes.gpu_facts`)."""
 
 from __future__ import annotations
 
+import copy
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -42,13 +44,22 @@ class _Owners:
 
 
 class _Upgrades:
-    def __init__(self, changed: bool) -> None:
+    """The upgrade step, writing the node's next state as the real one does: into the
+    cache through ``observe`` (so no watch event follows)."""
+
+    def __init__(self, changed: bool, nodes: Informer) -> None:
         self.changed = changed
+        self.nodes = nodes
 
     def newest_driver_revision(self, app: str) -> str:
         return "rev-2"
 
     async def step(self, node: Any, policy: Any, newest: Any, app: str) -> Any:
+        if self.changed:
+            written = copy.deepcopy(node)
+            written["metadata"]["labels"][STATE_LABEL] = UpgradeState.UPGRADE_DONE.value
+            written["metadata"]["resourceVersion"] = "2"
+            self.nodes.observe(written)
         return SimpleNamespace(
             requeue_after=None,
             target=UpgradeState.UPGRADE_DONE,
@@ -72,7 +83,7 @@ def _passes(owner: str | None, changed: bool) -> tuple[NodeReconciler, list[str]
         nodes=nodes,
         queue=cast(Any, _Queue()),
         active_policy=lambda: (None, None, []),
-        upgrades=cast(Any, _Upgrades(changed)),
+        upgrades=cast(Any, _Upgrades(changed, nodes)),
         gate=cast(Any, None),
         owners=cast(Any, _Owners()),
         workloads=cast(Any, _Workloads()),
