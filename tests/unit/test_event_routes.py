@@ -23,8 +23,11 @@ from gpuop.controller._keys import (
 from gpuop.controller._nodes import trim_node
 from gpuop.controller._pods import trim_pod
 from gpuop.controller._rollout_gate import RECORD_ANNOTATION
+from gpuop.controller._routes import route_node
 from gpuop.informer import Informer, key_of
 from gpuop.metrics import OperatorMetrics
+from statemachine.driver_owner import NEXT_OWNER_LABEL
+from statemachine.upgrade_keys import SKIP_LABEL, STATE_LABEL
 
 Obj = dict[str, Any]
 FLEET = "upgrades (coalesced)"
@@ -216,3 +219,29 @@ async def test_an_owner_label_write_wakes_its_node_the_cluster_and_fleet_passes_
     await op.nvd._label({"n0": {OWNER_LABEL: "default"}})
 
     assert woken == Counter({node_key("n0"): 1, CLUSTER_KEY: 1, FLEET: 1})
+
+
+def _nvd_node(extra: dict[str, str], state: str = "upgrade-required") -> dict[str, Any]:
+    node_labels = {NFD_GPU_LABELS[0]: "true", STATE_LABEL: state, **extra}
+    return {"metadata": {"name": "n0", "resourceVersion": "1", "labels": node_labels}, "spec": {}}
+
+
+def _cluster_woken(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    wake = route_node(
+        "MODIFIED",
+        trim_node(old),
+        trim_node(new),
+        remediation_reads=lambda *_: False,
+        labels_awaited=False,
+    )
+    return CLUSTER_KEY in wake.keys
+
+
+def test_a_moving_or_skipped_nodes_upgrade_news_wakes_the_cluster_pass() -> None:
+    """`NVIDIADrivers.upgrade_incomplete` (the policy's readiness) counts nodes with an
+    owner or a next owner and leaves skipped ones out: each of those changing wakes the
+    cluster pass."""
+    owned = {OWNER_LABEL: "default"}
+    assert _cluster_woken(_nvd_node(owned), _nvd_node({**owned, SKIP_LABEL: "true"}))
+    moving = {NEXT_OWNER_LABEL: "pool"}
+    assert _cluster_woken(_nvd_node(moving), _nvd_node(moving, state="upgrade-done"))
