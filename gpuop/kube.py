@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from asyncio import sslproto
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -11,6 +12,20 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.config.kube_config import KUBE_CONFIG_DEFAULT_LOCATION
 
 USER_AGENT = "gpuop"
+
+#: Bytes asyncio's TLS transport reads at once. It allocates and zero-fills a read
+#: buffer of ``SSLProtocol.max_size`` (256 KiB) for every connection, and the operator
+#: holds one connection per watch, 30 to 60 of them: 7 to 15 MiB resident, a tenth of
+#: the process (``GPUOP_BENCH_TRACEMALLOC``, docs/benchmarks.md). At 64 KiB a LIST page
+#: still arrives in a few reads.
+TLS_READ_BUFFER = 64 * 1024
+
+
+def limit_tls_read_buffer() -> None:
+    """Apply :data:`TLS_READ_BUFFER` to every TLS connection this process opens from now
+    on (a class attribute of the standard library's protocol: process-wide)."""
+    if getattr(sslproto.SSLProtocol, "max_size", 0) > TLS_READ_BUFFER:
+        sslproto.SSLProtocol.max_size = TLS_READ_BUFFER
 
 
 class KubeconfigError(ValueError):
@@ -51,6 +66,7 @@ async def api_client(
     """One ``ApiClient`` shared by every API object, closed on exit (no leaked sessions)."""
     configuration = await load_configuration(kubeconfig)
     configuration.connection_pool_maxsize = 64
+    limit_tls_read_buffer()
     api = client.ApiClient(configuration)
     api.user_agent = user_agent
     try:

@@ -62,7 +62,7 @@ class PodState(StrEnum):
         return self in (PodState.MISSING, PodState.NOT_READY)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class NodeStep:
     """One node's place in the rollout after one observation."""
 
@@ -164,14 +164,14 @@ def _step(key: tuple[PodState, ...], previous: str | None) -> NodeStep:
     )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class StuckNode:
     name: str
     state: str
     waiting: PodState
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ComponentCounts:
     """Nodes per component: its pod Ready there, not (yet), and nodes whose rollout
     stands at it (the per-node machine's state)."""

@@ -36,7 +36,7 @@ def parse_time(raw: str | None) -> float | None:
     return value if math.isfinite(value) else None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DriverPodView:
     """The node's driver pod (the DaemonSet keeps at most one per node)."""
 
@@ -51,7 +51,7 @@ class DriverPodView:
     """The driver configuration digest the pod was made with ("" when unknown)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class NodeUpgradeView:
     """One node as the rulebook sees it. `labels`/`annotations` are the node's own.
 
@@ -122,7 +122,7 @@ class NodeUpgradeView:
         return parse_time(self.annotations.get(key))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class WaitForCompletionView:
     """`pod_selector` empty means "do not wait"; timeout 0 means "wait forever"."""
 
@@ -130,7 +130,7 @@ class WaitForCompletionView:
     timeout_seconds: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PodDeletionView:
     """`force`/`delete_empty_dir` are kubectl drain's flags (`statemachine.eviction`):
     they widen which pods may go, never how (always the Eviction API)."""
@@ -140,7 +140,7 @@ class PodDeletionView:
     delete_empty_dir: bool = False
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DrainView:
     """As `PodDeletionView`, for every pod on the node that `pod_selector` selects."""
 
@@ -156,7 +156,7 @@ class DrainView:
 DRIVER_READY_TIMEOUT_SECONDS = 1260
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class UpgradePolicyView:
     """`driver.upgradePolicy` plus the knobs upstream hard-codes.
 
@@ -196,7 +196,7 @@ class Action(StrEnum):
     UNCORDON = "uncordon"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Decision:
     """What to persist and what to do for one node on this pass.
 

@@ -3,9 +3,9 @@
 Nodes are most of the operator's memory at fleet scale; keeping only the fields
 it reads (its labels and annotations, schedulability, taints, Ready, the node agent's
 GPUHealthy, allocatable) keeps
-a node to a few hundred bytes instead of several kilobytes. Labels and annotations
-are read-only dicts of interned strings; schedulability and status are shared
-between nodes alike (:mod:`gpuop.compact`).
+a node to a few hundred bytes instead of several kilobytes. Labels, schedulability
+and status are shared between nodes alike, annotations (timestamps, unique to the
+node) are a read-only dict of interned strings (:mod:`gpuop.compact`).
 """
 
 from __future__ import annotations
@@ -33,6 +33,12 @@ READ_LABEL_PREFIXES = (
     "feature.node.kubernetes.io/system-os_release.VERSION_ID",
     "feature.node.kubernetes.io/kernel-version.full",
 )
+#: Read-prefixed labels the operator never reads and that differ on every node: GFD's
+#: ``nvidia.com/gfd.timestamp`` (when it last labelled the node). Left out, the labels
+#: the operator keeps are the same on every node of one GPU model and state, so they
+#: are pooled (one shared dict for all of them; ``tests.bench.cache_size``) instead of
+#: one dict of 20 to 40 entries per node.
+UNREAD_UNIQUE_LABELS = frozenset({"nvidia.com/gfd.timestamp"})
 #: The node annotations the operator reads: the upgrade state it records.
 READ_ANNOTATION_PREFIXES = ("nvidia.com/", "gpuop.io/")
 
@@ -51,7 +57,13 @@ def trim_node(node: Obj) -> Obj:
             "resourceVersion": meta.get("resourceVersion"),
             # When a new node's pods started to be due (per-node rollout, stuck nodes).
             "creationTimestamp": meta.get("creationTimestamp"),
-            "labels": _only(meta.get("labels"), READ_LABEL_PREFIXES),
+            "labels": shared(
+                {
+                    k: v
+                    for k, v in (meta.get("labels") or {}).items()
+                    if k.startswith(READ_LABEL_PREFIXES) and k not in UNREAD_UNIQUE_LABELS
+                }
+            ),
             "annotations": _only(meta.get("annotations"), READ_ANNOTATION_PREFIXES),
         },
         "spec": shared({k: spec[k] for k in ("unschedulable", "taints") if k in spec}),

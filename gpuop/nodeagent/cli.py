@@ -13,12 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from gpuop.log import get_logger
-from gpuop.nodeagent.commands import (
-    run_export,
-    run_health,
-    run_validate,
-    run_validate_sandbox,
-)
 from gpuop.nodeagent.devchar import DEFAULT_DEV_CHAR
 from gpuop.nodeagent.devices import DEFAULT_SYSFS
 from gpuop.nodeagent.driver import CONTAINER_DRIVER_ROOT
@@ -32,6 +26,21 @@ log = get_logger(__name__)
 
 DEFAULT_NAMESPACE = "gpu-operator"
 DEFAULT_HOST_ROOT = Path("/host")
+
+
+def _command(name: str) -> Any:
+    """``gpuop.nodeagent.commands.<name>``, imported when the command runs: the commands
+    bring NVML, the exporter and the checks (about 4 MiB), which the operator, whose
+    ``gpuop`` parser lists these subcommands too, never needs."""
+
+    def run(args: argparse.Namespace) -> int:
+        from gpuop.nodeagent import commands
+
+        status: int = getattr(commands, name)(args)
+        return status
+
+    run.__name__ = name
+    return run
 
 
 def _csv(text: str) -> list[str]:
@@ -144,7 +153,7 @@ def add_subcommands(subparsers: argparse._SubParsersAction[Any]) -> None:
         default=60.0,
         help="with --wait: seconds between re-runs of driver, toolkit and plugin (0 = never)",
     )
-    v.set_defaults(func=run_validate)
+    v.set_defaults(func=_command("run_validate"))
 
     s = sub.add_parser(
         "validate-sandbox",
@@ -172,7 +181,7 @@ def add_subcommands(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     s.add_argument("--sysfs", type=Path, default=DEFAULT_SYSFS, help="the host's /sys")
     s.add_argument("--host-root", type=Path, default=DEFAULT_HOST_ROOT, help="host / mount")
-    s.set_defaults(func=run_validate_sandbox)
+    s.set_defaults(func=_command("run_validate_sandbox"))
 
     e = sub.add_parser("export", help="serve per-GPU health and validation status metrics")
     _common(e)
@@ -192,14 +201,14 @@ def add_subcommands(subparsers: argparse._SubParsersAction[Any]) -> None:
         action="store_false",
         help="do not report the GPUHealthy node condition (on by default with a node name)",
     )
-    e.set_defaults(func=run_export)
+    e.set_defaults(func=_command("run_export"))
 
     h = sub.add_parser(
         "health", help="report the GPUHealthy node condition (without serving metrics)"
     )
     _common(h)
     _health_args(h)
-    h.set_defaults(func=run_health)
+    h.set_defaults(func=_command("run_health"))
 
 
 def _health_args(parser: argparse.ArgumentParser) -> None:

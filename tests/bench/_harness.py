@@ -258,11 +258,16 @@ class OperatorProcess:
             if profile_dir
             else []
         )
+        # GPUOP_BENCH_TRACEMALLOC=DIR: the operator under tracemalloc; dump_memory()
+        # writes a snapshot there (where memory grows with the fleet; never figures).
+        trace_dir = os.environ.get("GPUOP_BENCH_TRACEMALLOC")
+        if trace_dir:
+            env["GPUOP_MEMTRACE_OUT"] = str(Path(trace_dir) / f"{self.log_path.stem}.snap")
         argv = [
             sys.executable,
             *profile,
             "-m",
-            "gpuop",
+            "tests.bench._memtrace" if trace_dir else "gpuop",
             "--log-format",
             "json",
             "run",
@@ -357,6 +362,16 @@ class OperatorProcess:
             if line.startswith(key + ":"):
                 return int(line.split()[1]) * 1024
         raise KeyError(key)
+
+    def dump_memory(self, timeout: float = 120.0) -> None:
+        """Under ``GPUOP_BENCH_TRACEMALLOC``: have the operator write its snapshot."""
+        if not os.environ.get("GPUOP_BENCH_TRACEMALLOC"):
+            return
+        out = Path(os.environ["GPUOP_BENCH_TRACEMALLOC"]) / f"{self.log_path.stem}.snap"
+        done = out.with_name(out.name + ".done")
+        done.unlink(missing_ok=True)
+        os.kill(self.pid, signal.SIGUSR1)
+        _wait_until(done.exists, timeout, 0.5, f"tracemalloc snapshot {out}")
 
     def peak_rss_mib(self) -> float:
         return self.status("VmHWM") / 2**20

@@ -183,6 +183,7 @@ async def run_once(
                 result.idle_seconds = idle_seconds
                 result.idle_requests = as_table(idle)
                 result.idle_by_verb = by_verb(idle)
+            await asyncio.to_thread(first.dump_memory)
             result.peak_rss_mib = first.peak_rss_mib()
             result.rss_after_mib = first.rss_mib()
             result.operator_warnings += first.errors()

@@ -158,3 +158,25 @@ def test_node_labels_are_read_only() -> None:
             }
         )["status"]
     )
+
+
+def test_nodes_alike_share_one_labels_dict_without_gfds_timestamp() -> None:
+    """GFD's timestamp is the one read-prefixed label unique to each node; without it,
+    nodes of one GPU model share their labels (pooled) instead of a dict each."""
+
+    def node(name: str, stamp: str) -> dict[str, object]:
+        return {
+            "metadata": {
+                "name": name,
+                "labels": {
+                    "kubernetes.io/hostname": name,
+                    "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
+                    "nvidia.com/gfd.timestamp": stamp,
+                },
+            },
+            "status": {},
+        }
+
+    a, b = trim_node(node("n1", "1732500000")), trim_node(node("n2", "1732500123"))
+    assert a["metadata"]["labels"] == {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
+    assert a["metadata"]["labels"] is b["metadata"]["labels"]

@@ -24,7 +24,7 @@ def test_validate_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NODE_NAME", "gpu-node-7")
     monkeypatch.delenv("DRIVER_ROOT", raising=False)
     args = parser().parse_args(["node-agent", "validate"])
-    assert args.func is cli.run_validate
+    assert args.func.__name__ == "run_validate"
     assert args.node_name == "gpu-node-7"
     assert args.checks == ["driver", "toolkit", "cuda", "plugin"]
     assert args.validations_dir == Path("/run/nvidia/validations")
@@ -48,7 +48,7 @@ def test_export_args() -> None:
     args = parser().parse_args(
         ["node-agent", "export", "--port", "9400", "--node-name", "n", "--no-xid-events"]
     )
-    assert args.func is cli.run_export
+    assert args.func.__name__ == "run_export"
     assert (args.port, args.node_name, args.xid_events) == (9400, "n", False)
 
 
@@ -60,7 +60,7 @@ def test_export_reports_health_by_default_and_health_runs_alone() -> None:
     args = parser().parse_args(
         ["node-agent", "health", "--node-name", "n", "--health-interval", "2"]
     )
-    assert args.func is cli.run_health
+    assert args.func.__name__ == "run_health"
     assert (args.node_name, args.health_interval) == ("n", 2.0)
 
 
@@ -118,3 +118,18 @@ async def test_validate_wait_stops_on_sigterm_and_removes_files(tmp_path: Path) 
     os.kill(os.getpid(), signal.SIGTERM)
     assert await asyncio.wait_for(task, 3) == 0
     assert not ready.exists()
+
+
+def test_the_operator_parser_leaves_the_node_agent_commands_unimported() -> None:
+    """``gpuop run`` builds the parser that lists these subcommands; the commands (NVML,
+    the exporter, the checks: about 4 MiB resident) load only when one runs."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from gpuop.cli import build_parser; build_parser(); "
+        "print(sorted(m for m in sys.modules if m in "
+        "('gpuop.nodeagent.commands', 'gpuop.nodeagent.exporter', 'pynvml')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

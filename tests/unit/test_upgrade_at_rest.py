@@ -91,3 +91,21 @@ async def test_a_decision_that_acts_or_waits_is_never_remembered(calls: list[str
     assert len(calls) == 2
     upgrades.forget_node("n0")
     assert "n0" not in upgrades._resting
+
+
+async def test_nodes_at_rest_under_equal_policies_hold_one_policy(calls: list[str]) -> None:
+    """Each node pass builds its own policy view; the memo keeps one per distinct policy
+    (a thousand resting nodes held a thousand equal copies)."""
+    server = _Server(["n0", "n1"], state="upgrade-done")
+    upgrades, _nodes, _ = _operator(server)
+    for name in ("n0", "n1"):
+        pod = trim_pod(_driver_pod(name, revision="new"))
+        upgrades._pods._put(key_of(pod), pod)
+    for name in ("n0", "n1"):
+        for _ in range(2):  # the first writes the state clock, the second rests
+            node = trim_node(server.nodes[name])
+            await upgrades.step(node, replace(POLICY), "new")
+
+    held = [upgrades._resting[name][0] for name in ("n0", "n1")]
+    assert held[0] == POLICY
+    assert held[0] is held[1]
