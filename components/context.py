@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 Manifest = dict[str, Any]
@@ -54,12 +55,21 @@ def node_facts(node: Mapping[str, Any]) -> NodeFacts:
     """The facts of one Node object (full or as the controller's cache trims it)."""
     labels = (node.get("metadata") or {}).get("labels") or {}
     info = (node.get("status") or {}).get("nodeInfo") or {}
-    return NodeFacts(
-        os_id=labels.get(OS_ID_LABEL),
-        os_version=labels.get(OS_VERSION_LABEL),
-        kernel=labels.get(KERNEL_LABEL),
-        runtime=runtime_name(info.get("containerRuntimeVersion")),
+    return _facts(
+        labels.get(OS_ID_LABEL),
+        labels.get(OS_VERSION_LABEL),
+        labels.get(KERNEL_LABEL),
+        runtime_name(info.get("containerRuntimeVersion")),
     )
+
+
+@lru_cache(maxsize=1024)
+def _facts(
+    os_id: str | None, os_version: str | None, kernel: str | None, runtime: str | None
+) -> NodeFacts:
+    """One instance per distinct set of facts: a fleet has a handful (one per OS image
+    and runtime), and the controller keeps each GPU node's."""
+    return NodeFacts(os_id=os_id, os_version=os_version, kernel=kernel, runtime=runtime)
 
 
 @dataclass(frozen=True)

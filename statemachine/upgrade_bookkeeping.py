@@ -7,7 +7,9 @@ to rest in (also one resumed from a label set by hand), and the alerts about the
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
+from types import MappingProxyType
 from typing import Any
 
 from statemachine import cordon
@@ -163,10 +165,18 @@ def remaining(view: NodeUpgradeView, state: S, timeout_seconds: int) -> float | 
     return max(0.0, g.state_started_at(view, state) + timeout_seconds - view.now)
 
 
-def annotation_patch(view: NodeUpgradeView, wanted: dict[str, str | None]) -> dict[str, str | None]:
-    return {k: v for k, v in wanted.items() if view.annotations.get(k) != v}
+#: The patch of a decision that changes nothing, shared: the controller remembers the
+#: decision of every node at rest, and an empty dict each was 64 bytes a node.
+NO_CHANGES: Mapping[str, str | None] = MappingProxyType({})
 
 
-def label_patch(view: NodeUpgradeView, state: S) -> dict[str, str | None]:
+def annotation_patch(
+    view: NodeUpgradeView, wanted: dict[str, str | None]
+) -> Mapping[str, str | None]:
+    changes = {k: v for k, v in wanted.items() if view.annotations.get(k) != v}
+    return changes or NO_CHANGES
+
+
+def label_patch(view: NodeUpgradeView, state: S) -> Mapping[str, str | None]:
     wanted = state.label_value
-    return {} if view.state_label == wanted else {STATE_LABEL: wanted}
+    return NO_CHANGES if view.state_label == wanted else {STATE_LABEL: wanted}

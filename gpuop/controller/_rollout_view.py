@@ -16,7 +16,8 @@ a long-running pod is not reported as stuck at once.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import lru_cache
@@ -211,7 +212,7 @@ class NodeRollouts:
 
     def _observe(
         self, node: str, labels: Mapping[str, str], daemons: Iterable[_Daemon]
-    ) -> tuple[Mapping[str, PodState], dict[str, float]]:
+    ) -> tuple[Mapping[str, PodState], Mapping[str, float]]:
         """Each component's pod state on the node, and since when it waits (cluster time)."""
         states: dict[str, PodState] = {}
         since: dict[str, float] = {}
@@ -226,7 +227,7 @@ class NodeRollouts:
             since[daemon.component] = max(
                 since.get(daemon.component, float("-inf")), created, daemon.revision_time
             )
-        return _shared_states(states), since
+        return _shared_states(states), _Since(since)
 
     def _daemons(self, desired: Mapping[str, Iterable[Obj]]) -> list[_Daemon]:
         newest: dict[str, tuple[int, str, float]] = {}
@@ -295,6 +296,36 @@ class NodeRollouts:
 #: only skips a recount that would give the same counts.
 _STATES: dict[tuple[tuple[str, PodState], ...], Mapping[str, PodState]] = {}
 _STATES_MAX = 4096
+
+
+class _Since(Mapping[str, float]):
+    """Since when each component waits on one node (kept for every GPU node): the
+    component names as one tuple shared by nodes alike and the times as an array,
+    about 170 bytes instead of the 530 of a dict of floats."""
+
+    __slots__ = ("_names", "_times")
+
+    def __init__(self, since: Mapping[str, float]) -> None:
+        names = tuple(since)
+        if len(_NAMES) >= _STATES_MAX:
+            _NAMES.clear()
+        self._names = _NAMES.setdefault(names, names)
+        self._times = array("d", since.values())
+
+    def __getitem__(self, key: str) -> float:
+        try:
+            return self._times[self._names.index(key)]
+        except ValueError:
+            raise KeyError(key) from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
+_NAMES: dict[tuple[str, ...], tuple[str, ...]] = {}
 
 
 def _shared_states(states: dict[str, PodState]) -> Mapping[str, PodState]:

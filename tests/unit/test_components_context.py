@@ -7,7 +7,7 @@ from typing import Any
 import components as c
 import crd
 from components import driver, toolkit
-from components.context import KERNEL_LABEL, OS_ID_LABEL, OS_VERSION_LABEL
+from components.context import KERNEL_LABEL, OS_ID_LABEL, OS_VERSION_LABEL, node_facts
 
 
 def node(os_id: str, version: str, runtime: str, kernel: str = "5.15.0-124-generic") -> Any:
@@ -125,3 +125,13 @@ def test_toolkit_user_paths_move_the_mounts() -> None:
     assert vols["containerd-config"] == "/etc/k3s"
     # The host path the user gave is mounted; the toolkit gets the in-container path.
     assert env(pod["containers"][0])["CONTAINERD_CONFIG"] == "/runtime/config-dir/c.toml"
+
+
+def test_nodes_alike_share_one_facts_object() -> None:
+    """The controller keeps every GPU node's facts; a fleet has a handful of distinct
+    ones (OS image, kernel, runtime), so nodes alike hold one instance."""
+    a = node_facts(node("ubuntu", "22.04", "containerd://1.7.2"))
+    b = node_facts(node("ubuntu", "22.04", "containerd://1.7.2"))
+    assert a is b
+    assert (a.os_tag, a.runtime) == ("ubuntu22.04", "containerd")
+    assert node_facts(node("rhel", "9.4", "cri-o://1.30")) is not a

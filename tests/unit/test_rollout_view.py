@@ -177,3 +177,16 @@ def test_nodes_alike_share_one_observation() -> None:
     assert seen["n2"].pods is not seen["n0"].pods
     assert got.not_done == ["n2"]
     assert all(c.ready == 2 and c.not_ready == 1 for c in got.counts.values() if c.ready)
+
+
+def test_the_times_kept_per_node_read_like_the_dict_they_replace() -> None:
+    """Every GPU node keeps since when each component waits; kept compact (a shared
+    tuple of names, an array of times), it must still read as that mapping."""
+    from gpuop.controller._rollout_view import _Since
+
+    times = {"driver": 10.5, "container-toolkit": float("-inf"), "device-plugin": 12.0}
+    a, b = _Since(times), _Since({k: v + 1 for k, v in times.items()})
+    assert dict(a) == times
+    assert a.get("container-toolkit") == float("-inf")
+    assert a.get("gpu-feature-discovery", 0.0) == 0.0
+    assert a._names is b._names  # nodes alike share the names

@@ -19,6 +19,7 @@ from gpuop.controller._pods import trim_pod
 from gpuop.controller._upgrade import Upgrades
 from gpuop.informer import Informer, key_of
 from statemachine.upgrade import next_step
+from statemachine.upgrade_bookkeeping import NO_CHANGES
 from statemachine.upgrade_keys import UpgradeState
 from tests.unit.test_upgrade_slots import POLICY, _driver_pod, _operator, _Server
 
@@ -109,3 +110,15 @@ async def test_nodes_at_rest_under_equal_policies_hold_one_policy(calls: list[st
     held = [upgrades._resting[name][0] for name in ("n0", "n1")]
     assert held[0] == POLICY
     assert held[0] is held[1]
+
+
+async def test_a_resting_decision_holds_the_shared_empty_patch(calls: list[str]) -> None:
+    """A decision that changes nothing is remembered for every node at rest; its
+    label and annotation changes are one shared empty mapping, not two dicts a node."""
+    _server, upgrades, nodes = _done_at("new")
+    await upgrades.step(nodes.get("n0") or {}, POLICY, "new")
+    rest = await upgrades.step(nodes.get("n0") or {}, POLICY, "new")
+    assert not rest.has_patch
+    assert rest.labels is NO_CHANGES
+    assert rest.annotations is NO_CHANGES
+    assert rest.merge_patch() == {}
