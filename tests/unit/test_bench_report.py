@@ -43,9 +43,28 @@ def test_results_without_a_floor_have_no_floor_rows() -> None:
     assert not any("labels, then" in key for key in rows)
 
 
-def test_the_floor_is_asked_for_by_name_only() -> None:
-    assert "floor" not in parse_args([]).figures
+def test_a_default_run_measures_what_the_targets_name() -> None:
+    """The time-to-ready target is stated against the floor, for both policies."""
+    args = parse_args([])
+    assert {"rollout", "floor", "cache"} <= args.figures
+    assert args.policies == ["sample", "upstream-default"]
     assert parse_args(["--figures", "floor,baseline"]).figures == {"floor", "baseline"}
+
+
+def test_the_target_ratio_is_the_operator_over_the_floor() -> None:
+    results = _results([99.0])
+    results["runs"]["rollout"] = [
+        {
+            "gpu_nodes": 1000,
+            "time_to_ready_s": 104.0,
+            "restart_writes": 0,
+            "rollout_requests": {},
+            "peak_rss_mib": 1.0,
+            "restart_peak_rss_mib": 1.0,
+        }
+    ]
+    rows = _rows(results)
+    assert rows["1000 operator / labels, then DaemonSets (the floor)"] == 104.0 / 99.0
 
 
 def test_each_policy_is_reported_apart_against_its_own_baseline() -> None:
@@ -73,7 +92,7 @@ def test_each_policy_is_reported_apart_against_its_own_baseline() -> None:
 
 
 def test_policies_are_checked_by_name() -> None:
-    assert parse_args([]).policies == ["sample"]
+    assert parse_args(["--policies", "sample"]).policies == ["sample"]
     assert parse_args(["--policies", "sample,upstream-default"]).policies == [
         "sample",
         "upstream-default",
