@@ -57,14 +57,8 @@ def trim_node(node: Obj) -> Obj:
             "resourceVersion": meta.get("resourceVersion"),
             # When a new node's pods started to be due (per-node rollout, stuck nodes).
             "creationTimestamp": meta.get("creationTimestamp"),
-            "labels": shared(
-                {
-                    k: v
-                    for k, v in (meta.get("labels") or {}).items()
-                    if k.startswith(READ_LABEL_PREFIXES) and k not in UNREAD_UNIQUE_LABELS
-                }
-            ),
-            "annotations": _only(meta.get("annotations"), READ_ANNOTATION_PREFIXES),
+            "labels": shared(_read(meta.get("labels"), READ_LABEL_PREFIXES, UNREAD_UNIQUE_LABELS)),
+            "annotations": frozen(_read(meta.get("annotations"), READ_ANNOTATION_PREFIXES)),
         },
         "spec": shared({k: spec[k] for k in ("unschedulable", "taints") if k in spec}),
         "status": shared(
@@ -97,8 +91,11 @@ def gpu_health(node: Obj) -> Obj | None:
     return dict(kept) if kept is not None else None
 
 
-def _only(values: dict[str, str] | None, prefixes: tuple[str, ...]) -> Obj:
-    return frozen({k: v for k, v in (values or {}).items() if k.startswith(prefixes)})
+def _read(
+    values: dict[str, str] | None, prefixes: tuple[str, ...], unread: frozenset[str] = frozenset()
+) -> dict[str, str]:
+    """The entries the operator reads: under ``prefixes``, less the ``unread`` keys."""
+    return {k: v for k, v in (values or {}).items() if k.startswith(prefixes) and k not in unread}
 
 
 def node_fingerprint(node: Obj | None) -> Any:

@@ -260,14 +260,14 @@ class OperatorProcess:
         )
         # GPUOP_BENCH_TRACEMALLOC=DIR: the operator under tracemalloc; dump_memory()
         # writes a snapshot there (where memory grows with the fleet; never figures).
-        trace_dir = os.environ.get("GPUOP_BENCH_TRACEMALLOC")
-        if trace_dir:
-            env["GPUOP_MEMTRACE_OUT"] = str(Path(trace_dir) / f"{self.log_path.stem}.snap")
+        snapshot = self._snapshot_path()
+        if snapshot is not None:
+            env["GPUOP_MEMTRACE_OUT"] = str(snapshot)
         argv = [
             sys.executable,
             *profile,
             "-m",
-            "tests.bench._memtrace" if trace_dir else "gpuop",
+            "tests.bench._memtrace" if snapshot is not None else "gpuop",
             "--log-format",
             "json",
             "run",
@@ -363,11 +363,15 @@ class OperatorProcess:
                 return int(line.split()[1]) * 1024
         raise KeyError(key)
 
+    def _snapshot_path(self) -> Path | None:
+        trace_dir = os.environ.get("GPUOP_BENCH_TRACEMALLOC")
+        return Path(trace_dir) / f"{self.log_path.stem}.snap" if trace_dir else None
+
     def dump_memory(self, timeout: float = 120.0) -> None:
         """Under ``GPUOP_BENCH_TRACEMALLOC``: have the operator write its snapshot."""
-        if not os.environ.get("GPUOP_BENCH_TRACEMALLOC"):
+        out = self._snapshot_path()
+        if out is None:
             return
-        out = Path(os.environ["GPUOP_BENCH_TRACEMALLOC"]) / f"{self.log_path.stem}.snap"
         done = out.with_name(out.name + ".done")
         done.unlink(missing_ok=True)
         os.kill(self.pid, signal.SIGUSR1)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -131,16 +132,27 @@ def test_the_incremental_view_answers_what_a_fresh_view_answers(seed: int) -> No
         _same(got, fresh)
 
 
-def test_only_changed_nodes_are_observed_again(monkeypatch: pytest.MonkeyPatch) -> None:
+def _fleet(
+    count: int, ready: Callable[[int], bool], serial: Callable[[int], int]
+) -> tuple[
+    dict[str, list[Obj]], list[tuple[str, dict[str, str]]], Informer, NodeRollouts, list[Obj]
+]:
+    """``count`` nodes labelled for every desired DaemonSet, each with one pod per
+    DaemonSet (node ``i``'s Ready when ``ready(i)``), seen by a fresh view."""
     desired = _desired()
     apps = _apps(desired)
     labels = {k: v for _, sel in apps for k, v in sel.items()}
     pods = _informer("pods", index=pod_index, transform=trim_pod, track_index_changes=True)
     view = NodeRollouts(pods, _informer("r"), _informer("d"), NS, clock=lambda: NOW)
-    nodes = [_node(f"n{i}", labels) for i in range(5)]
+    nodes = [_node(f"n{i}", labels) for i in range(count)]
     for i, node in enumerate(nodes):
         for app, _ in apps:
-            pods._on_line(_line("ADDED", _pod(node["metadata"]["name"], app, True, i * 100)))
+            pods._on_line(_line("ADDED", _pod(node["metadata"]["name"], app, ready(i), serial(i))))
+    return desired, apps, pods, view, nodes
+
+
+def test_only_changed_nodes_are_observed_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    desired, apps, pods, view, nodes = _fleet(5, ready=lambda i: True, serial=lambda i: i * 100)
     observed: list[str] = []
     real = view._observe
 
@@ -162,15 +174,7 @@ def test_only_changed_nodes_are_observed_again(monkeypatch: pytest.MonkeyPatch) 
 def test_nodes_alike_share_one_observation() -> None:
     """Thousands of nodes share a handful of observations: one mapping each, not one
     per node; a node whose pods differ gets its own, and the counts stay right."""
-    desired = _desired()
-    apps = _apps(desired)
-    labels = {k: v for _, sel in apps for k, v in sel.items()}
-    pods = _informer("pods", index=pod_index, transform=trim_pod, track_index_changes=True)
-    view = NodeRollouts(pods, _informer("r"), _informer("d"), NS, clock=lambda: NOW)
-    nodes = [_node(f"n{i}", labels) for i in range(3)]
-    for i, node in enumerate(nodes):
-        for app, _ in apps:
-            pods._on_line(_line("ADDED", _pod(node["metadata"]["name"], app, i < 2, serial=1)))
+    desired, _, _, view, nodes = _fleet(3, ready=lambda i: i < 2, serial=lambda i: 1)
     got = view.view(desired, nodes)
     seen = view._seen
     assert seen["n0"].pods is seen["n1"].pods
@@ -181,7 +185,7 @@ def test_nodes_alike_share_one_observation() -> None:
 
 def test_the_times_kept_per_node_read_like_the_dict_they_replace() -> None:
     """Every GPU node keeps since when each component waits; kept compact (a shared
-    tuple of names, an array of times), it must still read as that mapping."""
+    list of names, an array of times), it must still read as that mapping."""
     from gpuop.controller._rollout_view import _Since
 
     times = {"driver": 10.5, "container-toolkit": float("-inf"), "device-plugin": 12.0}
