@@ -30,6 +30,7 @@ from crd import OWNER_LABEL
 from gpuop.controller._eviction import Emptying
 from gpuop.controller._nodes import is_ready, labels
 from gpuop.controller._pods import PodRecord, pods_on
+from gpuop.controller._resting import RestingMemo
 from gpuop.controller._upgrade_inputs import (
     driver_pod_view,
     newest_revision,
@@ -109,12 +110,9 @@ class Upgrades:
         self.events = EventRecorder(rest)
         self.emptying = Emptying(rest, namespace)
         self._blocked: dict[str, str] = {}
-        #: Per node, the last decision that did nothing and started no clock, with the
-        #: view (its clock zeroed) and policy it answered. A node at rest is asked
-        #: again on each of its driver and validator pod events during a rollout, and
-        #: the rulebook gives a view it has seen the same answer.
-        self._resting: dict[str, tuple[UpgradePolicyView, NodeUpgradeView, Decision]] = {}
-        self._policies: dict[UpgradePolicyView, UpgradePolicyView] = {}
+        #: Per node, the last decision that did nothing and started no clock
+        #: (:mod:`gpuop.controller._resting`).
+        self._resting = RestingMemo()
         #: Overrides the bound of pod-restart-required the policy's startup probe gives
         #: (see ``UpgradePolicyView``); for tests only.
         self.driver_ready_timeout_seconds: int | None = None
@@ -159,11 +157,14 @@ class Upgrades:
     def _live_driver_pods(self, node: str, app: str | None = None) -> list[PodRecord]:
         return [p for p in self._driver_pods_on(node, app) if not p.deleting]
 
-    def driver_pod(self, node: str, app: str | None = None) -> DriverPodView | None:
+    def driver_record(self, node: str, app: str | None = None) -> PodRecord | None:
+        """The node's newest live driver pod, as the cache keeps it."""
         pods = self._live_driver_pods(node, app)
-        if not pods:
-            return None
-        return driver_pod_view(max(pods, key=lambda p: p.created))
+        return max(pods, key=lambda p: p.created) if pods else None
+
+    def driver_pod(self, node: str, app: str | None = None) -> DriverPodView | None:
+        record = self.driver_record(node, app)
+        return None if record is None else driver_pod_view(record)
 
     def has_driver_pod(self, node: str) -> bool:
         """``driver_pod(node) is not None`` without building the view (the fleet pass
@@ -294,14 +295,6 @@ class Upgrades:
         return fleet
 
     # ------------------------------------------------------------ decisions
-    def _shared_policy(self, policy: UpgradePolicyView) -> UpgradePolicyView:
-        """One instance per distinct policy for the resting memo: each node pass builds
-        its own, and a thousand resting nodes held a thousand equal copies (0.45 KiB a
-        node, ``GPUOP_BENCH_TRACEMALLOC``)."""
-        if len(self._policies) > 64:
-            self._policies.clear()  # policies held by the memo stay valid, only unshared
-        return self._policies.setdefault(policy, policy)
-
     async def step(
         self, node: Obj, policy: UpgradePolicyView, newest: str | None, app: str | None = None
     ) -> Decision:
@@ -311,15 +304,15 @@ class Upgrades:
             policy = replace(policy, driver_ready_timeout_seconds=self.driver_ready_timeout_seconds)
         app = self._owners.driver_app(node["metadata"]["name"]) if app is None else app
         view = await self.view(node, policy, newest, app)
-        timeless = replace(view, now=0.0)
-        rested = self._resting.get(view.name)
-        if rested is not None and rested[0] == policy and rested[1] == timeless:
-            return rested[2]
+        driver = self.driver_record(view.name, app)
+        rested = self._resting.get(policy, view, driver)
+        if rested is not None:
+            return rested
         decision = next_step(view, policy)
         if _at_rest(decision) and not self._node_patch(node, decision):
-            self._resting[view.name] = (self._shared_policy(policy), timeless, decision)
+            self._resting.put(policy, view, driver, decision)
         else:
-            self._resting.pop(view.name, None)
+            self._resting.forget(view.name)
         try:
             await self._persist(node, decision)
         except ApiException as err:
@@ -390,7 +383,7 @@ class Upgrades:
 
     def forget_node(self, name: str) -> None:
         """The node is gone: drop what was kept for it."""
-        self._resting.pop(name, None)
+        self._resting.forget(name)
 
     async def _act(
         self, view: NodeUpgradeView, decision: Decision, policy: UpgradePolicyView, app: str

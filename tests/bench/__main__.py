@@ -29,7 +29,10 @@ from .policies import DEFAULT as DEFAULT_POLICY
 from .policies import POLICIES
 
 FIGURES = ("rollout", "baseline", "floor", "latency", "upgrade", "cache")
-"""Asked for by name only: ``floor`` (the baseline with the node labels inside the clock)."""
+"""What the suite measures by default."""
+ANALYSIS = ("observed",)
+"""Asked for by name only: ``observed`` (the floor with a process that only reads the
+operator's watches beside it: what observing the rollout costs, `baseline.py`)."""
 
 
 def _ints(text: str) -> list[int]:
@@ -52,7 +55,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--figures",
         default=",".join(FIGURES),
-        help=f"comma list of {', '.join(FIGURES)} (all)",
+        help=f"comma list of {', '.join(FIGURES + ANALYSIS)} (all but {', '.join(ANALYSIS)})",
     )
     p.add_argument(
         "--policies",
@@ -102,7 +105,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if quick:
         args.upgrade_timeout = min(args.upgrade_timeout, 300.0)
     args.figures = {f.strip() for f in args.figures.split(",") if f.strip()}
-    unknown = args.figures - set(FIGURES)
+    unknown = args.figures - set(FIGURES + ANALYSIS)
     if unknown:
         p.error(f"unknown figures: {', '.join(sorted(unknown))}")
     args.policies = [x.strip() for x in args.policies.split(",") if x.strip()]
@@ -188,7 +191,7 @@ class Suite:
                 "policies": args.policies,
                 "cache_sizes": args.cache_sizes,
             },
-            "runs": {"rollout": [], "baseline": [], "floor": []},
+            "runs": {"rollout": [], "baseline": [], "floor": [], "observed": []},
             "errors": [],
         }
 
@@ -212,9 +215,9 @@ class Suite:
                         await self._rollout(size, rep, policy)
                 # Interleaved, so a machine that slows down over the run weighs on both.
                 for rep in range(self.reps(size)):
-                    for kind in ("baseline", "floor"):
+                    for kind in ("baseline", "floor", "observed"):
                         if kind in a.figures:
-                            await self._baseline(size, rep, kind == "floor", policy)
+                            await self._baseline(size, rep, kind, policy)
         self.results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         self.save()
 
@@ -252,17 +255,22 @@ class Suite:
         self.save()
 
     async def _baseline(
-        self, size: int, rep: int, labels_timed: bool = False, policy: str = DEFAULT_POLICY
+        self,
+        size: int,
+        rep: int,
+        kind: str = "baseline",
+        policy: str = DEFAULT_POLICY,
     ) -> None:
-        kind = "floor" if labels_timed else "baseline"
+        """One baseline, floor or observed run (``kind``)."""
         print(f"\n== {kind} ({policy}): {size} GPU nodes, repetition {rep + 1}", file=sys.stderr)
         try:
             got = await baseline.run_once(
                 self.settings,
                 size,
                 self.args.ready_timeout,
-                labels_timed=labels_timed,
+                labels_timed=kind != "baseline",
                 policy=POLICIES[policy](),
+                observed=kind == "observed",
             )
             self.results["runs"].setdefault(kind, []).append(
                 {"gpu_nodes": size, "rep": rep, "policy": policy, **got}
@@ -334,6 +342,7 @@ def _policy_rows(
     baseline_runs: list[dict[str, Any]],
     floor_runs: list[dict[str, Any]],
     tag: str,
+    observed_runs: list[dict[str, Any]] | None = None,
 ) -> list[Row]:
     """Figures 1-7 of one policy's runs; ``tag`` (the policy's name) follows each size."""
     rows: list[Row] = []
@@ -344,9 +353,10 @@ def _policy_rows(
     rollouts = _by_size(rollout_runs)
     baselines = _by_size(baseline_runs)
     floors = _by_size(floor_runs)
+    observed = _by_size(observed_runs or [])
 
     # 1. time to ready
-    for size in sorted(set(rollouts) | set(baselines) | set(floors)):
+    for size in sorted(set(rollouts) | set(baselines) | set(floors) | set(observed)):
         op = Summary.of([r["time_to_ready_s"] for r in rollouts.get(size, [])])
         ds = Summary.of([r["time_to_ready_s"] for r in baselines.get(size, [])])
         floor = Summary.of([r["time_to_ready_s"] for r in floors.get(size, [])])
@@ -364,6 +374,16 @@ def _policy_rows(
                         Summary.of([floor.median / ds.median]),
                     )
                 )
+        seen = observed.get(size, [])
+        if seen:
+            watched = Summary.of([r["time_to_ready_s"] for r in seen])
+            what = "time to ready: floor with a reader of the operator's watches"
+            rows.append(Row("1", at(size), what, "s", watched))
+            reader = Summary.of([r["observer"]["cpu_s"] for r in seen])
+            rows.append(Row("1", at(size), "the reader's CPU", "s", reader))
+            if floor:
+                ratio = Summary.of([watched.median / floor.median])
+                rows.append(Row("1", at(size), "floor with the reader / floor", "x", ratio))
         if op and ds:
             rows.append(
                 Row(
@@ -442,6 +462,11 @@ def _policy_rows(
             rows.append(
                 Row("2", at(size), f"idle {secs}: get", "req", Summary.of([idle.get("get", 0)]))
             )
+            steady = r.get("idle_cluster_cpu_s")
+            if steady:
+                # What a longer rollout pays per extra second before any work of its own.
+                per_s = Summary.of([sum(steady.values()) / r["idle_seconds"]])
+                rows.append(Row("2", at(size), "idle: control-plane CPU", "cores", per_s))
 
     # 3. no-op restart writes
     for size, runs in rollouts.items():
@@ -587,7 +612,7 @@ def build_rows(results: dict[str, Any]) -> list[Row]:
     named = (results.get("settings") or {}).get("policies") or [DEFAULT_POLICY]
     found = {
         r.get("policy", DEFAULT_POLICY)
-        for kind in ("rollout", "baseline", "floor")
+        for kind in ("rollout", "baseline", "floor", "observed")
         for r in runs.get(kind, [])
     }
     for policy in [*named, *sorted(found - set(named))]:
@@ -597,7 +622,7 @@ def build_rows(results: dict[str, Any]) -> list[Row]:
 
         # The sample policy's rows read as they always did; another's sizes carry its name.
         tag = "" if policy == DEFAULT_POLICY else policy
-        rows += _policy_rows(of("rollout"), of("baseline"), of("floor"), tag)
+        rows += _policy_rows(of("rollout"), of("baseline"), of("floor"), tag, of("observed"))
     rows += _cache_rows(runs.get("cache_size"))
     for err in results.get("errors", []):
         rows.append(

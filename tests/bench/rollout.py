@@ -60,6 +60,9 @@ class RolloutRun:
     idle_seconds: float = 0.0
     idle_requests: dict[str, int] | None = None
     idle_by_verb: dict[str, int] | None = None
+    idle_cluster_cpu_s: dict[str, float] | None = None
+    """CPU seconds of each control-plane process over the idle window: the steady work
+    (leases, node monitoring) that a longer rollout also pays for."""
     peak_rss_mib: float = 0.0
     rss_after_mib: float = 0.0
     restart_synced_s: float | None = None
@@ -179,7 +182,10 @@ async def run_once(
             await asyncio.sleep(settle_seconds)
             result.settle_requests = as_table(bench.audit.take())
             if idle_seconds > 0:
+                steady = ClusterCpu(bench)
+                steady.start()
                 idle = await _idle(first, bench, idle_seconds)
+                result.idle_cluster_cpu_s = steady.take()
                 result.idle_seconds = idle_seconds
                 result.idle_requests = as_table(idle)
                 result.idle_by_verb = by_verb(idle)

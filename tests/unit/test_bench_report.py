@@ -117,3 +117,44 @@ def test_the_cache_figure_reports_each_size_and_the_slope() -> None:
     rows = {f"{r.size} {r.metric}": r.value for r in build_rows(results) if r.figure == "4"}
     assert rows["3000 node and pod caches (tests.bench.cache_size)"].median == 13.0
     assert rows["1000,3000 cache growth per 1000 GPU nodes"].median == 4.25
+
+
+def test_the_observed_floor_is_reported_against_the_floor() -> None:
+    """The floor with a reader of the operator's watches beside it, over the floor's
+    median; it is never in a default run."""
+    results = _results([100.0, 98.0, 102.0])
+    results["runs"]["observed"] = [
+        {"gpu_nodes": 1000, "time_to_ready_s": t, "observer": {"cpu_s": c}}
+        for t, c in ((110.0, 5.0), (104.0, 6.0), (112.0, 7.0))
+    ]
+    rows = _rows(results)
+    assert rows["1000 time to ready: floor with a reader of the operator's watches"] == 110.0
+    assert rows["1000 floor with the reader / floor"] == 110.0 / 100.0
+    assert rows["1000 the reader's CPU"] == 6.0
+    assert "observed" not in parse_args([]).figures
+    assert parse_args(["--figures", "observed"]).figures == {"observed"}
+
+
+def test_the_idle_window_reports_the_control_plane_cpu_per_second() -> None:
+    """The steady work a converged cluster costs per second: what every second a
+    rollout takes longer pays before any work of its own."""
+    results = _results([99.0])
+    results["runs"]["rollout"] = [
+        {
+            "gpu_nodes": 1000,
+            "time_to_ready_s": 104.0,
+            "restart_writes": 0,
+            "rollout_requests": {},
+            "idle_seconds": 30.0,
+            "idle_requests": {},
+            "idle_cluster_cpu_s": {"kube-apiserver": 9.0, "kwok": 6.0},
+            "peak_rss_mib": 1.0,
+            "restart_peak_rss_mib": 1.0,
+        }
+    ]
+    rows = {
+        f"{r.size} {r.metric}": r.value.median
+        for r in build_rows(results)
+        if r.figure == "2" and r.value is not None
+    }
+    assert rows["1000 idle: control-plane CPU"] == 0.5

@@ -107,7 +107,7 @@ async def test_nodes_at_rest_under_equal_policies_hold_one_policy(calls: list[st
             node = trim_node(server.nodes[name])
             await upgrades.step(node, replace(POLICY), "new")
 
-    held = [upgrades._resting[name][0] for name in ("n0", "n1")]
+    held = [upgrades._resting.entry(name).policy for name in ("n0", "n1")]  # type: ignore[union-attr]
     assert held[0] == POLICY
     assert held[0] is held[1]
 
@@ -122,3 +122,63 @@ async def test_a_resting_decision_holds_the_shared_empty_patch(calls: list[str])
     assert rest.labels is NO_CHANGES
     assert rest.annotations is NO_CHANGES
     assert rest.merge_patch() == {}
+
+
+async def test_a_new_pod_record_the_rulebook_reads_alike_is_answered_from_memory(
+    calls: list[str],
+) -> None:
+    """The memo keeps the cache's driver pod record, not a view of its own (0.17 KiB a
+    node): a new record of the same pod (a new resourceVersion) reads the same, is
+    answered without the rulebook, and replaces the old one in the memo."""
+    _server, upgrades, nodes = _done_at("new")
+    await upgrades.step(nodes.get("n0") or {}, POLICY, "new")
+    await upgrades.step(nodes.get("n0") or {}, POLICY, "new")
+    assert len(calls) == 2
+    old = upgrades.driver_record("n0")
+
+    raw = _driver_pod("n0", revision="new")
+    raw["metadata"]["resourceVersion"] = "999"
+    pod = trim_pod(raw)
+    upgrades._pods._put(key_of(pod), pod)
+    assert upgrades.driver_record("n0") is pod
+    assert pod != old
+
+    again = await upgrades.step(nodes.get("n0") or {}, POLICY, "new")
+    assert len(calls) == 2
+    assert again.node == "n0"
+    assert again.target is UpgradeState.UPGRADE_DONE
+    assert upgrades._resting.entry("n0").driver is pod  # type: ignore[union-attr]
+
+
+async def test_a_driver_pod_the_rulebook_reads_otherwise_asks_again(calls: list[str]) -> None:
+    _server, upgrades, nodes = _done_at("new")
+    await upgrades.step(nodes.get("n0") or {}, POLICY, "new")
+    await upgrades.step(nodes.get("n0") or {}, POLICY, "new")
+    assert len(calls) == 2
+
+    raw = _driver_pod("n0", revision="new")
+    raw["status"]["containerStatuses"] = [{"restartCount": 3}]
+    pod = trim_pod(raw)
+    upgrades._pods._put(key_of(pod), pod)
+    await upgrades.step(nodes.get("n0") or {}, POLICY, "new")
+    assert len(calls) == 3
+
+
+async def test_nodes_resting_alike_share_one_decision(calls: list[str]) -> None:
+    """The remembered decision carries no node name (one instance per state and
+    reason); each answer carries its own node's."""
+    server = _Server(["n0", "n1"], state="upgrade-done")
+    upgrades, _nodes, _ = _operator(server)
+    for name in ("n0", "n1"):
+        pod = trim_pod(_driver_pod(name, revision="new"))
+        upgrades._pods._put(key_of(pod), pod)
+    answers = {}
+    for name in ("n0", "n1"):
+        for _ in range(3):
+            node = trim_node(server.nodes[name])
+            answers[name] = await upgrades.step(node, POLICY, "new")
+    kept = [upgrades._resting.entry(name).decision for name in ("n0", "n1")]  # type: ignore[union-attr]
+    assert kept[0] is kept[1]
+    assert kept[0].node == ""
+    assert [answers[n].node for n in ("n0", "n1")] == ["n0", "n1"]
+    assert answers["n0"] == replace(answers["n1"], node="n0")
