@@ -39,7 +39,7 @@ def _fmt(value: float, unit: str) -> str:
         return f"{value:.1f}"
     if unit == "MiB":
         return f"{value:.1f}"
-    if unit == "x":
+    if unit in ("x", "cores"):
         return f"{value:.2f}"
     return f"{value:g}"
 

@@ -29,6 +29,19 @@ def _results(floor: list[float]) -> dict[str, Any]:
     }
 
 
+def _rollout(**extra: Any) -> dict[str, Any]:
+    """One operator run at 1,000 GPU nodes, 104 s to ready, with ``extra`` fields."""
+    return {
+        "gpu_nodes": 1000,
+        "time_to_ready_s": 104.0,
+        "restart_writes": 0,
+        "rollout_requests": {},
+        "peak_rss_mib": 1.0,
+        "restart_peak_rss_mib": 1.0,
+        **extra,
+    }
+
+
 def test_the_floor_is_reported_against_the_baseline_median() -> None:
     rows = _rows(_results([99.0, 120.0, 98.0]))
     assert rows["1000 time to ready: labels, then DaemonSets"] == 99.0
@@ -53,16 +66,7 @@ def test_a_default_run_measures_what_the_targets_name() -> None:
 
 def test_the_target_ratio_is_the_operator_over_the_floor() -> None:
     results = _results([99.0])
-    results["runs"]["rollout"] = [
-        {
-            "gpu_nodes": 1000,
-            "time_to_ready_s": 104.0,
-            "restart_writes": 0,
-            "rollout_requests": {},
-            "peak_rss_mib": 1.0,
-            "restart_peak_rss_mib": 1.0,
-        }
-    ]
+    results["runs"]["rollout"] = [_rollout()]
     rows = _rows(results)
     assert rows["1000 operator / labels, then DaemonSets (the floor)"] == 104.0 / 99.0
 
@@ -139,18 +143,9 @@ def test_the_idle_window_reports_the_control_plane_cpu_per_second() -> None:
     """The steady work a converged cluster costs per second: what every second a
     rollout takes longer pays before any work of its own."""
     results = _results([99.0])
+    steady = {"kube-apiserver": 9.0, "kwok": 6.0}
     results["runs"]["rollout"] = [
-        {
-            "gpu_nodes": 1000,
-            "time_to_ready_s": 104.0,
-            "restart_writes": 0,
-            "rollout_requests": {},
-            "idle_seconds": 30.0,
-            "idle_requests": {},
-            "idle_cluster_cpu_s": {"kube-apiserver": 9.0, "kwok": 6.0},
-            "peak_rss_mib": 1.0,
-            "restart_peak_rss_mib": 1.0,
-        }
+        _rollout(idle_seconds=30.0, idle_requests={}, idle_cluster_cpu_s=steady)
     ]
     rows = {
         f"{r.size} {r.metric}": r.value.median
