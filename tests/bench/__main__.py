@@ -23,6 +23,7 @@ from gpuop import log
 from gpuop.cluster import ClientTuning, Versions
 
 from . import baseline, cache_size, latency, rollout, upgrade
+from ._apiserver import total_closed
 from ._harness import REPO_ROOT, BenchCluster, OperatorProcess, Settings, dump_json
 from ._stats import Row, Summary, render_table
 from .policies import DEFAULT as DEFAULT_POLICY
@@ -338,6 +339,21 @@ def _cache_rows(cache: dict[str, Any] | None) -> list[Row]:
     return rows
 
 
+def _simulator_rows(at: str, who: str, runs: list[dict[str, Any]]) -> list[Row]:
+    """What the simulated control plane itself suffered over ``who``'s clock
+    (tests/bench/_apiserver.py): not the code under test's requests, but paid for
+    on the same cores."""
+    counted = [r["apiserver"] for r in runs if r.get("apiserver")]
+    if not counted:
+        return []
+    rejected = Summary.of([float(c["pod_status_rejected"]) for c in counted])
+    closed = Summary.of(total_closed(runs))
+    return [
+        Row("1", at, f"{who}: kwok pod status patches rejected (422)", "req", rejected),
+        Row("1", at, f"{who}: watchers the API server closed for falling behind", "n", closed),
+    ]
+
+
 def _policy_rows(
     rollout_runs: list[dict[str, Any]],
     baseline_runs: list[dict[str, Any]],
@@ -408,6 +424,11 @@ def _policy_rows(
                     target="<=1.05",
                 )
             )
+        for who, seen_runs in (
+            ("operator", rollouts.get(size, [])),
+            ("floor", floors.get(size, [])),
+        ):
+            rows.extend(_simulator_rows(at(size), who, seen_runs))
         runs = rollouts.get(size, [])
         cpu = Summary.of([r["rollout_cpu_s"] for r in runs if "rollout_cpu_s" in r])
         if cpu:

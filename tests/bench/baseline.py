@@ -43,6 +43,7 @@ from gpuop.controller import OperatorConfig
 from gpuop.progress import Progress
 from gpuop.rest import Rest
 
+from ._apiserver import ApiserverCounters
 from ._harness import (
     DS,
     NAMESPACE,
@@ -168,6 +169,8 @@ async def _timed(
     """The clocked part of :func:`run_once`: labels (timed or not), DaemonSets, Ready."""
     nodes = await rest.list(NODE, label_selector=f"{SIMULATED_LABEL}=true")
     cluster_cpu = ClusterCpu(bench)
+    counted = ApiserverCounters(rest)
+    await counted.start()
     if labels_timed:
         cluster_cpu.start()
     label_started = time.monotonic()
@@ -212,6 +215,7 @@ async def _timed(
         await asyncio.sleep(DS_POLL_S)
     elapsed = time.monotonic() - started
     used = cluster_cpu.take()
+    apiserver = await counted.take()
     progress.finish(
         f"all {n_ds} DaemonSets ready in {elapsed:.1f}s (cluster CPU {sum(used.values()):.1f}s)"
     )
@@ -220,6 +224,7 @@ async def _timed(
         "label_nodes_s": label_s,
         "pods_ready": samples,
         "cluster_cpu_s": used,
+        "apiserver": apiserver,
     }
 
 

@@ -20,6 +20,7 @@ import crd
 from gpuop.progress import Progress
 from gpuop.rest import Rest
 
+from ._apiserver import ApiserverCounters
 from ._audit import as_table, by_verb, writes
 from ._harness import (
     DS,
@@ -49,6 +50,9 @@ class RolloutRun:
     rollout_pass_cpu_s: float | None = None
     cluster_cpu_s: dict[str, float] = field(default_factory=dict)
     """CPU seconds of each control-plane process over the rollout."""
+    apiserver: dict[str, Any] = field(default_factory=dict)
+    """What kube-apiserver counted over the rollout (``_apiserver.delta``): kwok's
+    rejected pod status patches, watchers closed for falling behind."""
     rollout_spans_s: dict[str, list[float]] = field(default_factory=dict)
     pods_ready: list[dict[str, float]] = field(default_factory=list)
     """Every SAMPLE_S: seconds since the policy, and each DaemonSet's Ready pods."""
@@ -151,6 +155,8 @@ async def run_once(
             passes_before = first.metric("gpu_operator_reconciliation_total") or 0.0
             pass_cpu_before = first.metric("gpu_operator_reconciliation_cpu_seconds_total") or 0.0
             cluster_cpu = ClusterCpu(bench)
+            counted = ApiserverCounters(rest)
+            await counted.start()
             cluster_cpu.start()
             started = time.monotonic()
             started_wall = time.time()
@@ -164,6 +170,7 @@ async def run_once(
                 result.rollout_passes = int(passes - passes_before)
                 result.rollout_pass_cpu_s = round(pass_cpu - pass_cpu_before, 2)
             result.cluster_cpu_s = cluster_cpu.take()
+            result.apiserver = await counted.take()
             progress.finish(
                 f"ready in {result.time_to_ready_s:.1f}s "
                 f"(DaemonSets {result.daemonsets_ready_s or 0:.1f}s, "

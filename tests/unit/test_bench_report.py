@@ -153,3 +153,24 @@ def test_the_idle_window_reports_the_control_plane_cpu_per_second() -> None:
         if r.figure == "2" and r.value is not None
     }
     assert rows["1000 idle: control-plane CPU"] == 0.5
+
+
+def test_the_simulators_own_troubles_are_reported_for_the_operator_and_the_floor() -> None:
+    def seen(rejected: int, pods: int) -> dict[str, Any]:
+        return {
+            "pod_status_patches": 6500,
+            "pod_status_rejected": rejected,
+            "pod_watch_events": 1,
+            "watchers_closed": {"pods": pods, "leases": 2},
+        }
+
+    results = _results([99.0])
+    results["runs"]["floor"][0]["apiserver"] = seen(547, 150)
+    results["runs"]["rollout"] = [_rollout(apiserver=seen(4360, 166))]
+    rows = _rows(results)
+    assert rows["1000 operator: kwok pod status patches rejected (422)"] == 4360
+    assert rows["1000 floor: kwok pod status patches rejected (422)"] == 547
+    assert rows["1000 operator: watchers the API server closed for falling behind"] == 168
+    assert rows["1000 floor: watchers the API server closed for falling behind"] == 152
+    del results["runs"]["floor"][0]["apiserver"]  # a run from before these were counted
+    assert not any(key.startswith("1000 floor: ") for key in _rows(results))
