@@ -200,11 +200,13 @@ async def _timed(
     for obj in objects:
         await rest.apply(obj)
     samples: list[dict[str, float]] = []
+    cpu_timeline: list[dict[str, float]] = []
     while True:
         daemonsets = await rest.list(DS, NAMESPACE)
         now = time.monotonic() - started
         if not samples or now - samples[-1]["t"] >= SAMPLE_S:
             samples.append(pods_ready(now, daemonsets))
+            cpu_timeline.append({"t": round(now, 1), **cluster_cpu.take()})
         ready = sum(1 for d in daemonsets if ds_ready(d))
         progress.done = ready
         progress.status("DaemonSets ready")
@@ -223,6 +225,7 @@ async def _timed(
         "time_to_ready_s": elapsed,
         "label_nodes_s": label_s,
         "pods_ready": samples,
+        "cpu_timeline": cpu_timeline,
         "cluster_cpu_s": used,
         "apiserver": apiserver,
     }

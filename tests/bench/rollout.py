@@ -56,6 +56,9 @@ class RolloutRun:
     rollout_spans_s: dict[str, list[float]] = field(default_factory=dict)
     pods_ready: list[dict[str, float]] = field(default_factory=list)
     """Every SAMPLE_S: seconds since the policy, and each DaemonSet's Ready pods."""
+    cpu_timeline: list[dict[str, float]] = field(default_factory=list)
+    """At the same samples: CPU seconds since the policy of the operator and of each
+    control-plane process, so when each spent its share can be read back."""
     labels_done_s: float | None = None
     """When the operator logged its last deploy-label patch, after the policy."""
     rollout_requests: dict[str, int] = field(default_factory=dict)
@@ -80,8 +83,14 @@ class RolloutRun:
 
 
 async def _wait_policy_ready(
-    rest: Rest, timeout: float, progress: Progress, result: RolloutRun
+    rest: Rest,
+    timeout: float,
+    progress: Progress,
+    result: RolloutRun,
+    cpu_now: Callable[[], dict[str, float]],
 ) -> None:
+    """Poll until the ClusterPolicy says ``ready``; every SAMPLE_S record the Ready pods
+    per DaemonSet and ``cpu_now()`` (CPU seconds so far, by process)."""
     started = time.monotonic()
     deadline = started + timeout
     sampled = polled = float("-inf")
@@ -95,6 +104,7 @@ async def _wait_policy_ready(
             if now - sampled >= SAMPLE_S:
                 sampled = now
                 result.pods_ready.append(pods_ready(now - started, daemonsets))
+                result.cpu_timeline.append({"t": round(now - started, 1), **cpu_now()})
             if result.daemonsets_ready_s is None and all_ready(daemonsets):
                 result.daemonsets_ready_s = time.monotonic() - started
         progress.status(f"state={state}")
@@ -161,7 +171,13 @@ async def run_once(
             started = time.monotonic()
             started_wall = time.time()
             await rest.apply(policy or crd.sample_policy())
-            await _wait_policy_ready(rest, ready_timeout, progress, result)
+
+            def cpu_now() -> dict[str, float]:
+                spent = cluster_cpu.take()
+                spent["operator"] = round(first.cpu_seconds() - cpu_before, 2)
+                return spent
+
+            await _wait_policy_ready(rest, ready_timeout, progress, result, cpu_now)
             result.time_to_ready_s = time.monotonic() - started
             result.rollout_cpu_s = first.cpu_seconds() - cpu_before
             passes = first.metric("gpu_operator_reconciliation_total")
