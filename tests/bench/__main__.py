@@ -23,7 +23,6 @@ from gpuop import log
 from gpuop.cluster import ClientTuning, Versions
 
 from . import baseline, cache_size, latency, rollout, upgrade
-from ._apiserver import total_closed
 from ._harness import REPO_ROOT, BenchCluster, OperatorProcess, Settings, dump_json
 from ._stats import Row, Summary, render_table
 from .policies import DEFAULT as DEFAULT_POLICY
@@ -347,7 +346,7 @@ def _simulator_rows(at: str, who: str, runs: list[dict[str, Any]]) -> list[Row]:
     if not counted:
         return []
     rejected = Summary.of([float(c["pod_status_rejected"]) for c in counted])
-    closed = Summary.of(total_closed(runs))
+    closed = Summary.of([float(sum(c["watchers_closed"].values())) for c in counted])
     return [
         Row("1", at, f"{who}: kwok pod status patches rejected (422)", "req", rejected),
         Row("1", at, f"{who}: watchers the API server closed for falling behind", "n", closed),

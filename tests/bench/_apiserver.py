@@ -7,9 +7,10 @@ two ways that are nobody's requests and that the clock pays for all the same:
 - the watch cache closes a watcher whose buffer stays full ("Forcing ... watcher
   close due to unresponsiveness" in its log); every client (the controller manager,
   the scheduler, kwok, the operator) then opens its watch again from where it was;
-- kwok v0.8 plays a pod's ready stage more than once when its stage workers run in
-  parallel, each time with a newly allocated pod IP; the API server rejects every
-  play after the first (422: two pod IPs of one family).
+- kwok v0.8 handles some pod events more than once (far more often with its stage
+  workers in parallel) and plays a pod's ready stage again each time, with a newly
+  allocated pod IP; the API server rejects every play after the first (422: two pod
+  IPs of one family).
 
 Counting both per run (from ``/metrics``, read at the clock's start and end) says
 how much of a difference between two runs is the simulator's rather than the code
@@ -18,7 +19,7 @@ under test's. Two reads of ``/metrics`` per run: nothing the clock can see.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,10 +122,3 @@ class ApiserverCounters:
     async def take(self) -> dict[str, Any]:
         after = counters(await read_metrics(self.rest))
         return delta(self._before or {}, after)
-
-
-def total_closed(runs: Iterable[Mapping[str, Any]]) -> list[float]:
-    """Each run's watchers closed for falling behind, all resources together."""
-    return [
-        float(sum(r["apiserver"]["watchers_closed"].values())) for r in runs if r.get("apiserver")
-    ]
