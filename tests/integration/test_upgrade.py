@@ -81,127 +81,132 @@ async def test_driver_version_change_upgrades_every_node_within_budget(
     gpu = sorted(n["metadata"]["name"] for n in await _gpu_nodes(rest))
     cordoned_by_admin = gpu[-1]
     skipped = gpu[-2]
-    async with Running(api_client) as run:
-        await eventually(lambda: policy_state_is(rest, "ready"), timeout=90)
-        await run.settle()
-        before = await _driver_hashes(rest)
-        assert set(before) == set(gpu)
+    try:
+        async with Running(api_client) as run:
+            await eventually(lambda: policy_state_is(rest, "ready"), timeout=90)
+            await run.settle()
+            before = await _driver_hashes(rest)
+            assert set(before) == set(gpu)
 
-        since = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        # An administrator cordoned one node for their own reasons; another is skipped.
-        await rest.merge_patch(NODE, cordoned_by_admin, {"spec": {"unschedulable": True}})
-        await rest.merge_patch(NODE, skipped, {"metadata": {"labels": {SKIP_LABEL: "true"}}})
-        # A GPU workload on the first node must be evicted by the drain.
-        await core.create_namespaced_pod(
-            WORKLOADS,
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": "trainer", "labels": {"app": "trainer"}},
-                "spec": {
-                    "nodeName": gpu[0],
-                    "containers": [
-                        {
-                            "name": "c",
-                            "image": "cuda",
-                            "resources": {"limits": {"nvidia.com/gpu": "1"}},
-                        }
-                    ],
+            since = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            # An administrator cordoned one node for their own reasons; another is skipped.
+            await rest.merge_patch(NODE, cordoned_by_admin, {"spec": {"unschedulable": True}})
+            await rest.merge_patch(NODE, skipped, {"metadata": {"labels": {SKIP_LABEL: "true"}}})
+            # A GPU workload on the first node must be evicted by the drain.
+            await core.create_namespaced_pod(
+                WORKLOADS,
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": "trainer", "labels": {"app": "trainer"}},
+                    "spec": {
+                        "nodeName": gpu[0],
+                        "containers": [
+                            {
+                                "name": "c",
+                                "image": "cuda",
+                                "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                            }
+                        ],
+                    },
                 },
-            },
-        )
-        await run.settle()
-
-        # The trainer is a bare pod: only podDeletion.force lets it go.
-        await rest.apply(_policy("600.10.01", podDeletion={"force": True, "timeoutSeconds": 60}))
-        peak_in_progress = 0
-        peak_unavailable = 0
-        deadline = time.monotonic() + 180
-        upgraded = [n for n in gpu if n != skipped]
-        while time.monotonic() < deadline:
-            nodes = {n["metadata"]["name"]: n for n in await _gpu_nodes(rest)}
-            states = {
-                name: (n["metadata"].get("labels") or {}).get(STATE_LABEL, "")
-                for name, n in nodes.items()
-            }
-            in_progress = sum(
-                1 for s in states.values() if UpgradeState(s or "unknown") in IN_PROGRESS_STATES
             )
-            # The admin-cordoned node was unavailable before; count it like the budget does.
-            unavailable = sum(
-                1
-                for name, n in nodes.items()
-                if n["spec"].get("unschedulable")
-                or UpgradeState(states[name] or "unknown") in IN_PROGRESS_STATES
+            await run.settle()
+
+            # The trainer is a bare pod: only podDeletion.force lets it go.
+            await rest.apply(
+                _policy("600.10.01", podDeletion={"force": True, "timeoutSeconds": 60})
             )
-            peak_in_progress = max(peak_in_progress, in_progress)
-            peak_unavailable = max(peak_unavailable, unavailable)
-            assert in_progress <= 2, states
-            assert unavailable <= 2, states  # 50% of 4 GPU nodes
-            if all(states[n] == "upgrade-done" for n in upgraded):
-                hashes = await _driver_hashes(rest)
-                if all(hashes.get(n, before[n]) != before[n] for n in upgraded):
-                    break
-            assert not any(s == "upgrade-failed" for s in states.values()), states
-            await asyncio.sleep(0.1)
-        else:
-            raise AssertionError(f"upgrade did not finish: {states}")
-        assert peak_in_progress >= 1
-
-        after = await _driver_hashes(rest)
-        for name in upgraded:
-            assert after[name] != before[name], name
-        assert after[skipped] == before[skipped]
-        assert states[skipped] != "upgrade-done" or after[skipped] == before[skipped]
-
-        nodes = {n["metadata"]["name"]: n for n in await _gpu_nodes(rest)}
-        for name in upgraded:
-            meta = nodes[name]["metadata"]
-            if name == cordoned_by_admin:
-                assert nodes[name]["spec"].get("unschedulable") is True
+            peak_in_progress = 0
+            peak_unavailable = 0
+            deadline = time.monotonic() + 180
+            upgraded = [n for n in gpu if n != skipped]
+            while time.monotonic() < deadline:
+                nodes = {n["metadata"]["name"]: n for n in await _gpu_nodes(rest)}
+                states = {
+                    name: (n["metadata"].get("labels") or {}).get(STATE_LABEL, "")
+                    for name, n in nodes.items()
+                }
+                in_progress = sum(
+                    1 for s in states.values() if UpgradeState(s or "unknown") in IN_PROGRESS_STATES
+                )
+                # The admin-cordoned node was unavailable before; count it like the budget does.
+                unavailable = sum(
+                    1
+                    for name, n in nodes.items()
+                    if n["spec"].get("unschedulable")
+                    or UpgradeState(states[name] or "unknown") in IN_PROGRESS_STATES
+                )
+                peak_in_progress = max(peak_in_progress, in_progress)
+                peak_unavailable = max(peak_unavailable, unavailable)
+                assert in_progress <= 2, states
+                assert unavailable <= 2, states  # 50% of 4 GPU nodes
+                if all(states[n] == "upgrade-done" for n in upgraded):
+                    hashes = await _driver_hashes(rest)
+                    if all(hashes.get(n, before[n]) != before[n] for n in upgraded):
+                        break
+                assert not any(s == "upgrade-failed" for s in states.values()), states
+                await asyncio.sleep(0.1)
             else:
-                assert not nodes[name]["spec"].get("unschedulable"), name
-            assert INITIAL_UNSCHEDULABLE_ANNOTATION not in (meta.get("annotations") or {})
+                raise AssertionError(f"upgrade did not finish: {states}")
+            assert peak_in_progress >= 1
 
-        async def trainer_gone() -> bool:
-            return await rest.get(POD, "trainer", WORKLOADS) is None
+            after = await _driver_hashes(rest)
+            for name in upgraded:
+                assert after[name] != before[name], name
+            assert after[skipped] == before[skipped]
+            assert states[skipped] != "upgrade-done" or after[skipped] == before[skipped]
 
-        assert await eventually(trainer_gone, timeout=30)
-        assert run.operator.queue.stats.failed == 0
+            nodes = {n["metadata"]["name"]: n for n in await _gpu_nodes(rest)}
+            for name in upgraded:
+                meta = nodes[name]["metadata"]
+                if name == cordoned_by_admin:
+                    assert nodes[name]["spec"].get("unschedulable") is True
+                else:
+                    assert not nodes[name]["spec"].get("unschedulable"), name
+                assert INITIAL_UNSCHEDULABLE_ANNOTATION not in (meta.get("annotations") or {})
 
-        events = [
-            e
-            for e in await rest.list(by_kind("v1", "Event"), "default")
-            if e.get("lastTimestamp", "") >= since
-        ]
-        done = {
-            e["involvedObject"]["name"] for e in events if e.get("reason") == "DriverUpgradeDone"
-        }
-        assert set(upgraded) <= done
-        assert (
-            skipped
-            not in {
+            async def trainer_gone() -> bool:
+                return await rest.get(POD, "trainer", WORKLOADS) is None
+
+            assert await eventually(trainer_gone, timeout=30)
+            assert run.operator.queue.stats.failed == 0
+
+            events = [
+                e
+                for e in await rest.list(by_kind("v1", "Event"), "default")
+                if _event_time(e) >= since
+            ]
+            done = {
                 e["involvedObject"]["name"]
                 for e in events
-                if e.get("reason") == "DriverUpgradeStarted"
+                if e.get("reason") == "DriverUpgradeDone"
             }
-            or after[skipped] == before[skipped]
-        )
+            assert set(upgraded) <= done
+            assert (
+                skipped
+                not in {
+                    e["involvedObject"]["name"]
+                    for e in events
+                    if e.get("reason") == "DriverUpgradeStarted"
+                }
+                or after[skipped] == before[skipped]
+            )
 
-        # Converged again: nothing more to write.
-        await run.settle()
-        writes = run.rest.writes
-        for name in gpu:
-            run.operator.queue.add(f"node/{name}")
-        run.operator.queue.add("upgrades")
-        await run.settle()
-        assert run.rest.writes == writes, run.rest.write_counts()
-
-    await rest.merge_patch(NODE, cordoned_by_admin, {"spec": {"unschedulable": None}})
-    await rest.merge_patch(NODE, skipped, {"metadata": {"labels": {SKIP_LABEL: None}}})
-    await rest.delete(by_kind("v1", "Namespace"), WORKLOADS)
-    await rest.apply(crd.sample_policy())
-    await rest.delete(POLICY, "cluster-policy")
+            # Converged again: nothing more to write.
+            await run.settle()
+            writes = run.rest.writes
+            for name in gpu:
+                run.operator.queue.add(f"node/{name}")
+            run.operator.queue.add("upgrades")
+            await run.settle()
+            assert run.rest.writes == writes, run.rest.write_counts()
+    finally:
+        await rest.merge_patch(NODE, cordoned_by_admin, {"spec": {"unschedulable": None}})
+        await rest.merge_patch(NODE, skipped, {"metadata": {"labels": {SKIP_LABEL: None}}})
+        await rest.delete(by_kind("v1", "Namespace"), WORKLOADS)
+        await rest.apply(crd.sample_policy())
+        await rest.delete(POLICY, "cluster-policy")
 
 
 async def test_a_restarted_operator_resumes_a_drain_blocked_by_a_budget(
@@ -410,10 +415,17 @@ async def _state(rest: Rest, name: str) -> str:
     return (await _node_meta(rest, name))[0].get(STATE_LABEL, "")
 
 
+def _event_time(event: dict[str, Any]) -> str:
+    """When an Event last happened. One written through events.k8s.io/v1, as some
+    control-plane components write theirs, has `eventTime` and a null `lastTimestamp`:
+    one such Event in `default` beside ours made the comparison with None fail."""
+    return str(event.get("lastTimestamp") or event.get("eventTime") or "")
+
+
 async def _events(rest: Rest, reason: str, since: str) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for e in await rest.list(by_kind("v1", "Event"), "default"):
-        if e.get("reason") == reason and e.get("lastTimestamp", "") >= since:
+        if e.get("reason") == reason and _event_time(e) >= since:
             out.setdefault(e["involvedObject"]["name"], []).append(e.get("message", ""))
     return out
 
