@@ -283,11 +283,11 @@ async def test_install_run_as_the_chart_service_account_upgrade_and_uninstall(
     try:
         # Helm deletes them all at once; the API server removes a CRD only after its
         # own customresourcecleanup finalizer has run, asynchronously. On a loaded CI
-        # machine a CRD with no objects left twice stayed over 180 s. That controller
-        # (kube-apiserver v1.34, crd_finalizer.go) drops its work item when a status
-        # write meets a conflict and queues it again only for an update beyond its
-        # Terminating condition or its informer's 5-minute resync: touching a CRD
-        # still there after 60 s queues it again, and the wait covers the resync.
+        # machine a CRD with no objects left stayed once over 60 s, once over 180 s.
+        # That controller (kube-apiserver v1.34, crd_finalizer.go) drops its work item
+        # when a status write meets a conflict and queues it again only for an update
+        # beyond its Terminating condition or its informer's 5-minute resync: touching
+        # a CRD still there after 60 s queues it again, and the wait covers the resync.
         try:
             await eventually(lambda: _all_gone(admin, release_objects), timeout=60)
         except AssertionError:
