@@ -88,7 +88,7 @@ async def test_driver_version_change_upgrades_every_node_within_budget(
             before = await _driver_hashes(rest)
             assert set(before) == set(gpu)
 
-            since = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            since = _now()
             # An administrator cordoned one node for their own reasons; another is skipped.
             await rest.merge_patch(NODE, cordoned_by_admin, {"spec": {"unschedulable": True}})
             await rest.merge_patch(NODE, skipped, {"metadata": {"labels": {SKIP_LABEL: "true"}}})
@@ -172,26 +172,10 @@ async def test_driver_version_change_upgrades_every_node_within_budget(
             assert await eventually(trainer_gone, timeout=30)
             assert run.operator.queue.stats.failed == 0
 
-            events = [
-                e
-                for e in await rest.list(by_kind("v1", "Event"), "default")
-                if _event_time(e) >= since
-            ]
-            done = {
-                e["involvedObject"]["name"]
-                for e in events
-                if e.get("reason") == "DriverUpgradeDone"
-            }
-            assert set(upgraded) <= done
-            assert (
-                skipped
-                not in {
-                    e["involvedObject"]["name"]
-                    for e in events
-                    if e.get("reason") == "DriverUpgradeStarted"
-                }
-                or after[skipped] == before[skipped]
-            )
+            done = await _events(rest, "DriverUpgradeDone", since)
+            assert set(upgraded) <= set(done)
+            started = await _events(rest, "DriverUpgradeStarted", since)
+            assert skipped not in started or after[skipped] == before[skipped]
 
             # Converged again: nothing more to write.
             await run.settle()
