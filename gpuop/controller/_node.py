@@ -33,7 +33,7 @@ from gpuop.controller._keys import (
     node_key,
 )
 from gpuop.controller._memo import VersionMemo
-from gpuop.controller._nodes import labels
+from gpuop.controller._nodes import labels, node_annotations
 from gpuop.controller._result import Again, Result
 from gpuop.controller._rollout_gate import RolloutGate
 from gpuop.controller._routes import gpu_facts
@@ -44,6 +44,7 @@ from gpuop.kinds import by_kind
 from gpuop.log import get_logger
 from gpuop.rest import Rest
 from statemachine import Action, Decision, UpgradePolicyView
+from statemachine.driver_handoff import handoff_patch, handoff_wanted
 from statemachine.driver_owner import NEXT_OWNER_LABEL
 from statemachine.upgrade import next_step
 from statemachine.upgrade_keys import STATE_LABEL, UpgradeState, parse_state
@@ -149,16 +150,23 @@ class NodeReconciler:
             node, self._label_changes(labels(node), spec), target
         )
         recheck = handover is not None and handover.state == GPU_PODS_LEAVING
-        if changes:
-            patch: dict[str, Any] = {"metadata": {"labels": dict(changes)}}
-            first = await self._enrolment(node, changes, spec)
+        handoff = self._handoff(node, changes, spec)
+        if changes or handoff:
+            meta: dict[str, Any] = {}
+            if changes:
+                meta["labels"] = dict(changes)
+            if handoff:
+                meta["annotations"] = dict(handoff)
+            first = await self._enrolment(node, changes, spec) if changes else None
             if first is not None:
-                patch["metadata"]["labels"].update(first.labels)
+                meta["labels"].update(first.labels)
                 if first.annotations:
-                    patch["metadata"]["annotations"] = dict(first.annotations)
-            patched = await self.rest.merge_patch(NODE, name, patch)
+                    meta.setdefault("annotations", {}).update(first.annotations)
+            patched = await self.rest.merge_patch(NODE, name, {"metadata": meta})
             self.nodes.observe(patched)
-            log.info("node labels", node=name, changes=patch["metadata"]["labels"])
+            log.info(
+                "node labels", node=name, changes=meta.get("labels"), annotations=handoff or None
+            )
             if first is not None:
                 self.fleet_soon()
             self.queue.add(node_key(name))  # again, on the fresh labels
@@ -194,6 +202,17 @@ class NodeReconciler:
         if decision.changed_state:
             self.fleet_soon()
         return recheck
+
+    def _handoff(
+        self, node: Obj, changes: Mapping[str, str | None], spec: ClusterPolicySpec | None
+    ) -> dict[str, str | None]:
+        """The driver manager's hand-off annotation (:mod:`statemachine.driver_handoff`),
+        to go in the same patch as the node's labels: a driver pod can only start once its
+        deploy label is written, so it always reads the value meant for it."""
+        after = apply_label_changes(labels(node), changes)
+        policies = self.owners.upgrade_policies()
+        auto = {k: v.auto_upgrade for k, v in policies.items()} if policies is not None else None
+        return handoff_patch(node_annotations(node), handoff_wanted(after, spec, auto))
 
     def _nvd_unknown(self, spec: ClusterPolicySpec | None, owned: bool) -> bool:
         """Whether upgrade decisions would read NVIDIADrivers before their cache listed:

@@ -133,6 +133,12 @@ def labels(node: Obj) -> dict[str, str]:
     return result
 
 
+def node_annotations(node: Obj) -> dict[str, str]:
+    """The node's annotations as kept (those under ``READ_ANNOTATION_PREFIXES``)."""
+    result: dict[str, str] = node["metadata"].get("annotations") or {}
+    return result
+
+
 class GpuFleet(NamedTuple):
     nodes: tuple[Obj, ...]
     """The GPU nodes, by name."""

@@ -311,7 +311,7 @@ class Operator:
         self._wake(route_policy(event, old, new, self.nodes.store.items()))
 
     def _on_nvidiadriver(self, event: str, old: Obj | None, new: Obj | None) -> None:
-        self._wake(route_nvidiadriver(event, old, new))
+        self._wake(route_nvidiadriver(event, old, new, self.nodes.store.items()))
 
     def _nvidiadrivers_listed(self) -> None:
         self._wake(route_nvidiadrivers_listed(self.nodes.store.items()))

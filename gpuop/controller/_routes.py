@@ -173,11 +173,23 @@ def _spec_changed(event: str, old: Obj | None, new: Obj | None, *fields: str) ->
     return any(old["metadata"].get(f) != new["metadata"].get(f) for f in ("generation", *fields))
 
 
-def route_nvidiadriver(event: str, old: Obj | None, new: Obj | None) -> Wake:
-    """An NVIDIADriver changed (not only its status): the NVIDIADriver pass."""
+def route_nvidiadriver(
+    event: str, old: Obj | None, new: Obj | None, nodes: Iterable[tuple[str, Obj]] = ()
+) -> Wake:
+    """An NVIDIADriver changed (not only its status): the NVIDIADriver pass, and the node
+    passes of the nodes it owns or takes (its ``autoUpgrade`` decides their driver
+    manager's hand-off annotation)."""
     if not _spec_changed(event, old, new, "deletionTimestamp"):
         return Wake()
-    return wake(NVD_KEY)
+    obj = new or old
+    assert obj is not None
+    name = obj["metadata"]["name"]
+    owned = [
+        node_key(n)
+        for n, node in nodes
+        if name in (labels(node).get(OWNER_LABEL), labels(node).get(NEXT_OWNER_LABEL))
+    ]
+    return wake(NVD_KEY, *owned)
 
 
 def route_nvidiadrivers_listed(nodes: Iterable[tuple[str, Obj]]) -> Wake:
