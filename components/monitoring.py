@@ -55,7 +55,10 @@ def _endpoint(port: str, settings: ServiceMonitorSpec | None) -> dict[str, Any]:
     endpoint: dict[str, Any] = {"port": port, "path": "/metrics"}
     if settings is None:
         return endpoint
-    endpoint["honorLabels"] = settings.honor_labels
+    if settings.honor_labels:
+        # Only when set, as upstream's: the Prometheus Operator's Endpoint omits a false
+        # honorLabels (`omitempty`), which is also its default.
+        endpoint["honorLabels"] = True
     if settings.interval:
         endpoint["interval"] = settings.interval
     if settings.scrape_timeout:

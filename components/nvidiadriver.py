@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from components import driver
+from components import driver, driver_digest
 from components._k8s import daemonset
 from components.context import (
     KERNEL_LABEL,
@@ -209,6 +209,46 @@ def check(spec: NVIDIADriverSpec, base: ClusterPolicySpec) -> None:
             )
 
 
+VISIBLE_DEVICES_VOID = {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}
+"""Upstream's NVIDIADriver template runs the driver container with no GPU injected by
+the NVIDIA runtime ("always use runc for driver containers")."""
+POOL_ANTI_AFFINITY = ["nvidia-driver", "nvidia-vgpu-manager"]
+"""The pod components an NVIDIADriver's driver pod never shares a node with, as
+upstream's template lists them."""
+
+
+def _as_upstream_pool(pod: dict[str, Any]) -> dict[str, Any]:
+    """The ClusterPolicy driver's pod with what upstream's NVIDIADriver template does
+    differently: ``NVIDIA_VISIBLE_DEVICES=void`` first in the driver container and a pod
+    anti-affinity on vGPU manager pods too."""
+    for container in pod["containers"]:
+        if container["name"] == driver.CONTAINER_NAME:
+            env = [v for v in container.get("env") or () if v["name"] != "NVIDIA_VISIBLE_DEVICES"]
+            container["env"] = [dict(VISIBLE_DEVICES_VOID), *env]
+    anti = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    for term in anti:
+        for expression in term["labelSelector"]["matchExpressions"]:
+            if expression["key"] == driver.COMPONENT_POD_LABEL:
+                expression["values"] = list(POOL_ANTI_AFFINITY)
+    return pod
+
+
+def pool_digest(
+    spec: NVIDIADriverSpec, pool: NodePool, base: ClusterPolicySpec, pod: dict[str, Any]
+) -> str:
+    """The install digest (`DRIVER_CONFIG_DIGEST`) of one pool's DaemonSet: upstream
+    computes it from the resource, not from the pod (`internal/state/driver.go`,
+    `ConfigDigest` over `buildDriverInstallConfig`; see
+    :func:`components.driver_digest.resource_install_state`), with the pool's kernel and
+    the ClusterPolicy's `hostPaths.rootFS` as host root (what the pod mounts as
+    `host-root`). Upstream's controller passes `/` instead when a GPUCluster exists
+    beside the ClusterPolicy (`controllers/nvidiadriver_controller.go`); we render from
+    the ClusterPolicy alone, so there a `rootFS` other than `/` gives another digest."""
+    return driver_digest.resource_digest(
+        spec, pod, kernel=pool.kernel, host_root=base.host_paths.root_fs
+    )
+
+
 def render_pool(
     owner: str,
     uid: str,
@@ -224,7 +264,9 @@ def render_pool(
     problems = site_config(policy, pool_ctx).problems
     if problems:
         raise NVIDIADriverRenderError(f"pool {pool.name}: " + "; ".join(problems))
-    pod = driver.pod_spec(policy, pool_ctx, pool.kernel)
+    pod = _as_upstream_pool(driver.pod_spec(policy, pool_ctx, pool.kernel))
+    # the ClusterPolicy driver's pod-based digest, replaced by the resource's own
+    driver_digest.write_digest(pod, pool_digest(spec, pool, base, pod))
     if spec.node_affinity:
         pod["affinity"] = {**pod["affinity"], "nodeAffinity": spec.node_affinity}
     if spec.pod_security_context:

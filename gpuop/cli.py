@@ -41,6 +41,7 @@ def _cmd_cluster_up(args: argparse.Namespace) -> int:
         apiserver_port=args.port,
         dra=args.dra,
         workloads=workloads,
+        node_images=args.node_images,
     )
     print(f"cluster up: {info.server} ({args.nodes} nodes, {args.gpu_nodes} with GPUs)")
     for node, workload in sorted(workloads.items()):
@@ -68,9 +69,11 @@ def _cmd_cluster_status(args: argparse.Namespace) -> int:
     running = set(cluster.running())
     print(f"cluster in {cluster.directory}: {info.server}")
     print(f"kubeconfig: {info.kubeconfig}")
-    for name in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"):
+    names = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"]
+    names += [n for n in cluster.recorded() if n == "node-images"]  # when started with it
+    for name in names:
         print(f"  {name:<24} {'running' if name in running else 'STOPPED'}")
-    return 0 if len(running) == 5 else 1
+    return 0 if all(name in running for name in names) else 1
 
 
 def _cmd_cluster_gpu_health(args: argparse.Namespace) -> int:
@@ -122,7 +125,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if local:
         cluster = _cluster(args)
         if not cluster.running():
-            cluster.up(nodes=args.nodes, gpu_nodes=args.gpu_nodes, workloads=_workloads(args))
+            cluster.up(
+                nodes=args.nodes,
+                gpu_nodes=args.gpu_nodes,
+                workloads=_workloads(args),
+                node_images=args.node_images,
+            )
         kubeconfig = cluster.kubeconfig
         install = True
         host = "127.0.0.1"
@@ -215,6 +223,15 @@ def _workload_option(parser: argparse.ArgumentParser, lead: str = "") -> None:
     )
 
 
+def _node_images_option(parser: argparse.ArgumentParser, lead: str = "") -> None:
+    parser.add_argument(
+        "--no-node-images",
+        dest="node_images",
+        action="store_false",
+        help=f"{lead}do not run the node-image simulator (driver manager and status files)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="gpuop", description=__doc__)
     parser.add_argument("--log-level", default="info", help="debug, info, warning, error")
@@ -238,6 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--gpu-nodes", type=int, default=12, help="local cluster: GPU nodes (default 12)"
     )
     _workload_option(run, "local cluster, when it is started: ")
+    _node_images_option(run, "local cluster, when it is started: ")
     run.add_argument(
         "--install",
         action="store_true",
@@ -303,6 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="do not publish the simulated GPUs as DRA devices (ResourceSlices of gpu.nvidia.com)",
     )
     _workload_option(up)
+    _node_images_option(up)
     up.set_defaults(func=_cmd_cluster_up)
     down = csub.add_parser("down", help="stop the processes it started and remove its directory")
     down.add_argument("--dir", default=None, help=dir_help)

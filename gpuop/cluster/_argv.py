@@ -7,11 +7,13 @@ so each process's flags are read in one place and `_start` reads as the order of
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._stages import CLAIM_POD_TERMINATED_STAGE, WORKLOAD_COMPLETE_STAGE
+from ._stages import CLAIM_POD_TERMINATED_STAGE, WORKLOAD_COMPLETE_STAGE, hold_pod_ready
 from ._versions import BinaryPaths
 
 if TYPE_CHECKING:
@@ -143,10 +145,13 @@ def scheduler(bins: BinaryPaths, config: Path, kubeconfig: str, ports: dict[str,
     ]
 
 
-def kwok_config(stages: str, tuning: ClientTuning) -> str:
+def kwok_config(stages: str, tuning: ClientTuning, hold: bool = False) -> str:
     """An explicit configuration keeps a user's ~/.kwok/kwok.yaml out of the picture;
     the `stages` (saved beside the binary at build time) give nodes a Ready heartbeat
-    and make pods Running and Ready."""
+    and make pods Running and Ready. With `hold` (the node-image simulator runs) the
+    pods it plays stay not Ready until it releases them."""
+    if hold:
+        stages = hold_pod_ready(stages)
     par = tuning.kwok_parallelism
     return (
         "apiVersion: config.kwok.x-k8s.io/v1alpha1\nkind: KwokConfiguration\n"
@@ -172,3 +177,18 @@ def kwok(bins: BinaryPaths, config: Path, kubeconfig: str, ports: dict[str, int]
         "--node-ip=10.240.0.1",
         "--v=INFO",
     ]
+
+
+def node_images(kubeconfig: str) -> list[str]:
+    """The node-image simulator, run by this interpreter (``gpuop.cluster.node_images``)."""
+    return [sys.executable, "-m", "gpuop.cluster.node_images", f"--kubeconfig={kubeconfig}"]
+
+
+def python_path() -> dict[str, str]:
+    """``PYTHONPATH`` for a child interpreter that must import this very ``gpuop`` (a
+    checkout, not an older installed copy), ahead of whatever the caller had."""
+    import gpuop
+
+    root = str(Path(gpuop.__file__).resolve().parent.parent)
+    rest = os.environ.get("PYTHONPATH")
+    return {"PYTHONPATH": os.pathsep.join([root, rest]) if rest else root}

@@ -40,6 +40,8 @@ from ._populate import create_nodes, publish_dra, wait_default_service_account, 
 from ._versions import BinaryPaths, Versions
 
 _STATE = "state.json"
+NODE_IMAGES = "node-images"
+"""The simulator's process name (its log: ``logs/node-images.log``)."""
 _START_TIMEOUT = 120.0
 #: Written first by ``up``: only a directory bearing it is ever deleted from.
 MARKER = ".gpuop-cluster"
@@ -117,6 +119,8 @@ class LocalCluster:
         self.audit_policy = audit_policy
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         self._records: list[_procs.ProcRecord] = []
+        #: Whether ``up`` runs the node-image simulator (and kwok holds its pods).
+        self._node_images = False
 
     # ----------------------------------------------------------------- paths
     @property
@@ -139,6 +143,11 @@ class LocalCluster:
         """Names of recorded processes that are still alive."""
         records, _ = _procs.load(self._state_file)
         return [r.name for r in records if _procs.is_alive(r)]
+
+    def recorded(self) -> list[str]:
+        """Names of every process the state file records, alive or not."""
+        records, _ = _procs.load(self._state_file)
+        return [r.name for r in records]
 
     def pids(self) -> dict[str, int]:
         """Pid of each recorded process that is still alive, by name (benchmarks read
@@ -245,6 +254,7 @@ class LocalCluster:
         tie_to_parent: bool = False,
         dra: bool = True,
         workloads: Mapping[str, str] | None = None,
+        node_images: bool = False,
     ) -> ClusterInfo:
         """Build (if needed) and start everything, create nodes, wait until Ready.
 
@@ -253,6 +263,10 @@ class LocalCluster:
 
         ``workloads`` (GPU node name to workload) labels those nodes
         ``nvidia.com/gpu.workload.config``: VM hosts for a mixed fleet.
+
+        ``node_images`` also runs the node-image simulator (``node_images``): driver
+        pods then wait for its driver-manager steps and operand pods for their
+        status files, and kwok holds those pods until it releases them.
 
         A stale state from a crashed run in the same directory is cleaned first.
         ``tie_to_parent`` makes the kernel stop the processes when this process
@@ -265,6 +279,7 @@ class LocalCluster:
                 "use it, or stop it first with `gpuop cluster down`",
             )
         self.down()
+        self._node_images = node_images
         bins = ensure_binaries(self.versions)
         # Ports we picked ourselves may be taken by another process before ours binds
         # them (parallel clusters, test runs): start again on fresh ones, a few times.
@@ -287,8 +302,15 @@ class LocalCluster:
             return info
         raise AssertionError("unreachable")
 
-    def _spawn(self, name: str, argv: list[str], tie_to_parent: bool) -> None:
-        proc, record = _procs.spawn(name, argv, self._log(name), dict(os.environ), tie_to_parent)
+    def _spawn(
+        self,
+        name: str,
+        argv: list[str],
+        tie_to_parent: bool,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        environ = {**os.environ, **(env or {})}
+        proc, record = _procs.spawn(name, argv, self._log(name), environ, tie_to_parent)
         self._children[proc.pid] = proc
         self._records.append(record)
         _procs.save(self._state_file, self._records, self._state_extra)
@@ -334,8 +356,12 @@ class LocalCluster:
         self._spawn("kube-scheduler", _argv.scheduler(bins, sched_config, kc, ports), tie)
         kwok_config = self.directory / "kwok.yaml"
         stages = (bins.kwok.parent / KWOK_STAGES).read_text()
-        kwok_config.write_text(_argv.kwok_config(stages, self.tuning))
+        hold = self._node_images
+        kwok_config.write_text(_argv.kwok_config(stages, self.tuning, hold=hold))
         self._spawn("kwok", _argv.kwok(bins, kwok_config, kc, ports), tie)
+        if hold:
+            # Before any node exists, so it sees every driver pod from the first.
+            self._spawn(NODE_IMAGES, _argv.node_images(kc), tie, _argv.python_path())
         insecure = ssl.create_default_context()
         insecure.check_hostname = False
         insecure.verify_mode = ssl.CERT_NONE  # components serve self-signed certs

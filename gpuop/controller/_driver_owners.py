@@ -125,8 +125,15 @@ class DriverOwners:
         for raw in self.drivers.values():
             model = self.model(raw["metadata"]["name"])
             if model is not None:
-                result[model.name] = policy_view(policy_for(model.spec, spec))
+                result[model.name] = upgrade_policy(model, spec)
         return result
+
+
+def upgrade_policy(model: NVIDIADriver, spec: ClusterPolicySpec) -> UpgradePolicyView:
+    """The resource's own upgradePolicy as the upgrade machine reads it (upstream's
+    defaults where unset), over the active ClusterPolicy (shared with the conformance
+    test)."""
+    return policy_view(policy_for(model.spec, spec))
 
 
 def _parse_or_none(raw: Obj) -> NVIDIADriver | None:

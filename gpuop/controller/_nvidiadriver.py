@@ -19,7 +19,7 @@ automatically is recorded (next-owner label) and carried out by the upgrade mach
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -165,15 +165,7 @@ class NVIDIADrivers:
                 await self._fail(raw, REASON_RECONCILE_FAILED, f"invalid NVIDIADriver: {err}")
         nodes = self.op.nodes.values()
         gpu = {n["metadata"]["name"]: labels(n) for n in nodes if is_gpu_node(labels(n))}
-        resources = [
-            DriverResource(
-                name=name,
-                default=m.spec.default,
-                node_selector=dict(m.spec.node_selector or {}),
-                deleting=m.deleting,
-            )
-            for name, m in models.items()
-        ]
+        resources = driver_resources(models)
         policies = self.owners.upgrade_policies() or {}
         managed = {name for name, policy in policies.items() if policy.auto_upgrade}
         busy = {
@@ -311,3 +303,17 @@ class NVIDIADrivers:
         await self.status.write(
             raw, "notReady", (False, "Error", ""), (True, reason, message[:32000])
         )
+
+
+def driver_resources(models: Mapping[str, NVIDIADriver]) -> list[DriverResource]:
+    """What owner assignment (:func:`statemachine.driver_owner.assign_owners`) reads of
+    each parsed NVIDIADriver, by name (shared with the conformance test)."""
+    return [
+        DriverResource(
+            name=name,
+            default=m.spec.default,
+            node_selector=dict(m.spec.node_selector or {}),
+            deleting=m.deleting,
+        )
+        for name, m in models.items()
+    ]

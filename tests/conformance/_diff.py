@@ -2,9 +2,14 @@
 simulated nodes, against what NVIDIA's operator v26.7 created for it (`rendered.yaml`).
 
 Pure: the nodes are built from `gpuop.cluster._nodes` (the same 6 nodes `gpuop cluster up
---nodes 6 --gpu-nodes 4` makes), the policy is parsed with our models, and rendering and
-labelling run as the controller runs them, without a cluster, and the nodes' upgrade
-label is what our upgrade machine writes. Every field of every object is compared (see
+--nodes 6 --gpu-nodes 4` makes), the policy (and a scenario's NVIDIADrivers) is parsed
+with our models, and rendering and labelling run as the controller runs them, without a
+cluster: NVIDIADriver owner labels from the same assignment, the nodes' upgrade label
+from our upgrade machine, their driver hand-off annotation from
+`statemachine.driver_handoff`, ServiceMonitors and PrometheusRules for the kinds the
+recording cluster served. Each GPU node's `nvidia.com/*` labels and annotations are
+compared key by key (`Node/<name>`, path the label key or `annotations.<key>`). Every
+field of every object is compared (see
 `normalize` and `_walk`): server-written fields are dropped and the API server's defaults
 filled in on both sides, list items are matched by their natural key (name, mountPath,
 owner) or as sets (tolerations, RBAC grants, subjects), scripts line by line. What is
@@ -17,10 +22,10 @@ import copy
 import difflib
 import os
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pydantic
 import yaml
@@ -29,13 +34,22 @@ import components as c
 import crd
 from components.dra import gpucluster_label_changes
 from components.dra import render as render_gpucluster
-from components.keys import DEPLOY_DRIVER_LABEL, TRUE
+from components.keys import CONTAINER_WORKLOAD, DEPLOY_DRIVER_LABEL, TRUE
+from components.nvidiadriver import render as render_nvidiadriver
 from crd import OWNER_LABEL
 from gpuop.cluster._nodes import node_manifests
 from gpuop.controller._apply import owned_by, owner_reference
+from gpuop.controller._driver_owners import upgrade_policy
 from gpuop.controller._gpucluster_objects import gpucluster_owner
+from gpuop.controller._node import target_owner
+from gpuop.controller._nvidiadriver import driver_resources
+from gpuop.controller._nvidiadriver_status import is_driver_object
 from gpuop.controller._upgrade_inputs import policy_view
+from statemachine import Action, UpgradePolicyView
+from statemachine.driver_handoff import handoff_patch, handoff_wanted
+from statemachine.driver_owner import NEXT_OWNER_LABEL, assign_owners
 from statemachine.upgrade import next_step
+from statemachine.upgrade_keys import STATE_LABEL, UpgradeState
 from statemachine.upgrade_views import DriverPodView, NodeUpgradeView
 
 REPO = Path(__file__).resolve().parents[2]
@@ -82,6 +96,20 @@ class Difference:
 # ---------------------------------------------------------------- our side
 
 
+class Side(NamedTuple):
+    """One side of a comparison: the objects, and every GPU node's `nvidia.com/*` labels
+    and `nvidia.com/*` annotations (with `(spec.unschedulable)`: "true" where the node is
+    cordoned), by node."""
+
+    objects: list[dict[str, Any]]
+    labels: dict[str, dict[str, str]]
+    annotations: dict[str, dict[str, str]]
+
+
+UNSCHEDULABLE = "(spec.unschedulable)"
+"""How the recordings list a cordoned node among its annotations."""
+
+
 def simulated_nodes(
     node_labels: Mapping[str, Mapping[str, str]] | None = None,
 ) -> list[dict[str, Any]]:
@@ -104,6 +132,34 @@ def load_node_labels(folder: Path) -> dict[str, dict[str, str]]:
         return {}
     raw = yaml.safe_load(path.read_text()) or {}
     return {str(n): {str(k): str(v) for k, v in labels.items()} for n, labels in raw.items()}
+
+
+def load_nvidiadrivers(folder: Path) -> list[crd.NVIDIADriver]:
+    """The scenario's `nvidiadrivers.yaml` (applied right after the policy) as our
+    models read them; none where it has no such file."""
+    path = folder / "nvidiadrivers.yaml"
+    if not path.is_file():
+        return []
+    return [crd.parse_nvidiadriver(d) for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def served_monitoring_kinds(folder: Path) -> frozenset[str]:
+    """The Prometheus Operator kinds (`ServiceMonitor`, `PrometheusRule`) the recording
+    cluster served: the CRDs in the scenario's `prometheus-crds.yaml`; none without it."""
+    path = folder / "prometheus-crds.yaml"
+    if not path.is_file():
+        return frozenset()
+    return frozenset(
+        str(doc["spec"]["names"]["kind"])
+        for doc in yaml.safe_load_all(path.read_text())
+        if doc
+        and doc.get("kind") == "CustomResourceDefinition"
+        and doc["spec"].get("group") == MONITORING_GROUP
+        and any(v.get("served") for v in doc["spec"].get("versions") or ())
+    )
+
+
+MONITORING_GROUP = "monitoring.coreos.com"
 
 
 def load_policy(folder: Path) -> tuple[crd.ClusterPolicySpec, list[Difference]]:
@@ -131,49 +187,143 @@ def load_policy(folder: Path) -> tuple[crd.ClusterPolicySpec, list[Difference]]:
     raise AssertionError("policy never parses")  # pragma: no cover
 
 
-def labelled_nodes(
-    spec: crd.ClusterPolicySpec, node_labels: Mapping[str, Mapping[str, str]] | None = None
-) -> list[dict[str, Any]]:
-    """The simulated nodes (with the scenario's own labels) after our labeller reached its
-    fixed point, then through our
-    upgrade machine as the controller drives it (`gpuop.controller._node`): enrolment
-    in the deploy labels' write, then the node pass once the driver pod runs the
-    DaemonSet's newest revision."""
-    result = []
-    for node in simulated_nodes(node_labels):
-        labels = dict(node["metadata"]["labels"])
-        for _ in range(5):
-            changes = c.node_label_changes(labels, spec)
-            if not changes:
-                break
-            labels = c.apply_label_changes(labels, changes)
-        else:  # pragma: no cover - the labeller is a fixed point by its own tests
-            raise AssertionError(f"labels of {node['metadata']['name']} never settle")
-        labels = _upgrade_labels(node["metadata"]["name"], labels, spec)
-        result.append({**node, "metadata": {**node["metadata"], "labels": labels}})
-    return result
+def _nvd_uid(name: str) -> str:
+    """The uid our NVIDIADriver `name` stands in with (the recordings strip uids; the
+    DaemonSet names that hash it are compared without the hash: `uid_hash_named`)."""
+    return f"uid-of-{name}"
+
+
+def _uses_nvidiadrivers(spec: crd.ClusterPolicySpec) -> bool:
+    """Whether the policy hands its driver to NVIDIADrivers
+    (`gpuop.controller._driver_owners.DriverOwners.enabled`)."""
+    return spec.driver.enabled and spec.driver.use_nvidia_driver_crd
+
+
+def _labelled(spec: crd.ClusterPolicySpec, labels: dict[str, str], name: str) -> dict[str, str]:
+    """`labels` once our labeller reached its fixed point."""
+    for _ in range(5):
+        changes = c.node_label_changes(labels, spec)
+        if not changes:
+            return labels
+        labels = c.apply_label_changes(labels, changes)
+    raise AssertionError(f"labels of {name} never settle")  # pragma: no cover
+
+
+def _owner_labels(
+    nodes: list[dict[str, Any]], spec: crd.ClusterPolicySpec, drivers: Sequence[crd.NVIDIADriver]
+) -> tuple[list[dict[str, Any]], set[str]]:
+    """`nodes` with the owner labels our NVIDIADriver pass writes
+    (`gpuop.controller._nvidiadriver`), passed until it changes nothing, and the resources
+    it reports a problem for (they render nothing). At rest on a fresh cluster nothing is
+    held (the policy renders no driver DaemonSet of its own with `useNvidiaDriverCRD`, and
+    no driver pod ran before) and no node is busy upgrading."""
+    if not _uses_nvidiadrivers(spec):
+        return nodes, set()  # our pass gives every node back: none carries an owner label
+    models = {m.name: m for m in drivers}
+    managed = {name for name, m in models.items() if upgrade_policy(m, spec).auto_upgrade}
+    for _ in range(5):
+        gpu = {
+            n["metadata"]["name"]: n["metadata"]["labels"]
+            for n in nodes
+            if c.is_gpu_node(n["metadata"]["labels"])
+        }
+        assignment = assign_owners(gpu, driver_resources(models), (), managed, ())
+        if not assignment.changes and not assignment.moves:
+            return nodes, set(assignment.problems)
+        patches: dict[str, dict[str, str | None]] = {}
+        for name, owner in assignment.changes.items():
+            patches.setdefault(name, {})[OWNER_LABEL] = owner
+        for name, next_owner in assignment.moves.items():
+            patches.setdefault(name, {})[NEXT_OWNER_LABEL] = next_owner
+        nodes = [
+            _with_labels(n, _apply(n["metadata"]["labels"], patches.get(n["metadata"]["name"], {})))
+            for n in nodes
+        ]
+    raise AssertionError("owner labels never settle")  # pragma: no cover
+
+
+def _with_labels(node: Mapping[str, Any], labels: Mapping[str, str]) -> dict[str, Any]:
+    return {**node, "metadata": {**node["metadata"], "labels": dict(labels)}}
+
+
+def _nvd_policies(
+    spec: crd.ClusterPolicySpec, drivers: Sequence[crd.NVIDIADriver]
+) -> dict[str, UpgradePolicyView] | None:
+    """Each NVIDIADriver's upgradePolicy as the node pass reads it
+    (`DriverOwners.upgrade_policies`): None when the policy does not use them."""
+    if not _uses_nvidiadrivers(spec):
+        return None
+    return {m.name: upgrade_policy(m, spec) for m in drivers if not m.deleting}
+
+
+def _runs_driver(labels: Mapping[str, str], objects: Iterable[dict[str, Any]]) -> bool:
+    """Whether a driver DaemonSet we render (the policy's, or an NVIDIADriver's pool)
+    selects a node with these labels: its driver pod runs there at rest."""
+    for obj in objects:
+        if obj["kind"] != "DaemonSet" or not is_driver_object(obj):
+            continue
+        selector = obj["spec"]["template"]["spec"].get("nodeSelector") or {}
+        if all(labels.get(k) == v for k, v in selector.items()):
+            return True
+    return False
 
 
 def _upgrade_labels(
-    name: str, labels: dict[str, str], spec: crd.ClusterPolicySpec
+    name: str,
+    labels: dict[str, str],
+    spec: crd.ClusterPolicySpec,
+    nvd_policies: Mapping[str, UpgradePolicyView],
+    runs_driver: bool,
 ) -> dict[str, str]:
-    """`labels` with the upgrade machine's label writes applied: its enrolment step (a
-    GPU node getting the ClusterPolicy's driver, no driver pod yet), then its step for
-    the node whose driver pod is current, each under the controller's own conditions."""
+    """`labels` with the upgrade machine's label writes applied, under the node pass's
+    own conditions (`gpuop.controller._node`): the policy's or the owning NVIDIADriver's
+    upgradePolicy; the enrolment step (a GPU node getting the policy's driver, in the
+    deploy labels' write); then the step for the node with its driver pod current (or,
+    where no driver DaemonSet selects the node, with none)."""
+    owner = target_owner(labels)
     policy = policy_view(spec)
-    if not (policy.auto_upgrade and c.is_gpu_node(labels)):
+    if owner:
+        policy = nvd_policies.get(owner) or UpgradePolicyView(auto_upgrade=False)
+    workload = c.node_workload(labels, spec).name
+    if not (policy.auto_upgrade and c.is_gpu_node(labels) and workload == CONTAINER_WORKLOAD):
         return labels
-    if labels.get(DEPLOY_DRIVER_LABEL) != TRUE:
-        return labels  # a VM host (sandbox workloads): no driver pod, nothing to upgrade
-    enrols = labels.get(DEPLOY_DRIVER_LABEL) == TRUE and OWNER_LABEL not in labels
-    if enrols and not spec.driver.use_nvidia_driver_crd:
-        enrolling = NodeUpgradeView(name=name, now=0.0, labels=labels, enrolling=True)
-        labels = _apply(labels, next_step(enrolling, policy).labels)
+    enrols = (
+        not _uses_nvidiadrivers(spec)
+        and spec.driver.enabled
+        and labels.get(DEPLOY_DRIVER_LABEL) == TRUE
+        and not owner
+        and STATE_LABEL not in labels
+    )
+    if enrols:
+        enrolment = next_step(
+            NodeUpgradeView(name=name, now=0.0, labels=labels, enrolling=True), policy
+        )
+        if enrolment.target is UpgradeState.UPGRADE_DONE and enrolment.action is Action.NONE:
+            labels = _apply(labels, enrolment.labels)
     pod = DriverPodView(uid="driver-pod", revision_hash="newest", running=True, ready=True)
     current = NodeUpgradeView(
-        name=name, now=0.0, labels=labels, driver_pod=pod, newest_revision="newest"
+        name=name,
+        now=0.0,
+        labels=labels,
+        driver_pod=pod if runs_driver else None,
+        newest_revision="newest" if runs_driver else None,
     )
     return _apply(labels, next_step(current, policy).labels)
+
+
+def _handoff_annotations(
+    node: Mapping[str, Any],
+    spec: crd.ClusterPolicySpec,
+    nvd_policies: Mapping[str, UpgradePolicyView] | None,
+) -> dict[str, str]:
+    """The node's annotations with the driver manager's hand-off annotation our node
+    pass writes (`statemachine.driver_handoff`, on the node's settled labels)."""
+    current = dict(node["metadata"].get("annotations") or {})
+    auto = (
+        {k: v.auto_upgrade for k, v in nvd_policies.items()} if nvd_policies is not None else None
+    )
+    wanted = handoff_wanted(node["metadata"]["labels"], spec, auto)
+    return _apply(current, handoff_patch(current, wanted))
 
 
 def _apply(labels: Mapping[str, str], patch: Mapping[str, str | None]) -> dict[str, str]:
@@ -186,21 +336,29 @@ def _apply(labels: Mapping[str, str], patch: Mapping[str, str | None]) -> dict[s
     return result
 
 
-def ours(
-    spec: crd.ClusterPolicySpec, node_labels: Mapping[str, Mapping[str, str]] | None = None
-) -> tuple[list[dict[str, Any]], dict[str, dict[str, str]]]:
-    """Our objects and our GPU nodes' `nvidia.com/*` labels for this policy, on nodes
-    labelled with `node_labels` first."""
-    nodes = labelled_nodes(spec, node_labels)
+def _our_cluster(
+    spec: crd.ClusterPolicySpec,
+    node_labels: Mapping[str, Mapping[str, str]] | None = None,
+    nvidiadrivers: Sequence[crd.NVIDIADriver] = (),
+    monitoring: Collection[str] = (),
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Our objects and the nodes as our passes leave them at rest: labelled to the
+    labeller's fixed point, given their NVIDIADriver owners, then (objects rendered)
+    through the upgrade machine, and annotated by the node pass."""
+    nodes = [
+        _with_labels(n, _labelled(spec, dict(n["metadata"]["labels"]), n["metadata"]["name"]))
+        for n in simulated_nodes(node_labels)
+    ]
+    nodes, problems = _owner_labels(nodes, spec, nvidiadrivers)
     gpu = [n for n in nodes if c.is_gpu_node(n["metadata"]["labels"])]
     ctx = c.RenderContext(
         namespace=NAMESPACE,
         operator_image=OPERATOR_IMAGE,
         mig_capable=c.any_mig_capable(n["metadata"]["labels"] for n in gpu),
-        # As on the recording cluster, which had no Prometheus Operator CRDs: upstream
-        # created no ServiceMonitor/PrometheusRule there (see upstream/README.md).
-        service_monitor_crd=False,
-        prometheus_rule_crd=False,
+        # What the recording cluster served (`prometheus-crds.yaml`): upstream creates its
+        # ServiceMonitors and PrometheusRules only where the kinds are served.
+        service_monitor_crd="ServiceMonitor" in monitoring,
+        prometheus_rule_crd="PrometheusRule" in monitoring,
         gpu_nodes=tuple(c.node_facts(n) for n in gpu),
     )
     # As the controller applies them (`gpuop.controller._cluster`): owned by the policy,
@@ -211,7 +369,63 @@ def ours(
         for objs in c.desired_objects(spec, ctx).values()
         for o in objs
     ]
-    return objects, _gpu_node_labels(nodes)
+    if _uses_nvidiadrivers(spec):
+        objects += _nvidiadriver_objects(spec, nodes, nvidiadrivers, problems)
+    policies = _nvd_policies(spec, nvidiadrivers)
+    result = []
+    for node in nodes:
+        name, labels = node["metadata"]["name"], node["metadata"]["labels"]
+        labels = _upgrade_labels(name, labels, spec, policies or {}, _runs_driver(labels, objects))
+        node = _with_labels(node, labels)
+        annotations = _handoff_annotations(node, spec, policies)
+        result.append({**node, "metadata": {**node["metadata"], "annotations": annotations}})
+    return objects, result
+
+
+def _nvidiadriver_objects(
+    spec: crd.ClusterPolicySpec,
+    nodes: Sequence[Mapping[str, Any]],
+    drivers: Sequence[crd.NVIDIADriver],
+    problems: Collection[str],
+) -> list[dict[str, Any]]:
+    """Each NVIDIADriver's driver DaemonSets (one per pool of the nodes it owns), as our
+    NVIDIADriver pass applies them: owned by the resource, with our content hash."""
+    objects = []
+    for model in sorted(drivers, key=lambda m: m.name):
+        if model.deleting or model.name in problems:
+            continue  # its status says why; nothing is rendered for it
+        uid = _nvd_uid(model.name)
+        ctx = c.RenderContext(namespace=NAMESPACE, operator_image=OPERATOR_IMAGE)
+        owner = owner_reference(crd.NVD_API_VERSION, crd.NVD_KIND, {"name": model.name, "uid": uid})
+        objects += [
+            c.with_hash(owned_by(o, owner))
+            for o in render_nvidiadriver(model.name, uid, model.spec, nodes, spec, ctx)
+        ]
+    return objects
+
+
+def labelled_nodes(
+    spec: crd.ClusterPolicySpec,
+    node_labels: Mapping[str, Mapping[str, str]] | None = None,
+    nvidiadrivers: Sequence[crd.NVIDIADriver] = (),
+) -> list[dict[str, Any]]:
+    """The simulated nodes (with the scenario's own labels) as our passes leave them:
+    labeller, NVIDIADriver owners, upgrade machine and hand-off annotation (see
+    `_our_cluster`)."""
+    return _our_cluster(spec, node_labels, nvidiadrivers)[1]
+
+
+def ours(
+    spec: crd.ClusterPolicySpec,
+    node_labels: Mapping[str, Mapping[str, str]] | None = None,
+    nvidiadrivers: Sequence[crd.NVIDIADriver] = (),
+    monitoring: Collection[str] = (),
+) -> Side:
+    """Our objects and our GPU nodes' `nvidia.com/*` labels and annotations for this
+    policy, on nodes labelled with `node_labels` first, with these NVIDIADrivers, on a
+    cluster serving the `monitoring` kinds of the Prometheus Operator."""
+    objects, nodes = _our_cluster(spec, node_labels, nvidiadrivers, monitoring)
+    return Side(objects, _gpu_node_labels(nodes), _gpu_node_annotations(nodes))
 
 
 def _gpu_node_labels(nodes: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, str]]:
@@ -225,15 +439,31 @@ def _gpu_node_labels(nodes: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, 
     return result
 
 
-def ours_gpucluster(folder: Path) -> tuple[list[dict[str, Any]], dict[str, dict[str, str]]]:
+def _gpu_node_annotations(nodes: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, str]]:
+    """`nvidia.com/*` annotations, and `(spec.unschedulable)` where cordoned, of every GPU
+    node and every other node that has any, as the recordings list them."""
+    result = {}
+    for n in nodes:
+        annotations = n["metadata"].get("annotations") or {}
+        ours = {k: v for k, v in annotations.items() if k.startswith("nvidia.com/")}
+        if (n.get("spec") or {}).get("unschedulable"):
+            ours[UNSCHEDULABLE] = TRUE
+        if ours or c.is_gpu_node(n["metadata"]["labels"]):
+            result[n["metadata"]["name"]] = ours
+    return result
+
+
+def ours_gpucluster(folder: Path) -> Side:
     """Our objects and GPU node labels for a scenario whose policy is a GPUCluster, as
-    `gpuop.controller._gpucluster` applies and labels them."""
+    `gpuop.controller._gpucluster` applies and labels them. With a GPUCluster and no
+    ClusterPolicy our node pass writes no hand-off annotation: the nodes keep the none
+    they started with."""
     cluster = crd.parse_gpucluster(yaml.safe_load((folder / "policy.yaml").read_text()))
     nodes = []
     for node in simulated_nodes():
         labels = dict(node["metadata"]["labels"])
         labels = c.apply_label_changes(labels, gpucluster_label_changes(labels))
-        nodes.append({**node, "metadata": {**node["metadata"], "labels": labels}})
+        nodes.append(_with_labels(node, labels))
     ctx = c.RenderContext(namespace=NAMESPACE, operator_image=OPERATOR_IMAGE)
     owner = gpucluster_owner({"name": cluster.name, "uid": "-"})
     objects = [
@@ -241,13 +471,35 @@ def ours_gpucluster(folder: Path) -> tuple[list[dict[str, Any]], dict[str, dict[
         for objs in render_gpucluster(cluster.spec, ctx).values()
         for o in objs
     ]
-    return objects, _gpu_node_labels(nodes)
+    return Side(objects, _gpu_node_labels(nodes), _gpu_node_annotations(nodes))
 
 
-def upstream(folder: Path) -> tuple[list[dict[str, Any]], dict[str, dict[str, str]]]:
+NODE_LABELS, NODE_ANNOTATIONS = "NodeLabels", "NodeAnnotations"
+
+
+def recorded_annotations(folder: Path) -> dict[str, dict[str, str]] | None:
+    """Upstream's GPU node annotations: the `NodeAnnotations` document of `rendered.yaml`,
+    else (recordings from before they were kept) `node-annotations.yaml`; None where the
+    scenario has neither."""
     docs = [d for d in yaml.safe_load_all((folder / "rendered.yaml").read_text()) if d]
-    labels = next((d["nodes"] for d in docs if d.get("kind") == "NodeLabels"), {})
-    return [d for d in docs if d.get("kind") != "NodeLabels"], labels
+    doc = next((d for d in docs if d.get("kind") == NODE_ANNOTATIONS), None)
+    beside = folder / "node-annotations.yaml"
+    if doc is None and beside.is_file():
+        doc = yaml.safe_load(beside.read_text())
+    if doc is None:
+        return None
+    return {
+        str(n): {str(k): _text(v) for k, v in (values or {}).items()}
+        for n, values in (doc.get("nodes") or {}).items()
+    }
+
+
+def upstream(folder: Path) -> Side:
+    docs = [d for d in yaml.safe_load_all((folder / "rendered.yaml").read_text()) if d]
+    nodes: dict[str, Any] = next((d["nodes"] for d in docs if d.get("kind") == NODE_LABELS), {})
+    labels = {str(n): {str(k): _text(v) for k, v in (ls or {}).items()} for n, ls in nodes.items()}
+    objects = [d for d in docs if d.get("kind") not in (NODE_LABELS, NODE_ANNOTATIONS)]
+    return Side(objects, labels, recorded_annotations(folder) or {})
 
 
 # ---------------------------------------------------------------- normalization
@@ -486,7 +738,9 @@ def _walk(path: str, field: str, a: Any, b: Any) -> Iterator[tuple[str, str, str
             sub = f"{path}.{key}" if path else str(key)
             if key in _EXPANDED and isinstance(a.get(key, b.get(key)), dict | list):
                 # One label or one container at a time, even where a side has none.
-                empty = {} if isinstance(a.get(key, b.get(key)), dict) else []
+                empty: dict[str, Any] | list[Any] = (
+                    {} if isinstance(a.get(key, b.get(key)), dict) else []
+                )
                 yield from _walk(sub, str(key), a.get(key, empty), b.get(key, empty))
             elif key not in b:
                 yield sub, _text(a[key]), ABSENT
@@ -532,12 +786,14 @@ def _walk_keyed(
 def _line_diff(a: str, b: str) -> tuple[str, str]:
     """A multi-line text (a script) as the lines only ours has and only upstream's has,
     in order, so the difference reads without the shared lines."""
-    ours_only, theirs_only = [], []
-    matcher = difflib.SequenceMatcher(a=a.splitlines(), b=b.splitlines(), autojunk=False)
+    ours_only: list[str] = []
+    theirs_only: list[str] = []
+    lines_a, lines_b = a.splitlines(), b.splitlines()
+    matcher = difflib.SequenceMatcher(a=lines_a, b=lines_b, autojunk=False)
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
         if tag != "equal":
-            ours_only += matcher.a[i1:i2]
-            theirs_only += matcher.b[j1:j2]
+            ours_only += lines_a[i1:i2]
+            theirs_only += lines_b[j1:j2]
     return (
         " | ".join(line.strip() for line in ours_only) or "<no extra line>",
         " | ".join(line.strip() for line in theirs_only) or "<no extra line>",
@@ -558,21 +814,66 @@ def is_gpucluster(folder: Path) -> bool:
     return bool(yaml.safe_load((folder / "policy.yaml").read_text())["kind"] == crd.GC_KIND)
 
 
-def ours_for(folder: Path) -> tuple[list[dict[str, Any]], dict[str, dict[str, str]]]:
-    """Our objects and node labels for a scenario, whichever kind its policy is."""
+def ours_side(folder: Path) -> Side:
+    """Our objects, node labels and node annotations for a scenario, whichever kind its
+    policy is, with its node labels, NVIDIADrivers and served Prometheus kinds."""
     if is_gpucluster(folder):
         return ours_gpucluster(folder)
-    return ours(load_policy(folder)[0], load_node_labels(folder))
+    return ours(
+        load_policy(folder)[0],
+        load_node_labels(folder),
+        load_nvidiadrivers(folder),
+        served_monitoring_kinds(folder),
+    )
+
+
+def ours_for(folder: Path) -> tuple[list[dict[str, Any]], dict[str, dict[str, str]]]:
+    """Our objects and node labels for a scenario (`ours_side` without the annotations)."""
+    side = ours_side(folder)
+    return side.objects, side.labels
+
+
+_UID_HASH = re.compile(r"(?P<prefix>.+)-[bcdfghjklmnpqrstvwxz2456789]{1,10}")
+"""A name ending in `components.nvidiadriver._safe_hash` of a uid (upstream's
+GetStringHash: FNV-1a 32-bit in decimal, safe-encoded)."""
+
+
+def uid_hash_named(obj: dict[str, Any]) -> dict[str, Any]:
+    """An NVIDIADriver's DaemonSet with the hash of its owner's uid in its name (and its
+    `app` label and selector, the same string) written `<uid-hash:OWNER>`: the recordings
+    strip uids, so both sides are compared without it (`app_name` builds the rest of the
+    name, compared; its hash is tests/unit/test_nvidiadriver.py's)."""
+    meta = obj.get("metadata") or {}
+    owner = next(
+        (r.get("name") for r in meta.get("ownerReferences") or () if r.get("kind") == crd.NVD_KIND),
+        None,
+    )
+    match = _UID_HASH.fullmatch(str(meta.get("name", "")))
+    if obj.get("kind") != "DaemonSet" or owner is None or match is None:
+        return obj
+    renamed: dict[str, Any] = _replace_string(
+        obj, meta["name"], f"{match['prefix']}-<uid-hash:{owner}>"
+    )
+    return renamed
+
+
+def _replace_string(value: Any, old: str, new: str) -> Any:
+    if isinstance(value, dict):
+        return {k: _replace_string(v, old, new) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_replace_string(v, old, new) for v in value]
+    return new if value == old else value
 
 
 def compare(folder: Path) -> list[Difference]:
-    """Every difference between our rendering and upstream's for one scenario."""
+    """Every difference between our rendering and upstream's for one scenario: objects,
+    then each GPU node's labels (`Node/<name>`, path the label key) and annotations
+    (`Node/<name>`, path `annotations.<key>`)."""
     name = folder.name
     diffs = [] if is_gpucluster(folder) else load_policy(folder)[1]
-    our_objects, our_labels = ours_for(folder)
-    their_objects, their_labels = upstream(folder)
-    mine = {_key(o): o for o in our_objects}
-    theirs = {_key(o): o for o in their_objects}
+    our_side, their_side = ours_side(folder), upstream(folder)
+    mine = {_key(o): o for o in map(uid_hash_named, our_side.objects)}
+    theirs = {_key(o): o for o in map(uid_hash_named, their_side.objects)}
     for key in dict.fromkeys([*theirs, *mine]):
         if key not in theirs:
             diffs.append(Difference(name, key, "", "present", ABSENT))
@@ -581,9 +882,14 @@ def compare(folder: Path) -> list[Difference]:
         else:
             a, b = normalize(mine[key]), normalize(theirs[key])
             diffs += [Difference(name, key, p, x, y) for p, x, y in _walk("", "", a, b)]
-    for node in sorted({*our_labels, *their_labels}):
-        for p, x, y in _walk("", "", our_labels.get(node, {}), their_labels.get(node, {})):
-            diffs.append(Difference(name, f"Node/{node}", p, x, y))
+    for root, ours_by_node, theirs_by_node in (
+        ("", our_side.labels, their_side.labels),
+        ("annotations", our_side.annotations, their_side.annotations),
+    ):
+        for node in sorted({*ours_by_node, *theirs_by_node}):
+            mine_n, theirs_n = ours_by_node.get(node, {}), theirs_by_node.get(node, {})
+            for p, x, y in _walk(root, "", mine_n, theirs_n):
+                diffs.append(Difference(name, f"Node/{node}", p, x, y))
     return sorted(diffs)
 
 
@@ -631,7 +937,8 @@ def split(
 ) -> tuple[list[Difference], list[Difference]]:
     """(allowed, unexplained) differences."""
     entries = list(allowlist)
-    allowed, unexplained = [], []
+    allowed: list[Difference] = []
+    unexplained: list[Difference] = []
     for diff in diffs:
         (allowed if any(e.matches(diff) for e in entries) else unexplained).append(diff)
     return allowed, unexplained

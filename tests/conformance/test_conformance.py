@@ -14,6 +14,7 @@ from tests.conformance._diff import (
     compare,
     conformance_dir,
     load_allowlist,
+    recorded_annotations,
     scenarios,
     split,
     stale,
@@ -30,6 +31,9 @@ def test_conformance_data_is_present() -> None:
     assert SCENARIOS, f"no scenario (a folder with policy.yaml) under {ROOT}"
     for folder in SCENARIOS:
         assert (folder / "rendered.yaml").is_file(), f"{folder.name} has no rendered.yaml"
+        # The GPU nodes' annotations: a NodeAnnotations document in rendered.yaml, or
+        # node-annotations.yaml beside it (recordings from before they were kept).
+        assert recorded_annotations(folder) is not None, f"{folder.name}: no node annotations"
 
 
 def _report(diffs: list[Difference]) -> str:

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from tests.conformance._diff import (
+    ABSENT,
     Allowed,
     Difference,
     compare,
@@ -18,9 +19,12 @@ from tests.conformance._diff import (
     labelled_nodes,
     load_allowlist,
     load_node_labels,
+    load_nvidiadrivers,
     load_policy,
     normalize,
+    recorded_annotations,
     scenarios,
+    served_monitoring_kinds,
     split,
     stale,
     upstream,
@@ -35,7 +39,8 @@ def _copy_scenario(
     source = conformance_dir() / "default"
     target = tmp_path / "mutated"
     target.mkdir(parents=True)
-    (target / "policy.yaml").write_text((source / "policy.yaml").read_text())
+    for name in ("policy.yaml", "node-annotations.yaml"):
+        (target / name).write_text((source / name).read_text())
     docs = [d for d in yaml.safe_load_all((source / "rendered.yaml").read_text()) if d]
     for doc in docs:
         if doc.get("metadata", {}).get("name") == mutate and change is not None:
@@ -76,8 +81,86 @@ def test_allowlist_globs_only_on_star() -> None:
 
 def test_every_scenario_has_node_labels_to_compare() -> None:
     for folder in scenarios():
-        _, labels = upstream(folder)
-        assert labels, f"{folder.name}: no NodeLabels document"
+        assert upstream(folder).labels, f"{folder.name}: no NodeLabels document"
+
+
+def _annotated_copy(tmp_path: Path, change: Callable[[dict[str, Any]], None]) -> Path:
+    """The default scenario with upstream's node annotations changed."""
+    source = conformance_dir() / "default"
+    target = tmp_path / "annotated"
+    target.mkdir(parents=True)
+    for name in ("policy.yaml", "rendered.yaml"):
+        (target / name).write_text((source / name).read_text())
+    document = yaml.safe_load((source / "node-annotations.yaml").read_text())
+    change(document["nodes"])
+    (target / "node-annotations.yaml").write_text(yaml.safe_dump(document))
+    return target
+
+
+def test_a_missing_or_extra_node_annotation_is_reported(tmp_path: Path) -> None:
+    """Node annotations are compared like node labels, one Difference per key (the
+    hand-off annotation our node pass writes, and a cordon), so the allowlist can
+    target each."""
+    handoff = "nvidia.com/gpu-driver-upgrade-enabled"
+    default = compare(conformance_dir() / "default")
+    # Ours: the hand-off annotation on every GPU node, as upstream's.
+    assert not [d for d in default if d.object.startswith("Node/") and "annotations." in d.path]
+
+    def change(nodes: dict[str, dict[str, str]]) -> None:
+        del nodes["gpu-node-0001"][handoff]  # upstream lacks it: ours is extra
+        nodes["gpu-node-0002"]["nvidia.com/extra"] = "x"  # ours lacks it
+        nodes["gpu-node-0003"]["(spec.unschedulable)"] = "true"  # upstream's node cordoned
+
+    diffs = {
+        (d.object, d.path, d.ours, d.upstream)
+        for d in compare(_annotated_copy(tmp_path, change))
+        if d.object.startswith("Node/") and d.path.startswith("annotations.")
+    }
+    assert diffs == {
+        ("Node/gpu-node-0001", f"annotations.{handoff}", "true", ABSENT),
+        ("Node/gpu-node-0002", "annotations.nvidia.com/extra", ABSENT, "x"),
+        ("Node/gpu-node-0003", "annotations.(spec.unschedulable)", ABSENT, "true"),
+    }
+    # A label entry does not explain an annotation: `Node/*` paths are distinct.
+    unexplained = split(compare(_annotated_copy(tmp_path / "2", change)), load_allowlist())[1]
+    assert {d.path for d in unexplained} == {p for _, p, _, _ in diffs}
+
+
+def test_the_handoff_annotation_follows_each_nvidiadrivers_auto_upgrade(tmp_path: Path) -> None:
+    """Our side of an NVIDIADriver scenario comes from the resources: with the pinned
+    resource upgrading automatically too, its node gets the annotation (and an upgrade
+    state) that upstream's recording does not have."""
+    source = conformance_dir() / "nvidiadriver-pools"
+    recorded = recorded_annotations(source)
+    assert recorded is not None
+    assert {n for n, a in recorded.items() if a} == {"gpu-node-0000"}
+    for name in ("policy.yaml", "rendered.yaml"):
+        (tmp_path / name).write_text((source / name).read_text())
+    drivers = list(yaml.safe_load_all((source / "nvidiadrivers.yaml").read_text()))
+    for driver in drivers:
+        driver["spec"]["upgradePolicy"]["autoUpgrade"] = True
+    (tmp_path / "nvidiadrivers.yaml").write_text(yaml.safe_dump_all(drivers))
+    unexplained = split(compare(tmp_path), load_allowlist())[1]
+    assert {(d.object, d.path) for d in unexplained if d.object.startswith("Node/")} == {
+        ("Node/gpu-node-0002", "annotations.nvidia.com/gpu-driver-upgrade-enabled")
+    }
+    assert len(load_nvidiadrivers(tmp_path)) == 2
+
+
+def test_served_prometheus_kinds_come_from_the_scenario(tmp_path: Path) -> None:
+    """`prometheus-crds.yaml` says which Prometheus Operator kinds the recording cluster
+    served; without it we render no ServiceMonitor and upstream's show as missing."""
+    source = conformance_dir() / "monitoring-servicemonitors"
+    assert served_monitoring_kinds(source) == {"ServiceMonitor", "PrometheusRule"}
+    assert served_monitoring_kinds(conformance_dir() / "default") == frozenset()
+    for name in ("policy.yaml", "rendered.yaml"):
+        (tmp_path / name).write_text((source / name).read_text())
+    missing = {d.object for d in compare(tmp_path) if d.ours == ABSENT and not d.path}
+    assert missing == {
+        "ServiceMonitor/gpu-operator",
+        "ServiceMonitor/nvidia-dcgm-exporter",
+        "ServiceMonitor/nvidia-node-status-exporter",
+    }
 
 
 def _new_paths(tmp_path: Path, name: str, change: Callable[[dict[str, Any]], None]) -> set[str]:

@@ -34,11 +34,19 @@ def cluster_dir(suffix: str = "") -> Path:
 
 
 @contextlib.contextmanager
-def own_cluster(suffix: str, *, gpu_nodes: int, cpu_nodes: int = 1) -> Iterator[ClusterInfo]:
-    """A control plane of a module's own, for fleets bigger than the session cluster's."""
+def own_cluster(
+    suffix: str, *, gpu_nodes: int, cpu_nodes: int = 1, node_images: bool = False
+) -> Iterator[ClusterInfo]:
+    """A control plane of a module's own, for fleets bigger than the session cluster's
+    (``node_images``: with the node-image simulator, see ``gpuop.cluster.node_images``)."""
     cluster = LocalCluster(cluster_dir(suffix))
     cluster.down()
-    info = cluster.up(nodes=gpu_nodes + cpu_nodes, gpu_nodes=gpu_nodes, tie_to_parent=True)
+    info = cluster.up(
+        nodes=gpu_nodes + cpu_nodes,
+        gpu_nodes=gpu_nodes,
+        tie_to_parent=True,
+        node_images=node_images,
+    )
     try:
         yield info
     finally:

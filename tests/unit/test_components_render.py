@@ -685,7 +685,6 @@ def test_operator_service_monitor_and_rules_where_the_crds_are_served() -> None:
         {
             "port": "gpu-operator-metrics",
             "path": "/metrics",
-            "honorLabels": False,
             "interval": "30s",
             "relabelings": [{"targetLabel": "cluster", "replacement": "a"}],
         }

@@ -12,6 +12,7 @@ from components.labels import apply_label_changes, node_label_changes
 from gpuop.controller._config import OperatorConfig
 from gpuop.controller._operator import Operator
 from gpuop.metrics import OperatorMetrics
+from statemachine.driver_handoff import HANDOFF_ANNOTATION
 from statemachine.upgrade_keys import STATE_LABEL, STATE_SINCE_ANNOTATION
 from tests.unit.test_nvidiadriver_sync import _RecordingRest
 
@@ -38,7 +39,8 @@ def _node_at_rest() -> Obj:
             "uid": "n",
             "resourceVersion": "7",
             "labels": {**node_labels, STATE_LABEL: "upgrade-done"},
-            "annotations": {STATE_SINCE_ANNOTATION: "1700000000"},
+            # At rest under the sample policy (auto-upgrade on): handed off to us.
+            "annotations": {STATE_SINCE_ANNOTATION: "1700000000", HANDOFF_ANNOTATION: "true"},
         },
         "spec": {},
         "status": {"conditions": [{"type": "Ready", "status": "True"}]},
