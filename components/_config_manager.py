@@ -116,9 +116,7 @@ def operand_daemonset(
         "serviceAccountName": service_account_name,
         **runtime,
         **(pod or {}),
-        "imagePullSecrets": pull_secrets(
-            section.image_pull_secrets, ctx.operator_image_pull_secrets
-        ),
+        "imagePullSecrets": pull_secrets(section.image_pull_secrets),
     }
     if with_config:
         init.append(init_container(spec, process))

@@ -132,6 +132,64 @@ def pull_secrets(*groups: Iterable[str] | None) -> list[dict[str, str]]:
     return [{"name": n} for n in unique(n for g in groups if g for n in g)]
 
 
+_EAGERNESS = {"Never": 0, "IfNotPresent": 1, "Always": 2}
+
+
+def eager_pull_policy(*policies: str | None) -> str | None:
+    """The most eager of `policies` (Always, then IfNotPresent, then Never; a value
+    Kubernetes does not know loses to these, and is kept only alone, for the API server
+    to judge); None where none is given."""
+    given = [p for p in policies if p]
+    return max(given, key=lambda p: _EAGERNESS.get(p, -1)) if given else None
+
+
+def operator_image_pulls(
+    pod: Mapping[str, Any],
+    ctx: RenderContext,
+    policy: str | None,
+    secrets: Iterable[str] | None,
+) -> dict[str, Any]:
+    """`pod` with every container (init or main) that runs the operator image pulling
+    it as the administrators asked: `policy` and `secrets` are those of the policy
+    section whose image ours replaces there (upstream's `validator.*` for the validator,
+    the sandbox validator and the operands' `*-validation` init containers;
+    `nodeStatusExporter.*` for the node status exporter; a GPUCluster's `draDriver.*`),
+    the operator's own are the context's (the chart's `operator.imagePullPolicy` and
+    `operator.imagePullSecrets`).
+
+    Such a container gets the more eager of the two pull policies (none where neither is
+    set: the API server's default); the pod keeps its own secrets first, in their order,
+    then the section's, then the operator's, each once. A pod that does not run the
+    operator image is returned as it is."""
+    image = ctx.operator_image
+    if not any(
+        ctr.get("image") == image
+        for ctr in (*pod.get("initContainers", ()), *pod.get("containers", ()))
+    ):
+        return dict(pod)
+    chosen = eager_pull_policy(policy, ctx.operator_image_pull_policy)
+
+    def pulled(ctr: dict[str, Any]) -> dict[str, Any]:
+        if ctr.get("image") != image:
+            return ctr
+        result = {k: v for k, v in ctr.items() if k != "imagePullPolicy"}
+        if chosen:
+            result["imagePullPolicy"] = chosen
+        return result
+
+    result = dict(pod)
+    for key in ("initContainers", "containers"):
+        if key in pod:
+            result[key] = [pulled(ctr) for ctr in pod[key]]
+    own = [s["name"] for s in pod.get("imagePullSecrets") or ()]
+    names = pull_secrets(own, secrets, ctx.operator_image_pull_secrets)
+    if names:
+        result["imagePullSecrets"] = names
+    else:
+        result.pop("imagePullSecrets", None)
+    return result
+
+
 def daemonset(
     name: str,
     component: str,
@@ -146,6 +204,7 @@ def daemonset(
     selector_labels: Mapping[str, str] | None = None,
     selector_key: str = APP_LABEL,
     grace_period: int | None = None,
+    replaced_image: ImageSpec | None = None,
 ) -> Manifest:
     """A DaemonSet selecting `app=<name>` (`<selector_key>=<name>` where upstream's
     selects on another key, its pods then without `app`; and `selector_labels`, which
@@ -153,6 +212,10 @@ def daemonset(
     `spec.daemonsets.podSecurityContext` on every operand pod, and `host_network` (the
     operand section's `hostNetwork`) as upstream's `applyHostNetworkConfig` does it.
     `grace_period`: the pods' terminationGracePeriodSeconds, where not the default.
+    `replaced_image`: the section whose image the pods' operator-image containers stand
+    in for, whose pull keys they honour with the operator's (`operator_image_pulls`):
+    `spec.validator` unless said (upstream runs its validator image in each operand's
+    validation init containers).
 
     The selector is immutable: it is upstream's for each DaemonSet, so that gpuop adopts
     the DaemonSets NVIDIA's operator created in place (see `Applier` for the ones
@@ -166,8 +229,11 @@ def daemonset(
     template_meta: dict[str, Any] = {"labels": labels}
     if annotations:
         template_meta["annotations"] = annotations
+    replaced = spec.validator if replaced_image is None else replaced_image
     full_pod: dict[str, Any] = {
-        **pod_spec,
+        **operator_image_pulls(
+            pod_spec, ctx, replaced.image_pull_policy, replaced.image_pull_secrets
+        ),
         "nodeSelector": dict(node_selector),
         "tolerations": dump_tolerations(spec),
         "priorityClassName": spec.daemonsets.priority_class_name,
@@ -334,7 +400,9 @@ def wait_for_file(
     """Init container holding an operand back until an earlier layer wrote its status file.
 
     Runs the operator image because operand images may be distroless (no shell), as root
-    and privileged like upstream's (a non-root user may not see root-only host paths).
+    and privileged like upstream's (a non-root user may not see root-only host paths);
+    `daemonset` gives it its pull policy and the pod its pull secrets
+    (`operator_image_pulls`: upstream's validator image ran here).
     It mounts `/run/nvidia` (volume `run-nvidia`) or only the validations directory
     (volume `run-nvidia-validations`), as upstream's init container for that operand."""
     script = f"until [ -f {path} ]; do echo {message}; sleep 5; done"
@@ -346,7 +414,6 @@ def wait_for_file(
     return {
         "name": name,
         "image": ctx.operator_image,
-        "imagePullPolicy": ctx.operator_image_pull_policy,
         "command": ["sh", "-c"],
         "args": [script],
         "securityContext": security_context(privileged=True, root=True),

@@ -126,11 +126,11 @@ def validations_container(
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A root shell container of the operator image running `script` with the status
-    files of the validations (`/run/nvidia/validations`) mounted."""
+    files of the validations (`/run/nvidia/validations`) mounted; `daemonset` gives it
+    its pull policy and the pod its pull secrets (`operator_image_pulls`)."""
     result: dict[str, Any] = {
         "name": name,
         "image": ctx.operator_image,
-        "imagePullPolicy": ctx.operator_image_pull_policy,
         "command": ["sh", "-c"],
         "args": [script],
         **(extra or {}),

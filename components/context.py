@@ -83,7 +83,8 @@ class RenderContext:
     namespace: str
     """Namespace of every namespaced operand object."""
     operator_image: str
-    """Our own image: the validator, node status exporter and wait-for init containers."""
+    """Our own image: the validator, node status exporter and wait-for init containers.
+    How it is pulled: `components._k8s.operator_image_pulls`."""
     mig_capable: bool = False
     """Some node is labelled `nvidia.com/mig.capable=true` (the MIG manager is wanted)."""
     extra_labels: Mapping[str, str] = field(default_factory=dict)
@@ -92,10 +93,13 @@ class RenderContext:
     """The `monitoring.coreos.com` ServiceMonitor CRD exists (else none is rendered)."""
     prometheus_rule_crd: bool = True
     """The `monitoring.coreos.com` PrometheusRule CRD exists (else no alert rules)."""
-    operator_image_pull_policy: str = "IfNotPresent"
-    """Pull policy for containers running the operator image."""
+    operator_image_pull_policy: str | None = None
+    """The operator's own `imagePullPolicy` (the chart's `operator.imagePullPolicy`; the
+    ClusterPolicy has no such field): every container running the operator image gets
+    it, or the replaced section's where that is more eager; None: the section's alone."""
     operator_image_pull_secrets: tuple[str, ...] = ()
-    """Pull secrets for the operator image, added to pods that run it."""
+    """The operator's own pull secrets (the chart's `operator.imagePullSecrets`), added
+    after the policy's to every pod that runs the operator image."""
     gpu_nodes: tuple[NodeFacts, ...] = ()
     """Facts of every GPU node, in the controller's (name) order."""
     config_map_keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)

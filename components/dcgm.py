@@ -68,7 +68,7 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
             wait_for_file(ctx, "toolkit-validation", TOOLKIT_READY, whole_run_nvidia=True)
         ],
         "containers": [main],
-        "imagePullSecrets": pull_secrets(dcgm.image_pull_secrets, ctx.operator_image_pull_secrets),
+        "imagePullSecrets": pull_secrets(dcgm.image_pull_secrets),
         "volumes": [run_nvidia_volume()],
     }
     return [

@@ -180,9 +180,7 @@ def _daemonset(spec: ClusterPolicySpec, ctx: RenderContext) -> Manifest:
             wait_for_file(ctx, "toolkit-validation", TOOLKIT_READY, whole_run_nvidia=True)
         ],
         "containers": [main],
-        "imagePullSecrets": pull_secrets(
-            exporter.image_pull_secrets, ctx.operator_image_pull_secrets
-        ),
+        "imagePullSecrets": pull_secrets(exporter.image_pull_secrets),
         "volumes": volumes,
     }
     if exporter.host_pid:

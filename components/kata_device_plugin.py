@@ -65,7 +65,7 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         ],
         mounts=[mount("device-plugin", KUBELET_PLUGINS_DIR), mount("cdi-root", CDI_ROOT)],
     )
-    pod = plugin_pod(spec, ctx, plugin, main, [vfio_pci_wait(ctx, skip="kata not needed")])
+    pod = plugin_pod(spec, plugin, main, [vfio_pci_wait(ctx, skip="kata not needed")])
     return operand_objects(spec, ctx, plugin, pod, _OPERAND)
 
 

@@ -154,7 +154,7 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
             )
         ],
         "containers": [main],
-        "imagePullSecrets": pull_secrets(mig.image_pull_secrets, ctx.operator_image_pull_secrets),
+        "imagePullSecrets": pull_secrets(mig.image_pull_secrets),
         "volumes": [
             entrypoint_volume(ENTRYPOINT),
             host_path("host-sys", "/sys", "Directory"),

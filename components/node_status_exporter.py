@@ -19,7 +19,7 @@ from components._host_paths import (
     mount,
     run_nvidia_volume,
 )
-from components._k8s import container, daemonset, env, field_env, pull_secrets, service
+from components._k8s import container, daemonset, env, field_env, service
 from components.component import Component, Permissions
 from components.context import Manifest, RenderContext
 from components.keys import DEPLOY_NODE_STATUS_EXPORTER_LABEL, TRUE
@@ -93,13 +93,9 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
             "ports": [{"name": SERVICE_PORT_NAME, "containerPort": METRICS_PORT, "protocol": "TCP"}]
         },
     )
-    main["imagePullPolicy"] = ctx.operator_image_pull_policy
     pod: dict[str, Any] = {
         "serviceAccountName": SERVICE_ACCOUNT,
         "containers": [main],
-        "imagePullSecrets": pull_secrets(
-            ctx.operator_image_pull_secrets, section.image_pull_secrets
-        ),
         "volumes": [run_nvidia_volume(), host_path("host-root", spec.host_paths.root_fs)],
     }
     objects = [
@@ -115,6 +111,7 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
             pod,
             node_selector={DEPLOY_NODE_STATUS_EXPORTER_LABEL: TRUE},
             host_network=spec.node_status_exporter.host_network,
+            replaced_image=section,  # upstream's exporter ran its own image
         ),
         service(
             SERVICE_NAME,

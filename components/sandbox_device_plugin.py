@@ -101,14 +101,13 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         "waiting for vGPU devices...",
     )
     pod = plugin_pod(
-        spec, ctx, plugin, main, [vfio_pci_wait(ctx), vgpu_wait], [host_path("vfio", "/dev/vfio")]
+        spec, plugin, main, [vfio_pci_wait(ctx), vgpu_wait], [host_path("vfio", "/dev/vfio")]
     )
     return operand_objects(spec, ctx, plugin, pod, _OPERAND)
 
 
 def plugin_pod(
     spec: ClusterPolicySpec,
-    ctx: RenderContext,
     plugin: ComponentSpec,
     main: dict[str, Any],
     waits: list[dict[str, Any]],
@@ -116,13 +115,12 @@ def plugin_pod(
 ) -> dict[str, Any]:
     """The pod of a sandbox device plugin (this one or Kata's): `main` once `waits` have
     seen the node's GPUs ready for VMs, with the kubelet's device plugin socket folder,
-    the validations' status files, the host's `devices` and its CDI specs mounted."""
+    the validations' status files, the host's `devices` and its CDI specs mounted (the
+    waits run the operator image: `daemonset` adds their pull keys)."""
     return {
         "initContainers": waits,
         "containers": [main],
-        "imagePullSecrets": pull_secrets(
-            plugin.image_pull_secrets, ctx.operator_image_pull_secrets
-        ),
+        "imagePullSecrets": pull_secrets(plugin.image_pull_secrets),
         "volumes": [
             host_path("device-plugin", kubelet_path(spec, "device-plugins")),
             validations_volume(),

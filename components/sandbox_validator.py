@@ -28,7 +28,6 @@ from components._k8s import (
     PART_OF_LABEL,
     env,
     field_env,
-    pull_secrets,
     security_context,
 )
 from components._sandbox import (
@@ -82,7 +81,6 @@ def _check(spec: ClusterPolicySpec, ctx: RenderContext, check: str) -> dict[str,
     return {
         "name": f"{check}-validation",
         "image": ctx.operator_image,
-        "imagePullPolicy": ctx.operator_image_pull_policy,
         "command": COMMAND,
         "env": variables,
         # vGPU devices are only listed in sysfs; the other checks read driver and
@@ -126,9 +124,6 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
     pod: dict[str, Any] = {
         "initContainers": [_check(spec, ctx, check) for check in CHECKS],
         "containers": [main],
-        "imagePullSecrets": pull_secrets(
-            ctx.operator_image_pull_secrets, validator.image_pull_secrets
-        ),
         "volumes": [
             validations_volume(),
             host_path("driver-install-path", spec.host_paths.driver_install_dir),

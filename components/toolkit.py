@@ -96,7 +96,6 @@ def driver_wait(spec: ClusterPolicySpec, ctx: RenderContext) -> dict[str, Any]:
     return {
         "name": "driver-validation",
         "image": ctx.operator_image,
-        "imagePullPolicy": ctx.operator_image_pull_policy,
         "command": ["sh", "-c"],
         "args": [f"until {check}; do sleep 5; done"],
         "env": merge_env(
@@ -215,9 +214,7 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         "hostPID": True,
         "initContainers": [driver_wait(spec, ctx)],
         "containers": [main],
-        "imagePullSecrets": pull_secrets(
-            toolkit.image_pull_secrets, ctx.operator_image_pull_secrets
-        ),
+        "imagePullSecrets": pull_secrets(toolkit.image_pull_secrets),
         "volumes": [
             entrypoint_volume(ENTRYPOINT),
             host_path("toolkit-root", TOOLKIT_ROOT, "DirectoryOrCreate"),

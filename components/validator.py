@@ -32,7 +32,6 @@ from components._k8s import (
     field_env,
     gpu_access,
     merge_env,
-    pull_secrets,
 )
 from components.component import Component, Permissions
 from components.context import Manifest, RenderContext
@@ -177,16 +176,12 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
             },
         },
     )
-    main["imagePullPolicy"] = ctx.operator_image_pull_policy
     # our one container runs upstream's toolkit-validation, the one it annotates
     runtime, nri = gpu_access(spec, CONTAINER_NAME)
     pod: dict[str, Any] = {
         "serviceAccountName": SERVICE_ACCOUNT,
         **runtime,
         "containers": [main],
-        "imagePullSecrets": pull_secrets(
-            ctx.operator_image_pull_secrets, validator.image_pull_secrets
-        ),
         "volumes": [
             validations_volume(),
             host_path("driver-install-dir", spec.host_paths.driver_install_dir),

@@ -117,9 +117,7 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
     pod: dict[str, Any] = {
         "initContainers": [_wait_for_vgpu_manager(ctx)],
         "containers": [main],
-        "imagePullSecrets": pull_secrets(
-            manager.image_pull_secrets, ctx.operator_image_pull_secrets
-        ),
+        "imagePullSecrets": pull_secrets(manager.image_pull_secrets),
         "volumes": [
             {
                 "name": "vgpu-config",

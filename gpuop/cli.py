@@ -138,6 +138,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     config = OperatorConfig(
         namespace=args.namespace,
         operator_image=args.operator_image,
+        operator_image_pull_policy=args.operator_image_pull_policy or None,
+        operator_image_pull_secrets=tuple(
+            s for s in args.operator_image_pull_secrets.split(",") if s.strip()
+        ),
         workers=args.workers,
         metrics_host=host,
         metrics_port=args.metrics_port,
@@ -270,6 +274,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--operator-image",
         default=os.environ.get("GPUOP_OPERATOR_IMAGE", DEFAULT_OPERATOR_IMAGE),
         help="image of this operator, also run as the validator on each node",
+    )
+    run.add_argument(
+        "--operator-image-pull-policy",
+        default=os.environ.get("GPUOP_OPERATOR_IMAGE_PULL_POLICY", ""),
+        help="pull policy of the operator image on nodes (default"
+        " $GPUOP_OPERATOR_IMAGE_PULL_POLICY, else each section's)",
+    )
+    run.add_argument(
+        "--operator-image-pull-secrets",
+        default=os.environ.get("GPUOP_OPERATOR_IMAGE_PULL_SECRETS", ""),
+        help="comma-separated Secrets (operator namespace) that pull the operator image on"
+        " nodes (default $GPUOP_OPERATOR_IMAGE_PULL_SECRETS)",
     )
     run.add_argument("--workers", type=int, default=8, help="parallel reconcile workers")
     run.add_argument(

@@ -101,6 +101,10 @@ class GoneError(Exception):
     """The resourceVersion we hold is older than the server's history: relist."""
 
 
+class RelistRequested(GoneError):
+    """A reader changed what the transform keeps (:meth:`Informer.request_relist`)."""
+
+
 @dataclass
 class ResourceSpec(Generic[T]):
     """What to watch: a list call (which also watches with ``watch=True``) and options."""
@@ -158,6 +162,8 @@ class Informer(Generic[T]):
         #: Bumped whenever the store changes: readers memoise what they derive from
         #: the whole store (the GPU nodes, say) and redo it only after a change.
         self.version = 0
+        self._relist_wanted = False
+        self._stream: aiohttp.ClientResponse | None = None
 
     # ----------------------------------------------------------- public
     def get(self, key: str) -> T | None:
@@ -183,6 +189,14 @@ class Informer(Generic[T]):
             return 0.0
         return (time.monotonic() if now is None else now) - self._failing_since
 
+    def request_relist(self) -> None:
+        """List again as soon as possible: the transform now keeps something it dropped
+        (a node label a new selector reads), which only a fresh list brings back. The
+        open watch stream is closed, so the loop notices at once."""
+        self._relist_wanted = True
+        if self._stream is not None:
+            self._stream.close()
+
     def observe(self, raw: Obj) -> None:
         """Store what a write of ours returned, so the next pass does not act on the
         stale copy and write the same thing again. Never replaces a newer version and
@@ -204,6 +218,9 @@ class Informer(Generic[T]):
                 await self._watch()
             except asyncio.CancelledError:
                 raise
+            except RelistRequested:
+                log.info("relisting on request", resource=self.spec.name)
+                continue
             except GoneError:
                 log.info("watch expired, relisting", resource=self.spec.name)
                 continue
@@ -332,7 +349,9 @@ class Informer(Generic[T]):
             before = old.get(key)
             if before is None:
                 self.handler("ADDED", None, obj)
-            elif _rv(before) != _rv(obj):
+            elif _rv(before) != _rv(obj) or before != obj:
+                # The same version kept differently is news too: a relist asked for
+                # because the transform now keeps more (``request_relist``).
                 self.handler("MODIFIED", before, obj)
         for key, before in old.items():
             if key not in items:
@@ -349,6 +368,9 @@ class Informer(Generic[T]):
         unreachable API server costs a few attempts a minute, not thousands a second.
         """
         while True:
+            if self._relist_wanted:
+                self._relist_wanted = False
+                raise RelistRequested()
             kwargs = self._selectors()
             kwargs.update(
                 watch=True,
@@ -368,13 +390,19 @@ class Informer(Generic[T]):
                     await _read_json(resp)  # raises with the server's message
                 answered = True
                 self._ok()
-                async with resp:
-                    while True:
-                        line = await resp.content.readline()
-                        if not line:
-                            break  # server ended the watch: reconnect from our version
-                        self._on_line(line)
+                self._stream = resp
+                try:
+                    async with resp:
+                        while not self._relist_wanted:
+                            line = await resp.content.readline()
+                            if not line:
+                                break  # server ended the watch: reconnect from our version
+                            self._on_line(line)
+                finally:
+                    self._stream = None
             except (TimeoutError, aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as err:
+                if self._relist_wanted:
+                    continue  # our own close (request_relist): list again at the loop's top
                 self.reconnects += 1
                 if answered:
                     log.debug("watch reconnect", resource=self.spec.name, reason=type(err).__name__)

@@ -14,7 +14,7 @@ from decimal import Decimal
 from typing import Any
 
 from components._host_paths import HOST_ROOT_MOUNT, VALIDATIONS_DIR, host_path, mount
-from components._k8s import dump_env, dump_model, env, field_env
+from components._k8s import dump_env, dump_model, env, field_env, operator_image_pulls
 from components.context import Manifest, RenderContext
 from components.dra._common import (
     DRA_DRIVER,
@@ -225,7 +225,6 @@ def _driver_validation(spec: GPUClusterSpec, ctx: RenderContext) -> dict[str, An
     return {
         "name": "driver-validation",
         "image": ctx.operator_image,
-        **pull_policy(dra.image_pull_policy),
         "command": ["sh", "-c"],
         "args": [f"until {check}; do sleep 5; done"],
         **({"resources": resources} if resources else {}),
@@ -294,6 +293,8 @@ def kubelet_plugin(spec: GPUClusterSpec, ctx: RenderContext) -> Manifest:
         "containers": containers,
         "volumes": volumes,
     }
+    # the driver validation runs the operator image: draDriver's pull keys and ours
+    pod = operator_image_pulls(pod, ctx, spec.dra_driver.image_pull_policy, None)
     return {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from components._host_paths import host_path, mount
-from components._k8s import dump_env, dump_model, env, field_env
+from components._k8s import dump_env, dump_model, env, field_env, operator_image_pulls
 from components.context import Manifest, RenderContext
 from components.dra._common import (
     DCGM,
@@ -293,7 +293,6 @@ def validator(spec: GPUClusterSpec, ctx: RenderContext) -> list[Manifest]:
         "app.kubernetes.io/name": VALIDATOR,
         "app.kubernetes.io/component": VALIDATOR,
     }
-    policy = pull_policy(spec.dra_driver.image_pull_policy)
     pod: dict[str, Any] = {
         "priorityClassName": PRIORITY_CLASS,
         "serviceAccountName": VALIDATOR,
@@ -323,7 +322,6 @@ def validator(spec: GPUClusterSpec, ctx: RenderContext) -> list[Manifest]:
             {
                 "name": "gpu-validation",
                 "image": ctx.operator_image,
-                **policy,
                 "command": ["sh", "-c", "nvidia-smi -L"],
                 "resources": {"claims": [{"name": "validation-gpu"}]},
             }
@@ -332,7 +330,6 @@ def validator(spec: GPUClusterSpec, ctx: RenderContext) -> list[Manifest]:
             {
                 "name": VALIDATOR,
                 "image": ctx.operator_image,
-                **policy,
                 "command": [
                     "sh",
                     "-c",
@@ -341,6 +338,8 @@ def validator(spec: GPUClusterSpec, ctx: RenderContext) -> list[Manifest]:
             }
         ],
     }
+    # both containers run the operator image: draDriver's pull keys and ours
+    pod = operator_image_pulls(pod, ctx, spec.dra_driver.image_pull_policy, None)
     return [
         service_account(VALIDATOR, s, ns, own),
         admin_claim_template(VALIDATOR_CLAIM, s, ns, "validation-gpu", 1),

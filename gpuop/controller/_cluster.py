@@ -252,6 +252,8 @@ class ClusterReconciler:
         ctx = RenderContext(
             namespace=self.config.namespace,
             operator_image=self.config.operator_image,
+            operator_image_pull_policy=self.config.operator_image_pull_policy,
+            operator_image_pull_secrets=self.config.operator_image_pull_secrets,
             mig_capable=mig_capable,
             service_monitor_crd=await self._served_kind(raw, SERVICE_MONITOR),
             prometheus_rule_crd=await self._served_kind(raw, PROMETHEUS_RULE),

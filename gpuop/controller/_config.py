@@ -14,6 +14,12 @@ DEFAULT_OPERATOR_IMAGE = "ghcr.io/gpuop/gpuop:0.1.0"
 class OperatorConfig:
     namespace: str = DEFAULT_NAMESPACE
     operator_image: str = DEFAULT_OPERATOR_IMAGE
+    operator_image_pull_policy: str | None = None
+    """How nodes pull the operator image (the chart's `operator.imagePullPolicy`):
+    `components.context.RenderContext.operator_image_pull_policy`."""
+    operator_image_pull_secrets: tuple[str, ...] = ()
+    """Secrets that pull it (the chart's `operator.imagePullSecrets`), added to every
+    operand pod that runs it."""
     workers: int = 8
     metrics_host: str = "0.0.0.0"  # a pod serves on its own IP
     metrics_port: int = 8080

@@ -105,6 +105,8 @@ class GPUClusters:
         on_object: Handler,
         on_known: Callable[[], None],
         on_listed: Callable[[], None],
+        operator_image_pull_policy: str | None = None,
+        operator_image_pull_secrets: tuple[str, ...] = (),
     ) -> None:
         self.rest = rest
         self.namespace = namespace
@@ -118,6 +120,8 @@ class GPUClusters:
         self._on_known = on_known
         self._on_listed = on_listed
         self.operator_image = operator_image
+        self.operator_image_pull_policy = operator_image_pull_policy
+        self.operator_image_pull_secrets = operator_image_pull_secrets
         self.clusters = Informer(ResourceSpec("gpuclusters", rest.lister(GPUCLUSTER)), on_cluster)
         self.owned: dict[str, Informer] = {k.kind: self._owned_informer(k) for k in KINDS}
         self.applier = Applier(rest, self.owned, self._again.after, events)
@@ -203,7 +207,12 @@ class GPUClusters:
             return
         try:
             spec = parse_gpucluster(raw).spec
-            ctx = RenderContext(namespace=self.namespace, operator_image=self.operator_image)
+            ctx = RenderContext(
+                namespace=self.namespace,
+                operator_image=self.operator_image,
+                operator_image_pull_policy=self.operator_image_pull_policy,
+                operator_image_pull_secrets=self.operator_image_pull_secrets,
+            )
             desired = render(spec, ctx)
         except (ValidationError, ImageRefError) as err:
             message = f"invalid GPUCluster: {_problems(err)}"

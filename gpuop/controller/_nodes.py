@@ -10,6 +10,8 @@ node) are a read-only dict of interned strings (:mod:`gpuop.compact`).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from components.keys import NFD_GPU_LABELS, is_gpu_node
@@ -43,7 +45,9 @@ UNREAD_UNIQUE_LABELS = frozenset({"nvidia.com/gfd.timestamp"})
 READ_ANNOTATION_PREFIXES = ("nvidia.com/", "gpuop.io/")
 
 
-def trim_node(node: Obj) -> Obj:
+def trim_node(node: Obj, extra_labels: frozenset[str] = frozenset()) -> Obj:
+    """What the cache keeps of ``node``: the labels under ``READ_LABEL_PREFIXES`` and those
+    named in ``extra_labels`` (keys an NVIDIADriver's ``nodeSelector`` reads)."""
     meta = node.get("metadata") or {}
     spec = node.get("spec") or {}
     status = node.get("status") or {}
@@ -57,7 +61,7 @@ def trim_node(node: Obj) -> Obj:
             "resourceVersion": meta.get("resourceVersion"),
             # When a new node's pods started to be due (per-node rollout, stuck nodes).
             "creationTimestamp": meta.get("creationTimestamp"),
-            "labels": shared(_read(meta.get("labels"), READ_LABEL_PREFIXES, UNREAD_UNIQUE_LABELS)),
+            "labels": shared(_labels(meta.get("labels"), extra_labels)),
             "annotations": frozen(_read(meta.get("annotations"), READ_ANNOTATION_PREFIXES)),
         },
         "spec": shared({k: spec[k] for k in ("unschedulable", "taints") if k in spec}),
@@ -78,6 +82,38 @@ def trim_node(node: Obj) -> Obj:
             {k: str(health[0][k]) for k in _HEALTH_FIELDS if k in health[0]}
         )
     return trimmed
+
+
+def _labels(values: dict[str, str] | None, extra: frozenset[str]) -> dict[str, str]:
+    kept = _read(values, READ_LABEL_PREFIXES, UNREAD_UNIQUE_LABELS)
+    for key in extra:
+        if values and key in values:
+            kept[key] = values[key]
+    return kept
+
+
+def selector_label_keys(selectors: Iterable[Mapping[str, str] | None]) -> frozenset[str]:
+    """The label keys of ``selectors`` the cache does not keep by prefix: a node
+    selector on any label must see it (NVIDIADriver ``nodeSelector``: a cloud
+    node-pool label, say)."""
+    return frozenset(
+        key
+        for selector in selectors
+        for key in selector or {}
+        if not key.startswith(READ_LABEL_PREFIXES) or key in UNREAD_UNIQUE_LABELS
+    )
+
+
+@dataclass
+class NodeTrim:
+    """The node cache's transform: :func:`trim_node` with the label keys some selector
+    reads beyond the prefixes. Changing them asks the cache to list again, so the
+    kept labels of every node follow."""
+
+    extra_labels: frozenset[str] = frozenset()
+
+    def __call__(self, node: Obj) -> Obj:
+        return trim_node(node, self.extra_labels)
 
 
 #: Of the node agent's condition, what remediation reads (not the heartbeat time, which

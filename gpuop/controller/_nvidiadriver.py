@@ -214,6 +214,8 @@ class NVIDIADrivers:
         ctx = RenderContext(
             namespace=self.op.config.namespace,
             operator_image=self.op.config.operator_image,
+            operator_image_pull_policy=self.op.config.operator_image_pull_policy,
+            operator_image_pull_secrets=self.op.config.operator_image_pull_secrets,
             config_map_keys=self.op.site_config.keys(names),
         )
         try:

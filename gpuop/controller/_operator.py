@@ -32,9 +32,7 @@ from gpuop.controller._keys import (
     node_of,
 )
 from gpuop.controller._node import NodeReconciler
-from gpuop.controller._nodes import (
-    trim_node,
-)
+from gpuop.controller._nodes import NodeTrim, selector_label_keys
 from gpuop.controller._nvidiadriver import NVD, NVIDIADrivers
 from gpuop.controller._nvidiadriver_status import is_driver_object
 from gpuop.controller._owned import ALWAYS_WATCHED, OptionalWatches
@@ -110,10 +108,12 @@ class Operator:
         self.queue = WorkQueue(self._reconcile, workers=config.workers)
         self.pace = ProgressPace()
         ns = config.namespace
+        #: What the node cache keeps; NVIDIADriver node selectors widen it.
+        self.node_trim = NodeTrim()
         self.nodes = Informer(
             # A LIST page is parsed whole before it is trimmed, and all caches list at
             # once on start: small pages keep the restart's peak RSS down.
-            ResourceSpec("nodes", rest.lister(NODE), transform=trim_node, page_size=100),
+            ResourceSpec("nodes", rest.lister(NODE), transform=self.node_trim, page_size=100),
             self._on_node,
         )
         self.policies = Informer(
@@ -207,6 +207,8 @@ class Operator:
             on_object=self._on_gpucluster_object,
             on_known=self._gpucluster_known,
             on_listed=lambda: self.queue.add(GC_KEY),
+            operator_image_pull_policy=config.operator_image_pull_policy,
+            operator_image_pull_secrets=config.operator_image_pull_secrets,
         )
         self.rollouts = NodeRollouts(
             self.pods,
@@ -311,10 +313,24 @@ class Operator:
         self._wake(route_policy(event, old, new, self.nodes.store.items()))
 
     def _on_nvidiadriver(self, event: str, old: Obj | None, new: Obj | None) -> None:
+        self._follow_selectors()
         self._wake(route_nvidiadriver(event, old, new, self.nodes.store.items()))
 
     def _nvidiadrivers_listed(self) -> None:
+        self._follow_selectors()
         self._wake(route_nvidiadrivers_listed(self.nodes.store.items()))
+
+    def _follow_selectors(self) -> None:
+        """Keep in the node cache every label an NVIDIADriver's ``nodeSelector`` reads
+        (the cache keeps only the prefixes the operator reads): when that set changes,
+        the nodes are listed again, and the relist's events wake the passes."""
+        keys = selector_label_keys(
+            (d.get("spec") or {}).get("nodeSelector") for d in self.owners.drivers.values()
+        )
+        if keys != self.node_trim.extra_labels:
+            log.info("node labels kept for NVIDIADriver selectors", keys=sorted(keys))
+            self.node_trim.extra_labels = keys
+            self.nodes.request_relist()
 
     def _on_gpucluster(self, event: str, old: Obj | None, new: Obj | None) -> None:
         self._wake(route_gpucluster(event, old, new, self.nodes.store.items()))

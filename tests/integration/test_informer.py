@@ -13,6 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gpuop.cluster import ClusterInfo
+from gpuop.controller._nodes import NodeTrim, selector_label_keys
 from gpuop.health import Liveness
 from gpuop.informer import Informer, ResourceSpec
 from gpuop.kinds import KINDS, by_kind
@@ -197,3 +198,47 @@ async def test_a_relist_keeps_what_our_writes_returned_after_its_snapshot(rest: 
     finally:
         for name in ["snap-0", "snap-1"]:
             await rest.delete(TEMPLATE, name, NAMESPACE)
+
+
+async def test_a_relist_on_request_brings_back_what_the_transform_now_keeps(rest: Rest) -> None:
+    """The node cache keeps only the label prefixes the operator reads; when an
+    NVIDIADriver selects on another label, the cache widens its trim and lists again at
+    once (the open watch is closed), and later changes of that label arrive as events."""
+    node_kind = by_kind("v1", "Node")
+    name = (await rest.list(node_kind))[0]["metadata"]["name"]
+    key = "gpuop-test.example/pool"
+    trim = NodeTrim()
+    seen: list[str | None] = []
+
+    def handler(event: str, old: Any, new: Any) -> None:
+        if new is not None and new["metadata"]["name"] == name:
+            seen.append(new["metadata"]["labels"].get(key))
+
+    counted = Rest(rest.api, KINDS)
+    informer = Informer(ResourceSpec("nodes", counted.lister(node_kind), transform=trim), handler)
+    await rest.merge_patch(node_kind, name, {"metadata": {"labels": {key: "a"}}})
+    task = asyncio.create_task(informer.run())
+    try:
+        await asyncio.wait_for(informer.synced.wait(), 10)
+        assert key not in informer.store[name]["metadata"]["labels"]
+        trim.extra_labels = selector_label_keys([{key: "a", "nvidia.com/gpu.product": "x"}])
+        assert trim.extra_labels == {key}
+        informer.request_relist()
+
+        async def kept() -> bool:
+            return informer.store[name]["metadata"]["labels"].get(key) == "a"
+
+        await eventually(kept, timeout=10)
+        assert counted.counts[("LIST", "nodes")] == 2
+        assert seen[-1] == "a"  # the relist told the handler what it now keeps
+        await rest.merge_patch(node_kind, name, {"metadata": {"labels": {key: "b"}}})
+
+        async def followed() -> bool:
+            return bool(seen) and seen[-1] == "b"
+
+        await eventually(followed, timeout=10)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await rest.merge_patch(node_kind, name, {"metadata": {"labels": {key: None}}})

@@ -30,6 +30,7 @@ from gpuop.controller import OperatorConfig
 from gpuop.kinds import by_kind, kind_of
 from gpuop.leader import LEASE, UPSTREAM_LEASE, LeaderElector, Leases
 from gpuop.rest import Rest
+from statemachine.driver_handoff import HANDOFF_ANNOTATION
 from tests.integration.handover import Watcher
 from tests.integration.harness import NODE, POLICY, Running, eventually, policy_state_is
 
@@ -52,6 +53,12 @@ def _recorded() -> tuple[list[dict[str, Any]], dict[str, dict[str, str]]]:
     docs = [d for d in yaml.safe_load_all((RECORDED / "rendered.yaml").read_text()) if d]
     labels = next(d["nodes"] for d in docs if d.get("kind") == "NodeLabels")
     return [d for d in docs if d.get("kind") != "NodeLabels"], labels
+
+
+def _recorded_annotations() -> dict[str, dict[str, str]]:
+    """The `nvidia.com/*` node annotations NVIDIA's operator left (recorded apart)."""
+    doc = yaml.safe_load((RECORDED / "node-annotations.yaml").read_text())
+    return {str(n): dict(a or {}) for n, a in doc["nodes"].items()}
 
 
 def _policy() -> dict[str, Any]:
@@ -181,8 +188,10 @@ async def test_gpuop_takes_over_nvidias_objects_in_place(
                 await rest.delete(kind_of(moved), meta["name"])
             made = await rest.create(kind_of(moved), moved, meta.get("namespace"))
             uids[(moved["kind"], meta["name"])] = made["metadata"]["uid"]
+        annotations = _recorded_annotations()
         for node, labels in node_labels.items():
-            await rest.merge_patch(NODE, node, {"metadata": {"labels": labels}})
+            meta = {"labels": labels, "annotations": annotations.get(node) or {}}
+            await rest.merge_patch(NODE, node, {"metadata": meta})
         deadline = time.monotonic() + 120
         while not await _daemonsets_rolled_out(rest, MIGRATION_NS):
             late = await _not_rolled_out(rest, MIGRATION_NS)
@@ -246,7 +255,17 @@ async def test_gpuop_takes_over_nvidias_objects_in_place(
             assert managed_by == "gpuop", (kind, name)
         events = await rest.list(EVENT, MIGRATION_NS)
         assert [e for e in events if e["reason"] == "SelectorReplaced"] == []
+        # The driver manager's hand-off stays as NVIDIA's operator left it: ours.
+        for node in node_labels:
+            live_node = await rest.get(NODE, node)
+            assert live_node is not None
+            got = (live_node["metadata"].get("annotations") or {}).get(HANDOFF_ANNOTATION)
+            assert got == annotations[node][HANDOFF_ANNOTATION] == "true", node
     finally:
+        for node in node_labels:
+            await rest.merge_patch(
+                NODE, node, {"metadata": {"annotations": {HANDOFF_ANNOTATION: None}}}
+            )
         await _clean(rest)
 
 
