@@ -128,6 +128,12 @@ class ResourceSpec(Generic[T]):
     #: of a big object (managedFields, the pod spec) is never built in Python. None:
     #: parse whole objects.
     shape: Any = None
+    #: A 404 (the kind is not served: its CRD is not installed) counts as listed and
+    #: empty, for a kind whose absence is an answer readers need (no GPUCluster can
+    #: exist without its CRD): without it the cache never lists and whoever waits for
+    #: it waits for ever. The list is still retried with the capped backoff, so a CRD
+    #: installed later is picked up. Off: a 404 is a failure like any other.
+    absent_is_empty: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -164,6 +170,8 @@ class Informer(Generic[T]):
         self.version = 0
         self._relist_wanted = False
         self._stream: aiohttp.ClientResponse | None = None
+        #: The kind is not served (``absent_is_empty``): said once in the log, until it is.
+        self._not_served = False
 
     # ----------------------------------------------------------- public
     def get(self, key: str) -> T | None:
@@ -225,6 +233,9 @@ class Informer(Generic[T]):
                 log.info("watch expired, relisting", resource=self.spec.name)
                 continue
             except Exception as err:  # any failure: log, back off, relist
+                if self.spec.absent_is_empty and _is_not_found(err):
+                    await asyncio.sleep(self._absent())
+                    continue
                 delay = self._failed()
                 log.warning(
                     "watch failed, relisting",
@@ -327,6 +338,30 @@ class Informer(Generic[T]):
                 break
         self._ok()
         self.relists += 1
+        if self._not_served:
+            self._not_served = False
+            log.info("resource served now", resource=self.spec.name)
+        self._replace(items)
+
+    def _absent(self) -> float:
+        """The kind is not served: the cache holds none (what it held is reported
+        deleted) and has listed, so readers know there are none rather than waiting.
+        Not a failure for ``/healthz`` (a cluster may well lack an optional CRD); the
+        retry backs off as a failure's does. Returns the delay before listing again."""
+        if not self._not_served:
+            self._not_served = True
+            log.warning(
+                "resource not served (its CRD is not installed): counted as none",
+                resource=self.spec.name,
+            )
+        self._failing_since = None
+        self.resource_version = ""
+        self._replace({})
+        return self._retry.failed()
+
+    def _replace(self, items: dict[str, T]) -> None:
+        """Make ``items`` (a list's result) the store, telling the handler what changed,
+        and mark the cache listed."""
         old = self.store
         # What our writes returned while the list was read may be newer than the
         # snapshot (and objects we created may be missing from it): keep those. The
@@ -492,3 +527,9 @@ async def _read_body(resp: Any) -> bytes:
 async def _read_json(resp: Any) -> Obj:
     parsed: Obj = json.loads(await _read_body(resp))
     return parsed
+
+
+def _is_not_found(err: Exception) -> bool:
+    """A 404 from a list or a watch: the kind itself is not served (a collection that
+    is served answers an empty list, never 404)."""
+    return isinstance(err, ApiException) and err.status == 404

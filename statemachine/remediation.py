@@ -14,7 +14,16 @@ Safety limits, after the systems that remediate GPU fleets today:
   means a systemic cause: a bad driver, a broken exporter), until an administrator
   resumes; releases of recovered nodes go on.
 - Settle time: a node is released only after `GPUHealthy` has been True for
-  ``settleSeconds`` (its condition's lastTransitionTime), so a flapping GPU stays out.
+  ``settleSeconds``, so a flapping GPU stays out. Counted by the operator's clock from
+  when it first saw the condition True, not from the condition's lastTransitionTime:
+  the node agent stamps that with the GPU node's clock, and a node a year ahead would
+  stay quarantined for a year (one behind, released at once). Kubernetes' node
+  lifecycle controller does the same with the kubelet's Ready condition (it keeps its
+  own observed transition time). The sighting is recorded on the node
+  (`HEALTHY_SEEN_ANNOTATION`, with the lastTransitionTime it saw, which tells a later
+  failure and recovery from the same healthy spell), so a restarted operator resumes
+  the wait; it only lengthens the wait when a recovery went unrecorded while the
+  operator was down (it is seen then, as in the node lifecycle controller).
 - Driver upgrades own their nodes: a node in an upgrade is neither quarantined nor
   released here.
 - One owner per cordon (`statemachine.cordon`): we lift only a cordon recorded as ours;
@@ -71,16 +80,36 @@ read as ours, removed on release, no longer written."""
 ACTION_ANNOTATION = "gpuop.io/gpu-health-action"
 DRAINED_ANNOTATION = "gpuop.io/gpu-health-drained"
 """When a drain found nothing left to remove; until then a `drain` quarantine owes one."""
+HEALTHY_SEEN_ANNOTATION = "gpuop.io/gpu-health-healthy-seen"
+"""On a quarantined node: when the operator first saw GPUHealthy True (its own clock),
+then the condition's lastTransitionTime it saw (`seen_record`): the settle time's start."""
 MANAGED_ANNOTATIONS = (
     QUARANTINED_ANNOTATION,
     QUARANTINED_AT_ANNOTATION,
     CORDONED_ANNOTATION,
     ACTION_ANNOTATION,
     DRAINED_ANNOTATION,
+    HEALTHY_SEEN_ANNOTATION,
 )
 #: On the ClusterPolicy: an administrator resumes a paused remediation by setting it to
 #: "true"; the operator removes it once used.
 RESUME_ANNOTATION = "gpuop.io/health-remediation-resume"
+
+
+def seen_record(seen_at: str, transition: str) -> str:
+    """`HEALTHY_SEEN_ANNOTATION`'s value: the operator's time, then the condition's
+    lastTransitionTime as the agent wrote it (empty when it wrote none)."""
+    return f"{seen_at} {transition}".rstrip()
+
+
+def seen_at(record: str | None, transition: str) -> str | None:
+    """The operator's time in ``record`` when it was taken for this same transition;
+    None when there is none, or it was for an earlier healthy spell (the GPUs failed
+    and recovered since, perhaps between two passes: the lastTransitionTime moved)."""
+    if not record:
+        return None
+    stamp, _, recorded = record.partition(" ")
+    return stamp if recorded == transition else None
 
 
 def resume_requested(annotations: Mapping[str, str]) -> bool:
@@ -127,7 +156,11 @@ class HealthNodeView:
     name: str
     health: Health = Health.UNKNOWN
     since: float | None = None
-    """lastTransitionTime of `GPUHealthy` (epoch seconds); None when unknown."""
+    """lastTransitionTime of `GPUHealthy` (epoch seconds, the node's clock: only orders
+    failures, never times a wait); None when unknown."""
+    healthy_seen: float | None = None
+    """Healthy: when the operator first saw it so (its own clock, epoch seconds, from
+    `HEALTHY_SEEN_ANNOTATION`); None when not recorded yet. The settle time's start."""
     reason: str = ""
     message: str = ""
     gpu: bool = True
@@ -200,6 +233,9 @@ class RemediationPlan:
     dry_run: bool = False
     drain: tuple[str, ...] = ()
     """Nodes quarantined earlier that still owe a drain (new quarantines say so themselves)."""
+    observe: tuple[str, ...] = ()
+    """Quarantined nodes seen healthy for the first time: record the view's ``now`` as
+    their settle time's start (`HEALTHY_SEEN_ANNOTATION`)."""
 
     def pause_message(self, max_unhealthy: int | str) -> str:
         held = ", ".join(self.held[:10]) + (" ..." if len(self.held) > 10 else "")
@@ -247,6 +283,7 @@ def plan_remediation(view: FleetHealthView, policy: RemediationPolicyView) -> Re
     limit = resolve_max_unhealthy(policy.max_unhealthy, len(gpu_nodes))
     releases: list[Release] = []
     deadlines: list[float] = []
+    observe: list[str] = []
     held_in_quarantine = 0
     for node in nodes:
         if not node.quarantined:
@@ -260,13 +297,17 @@ def plan_remediation(view: FleetHealthView, policy: RemediationPolicyView) -> Re
         if node.health is not Health.HEALTHY:
             held_in_quarantine += 1
             continue
-        settled_at = (node.since or 0.0) + policy.settle_seconds
+        # The operator's clock, never the node's (see the module docstring).
+        start = view.now if node.healthy_seen is None else node.healthy_seen
+        settled_at = start + policy.settle_seconds
         if view.now >= settled_at:
             why = f"GPUHealthy True for {policy.settle_seconds}s or more"
             releases.append(_release(node, why))
         else:
             held_in_quarantine += 1
             deadlines.append(settled_at - view.now)
+            if node.healthy_seen is None:
+                observe.append(node.name)
 
     candidates = sorted(
         (
@@ -307,6 +348,7 @@ def plan_remediation(view: FleetHealthView, policy: RemediationPolicyView) -> Re
     return RemediationPlan(
         quarantine=quarantine,
         drain=owed,
+        observe=tuple(observe),
         release=tuple(releases),
         held=tuple(n.name for n in held),
         paused=paused or tripped,

@@ -103,6 +103,9 @@ class ClusterReconciler:
     label_gate: LabelGate = field(default_factory=LabelGate)
     gpucluster_conflict: Callable[[], str | None] = field(default=lambda: None)
     """Set by the operator: the name of a GPUCluster that exists, if one does."""
+    gpucluster_known: Callable[[], bool] = field(default=lambda: True)
+    """Set by the operator: whether the GPUCluster cache has listed, so that
+    ``gpucluster_conflict``'s None means "none exists" (its listing wakes this pass)."""
     _psa: PodSecurityLabels = field(init=False)
 
     def __post_init__(self) -> None:
@@ -163,6 +166,13 @@ class ClusterReconciler:
             )
             return
 
+        if not self.gpucluster_known():
+            # Whether a GPUCluster exists is not known yet (after a restart its cache
+            # lists after ours): applying now could start a second stack beside a
+            # GPUCluster's, and standing aside never prunes it. Nothing is written
+            # either way; the cache's listing queues this pass (`_gpucluster_known`).
+            log.debug("ClusterPolicy waits for the GPUCluster cache to list")
+            return
         gpucluster = self.gpucluster_conflict()
         if gpucluster is not None:
             # As upstream: the two cannot coexist, and the ClusterPolicy stands aside

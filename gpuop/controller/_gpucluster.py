@@ -122,7 +122,12 @@ class GPUClusters:
         self.operator_image = operator_image
         self.operator_image_pull_policy = operator_image_pull_policy
         self.operator_image_pull_secrets = operator_image_pull_secrets
-        self.clusters = Informer(ResourceSpec("gpuclusters", rest.lister(GPUCLUSTER)), on_cluster)
+        # A cluster that does not serve the CRD has no GPUCluster: that is an answer the
+        # ClusterPolicy's pass waits for (`knows_whether_one_exists`), never a failure.
+        self.clusters = Informer(
+            ResourceSpec("gpuclusters", rest.lister(GPUCLUSTER), absent_is_empty=True),
+            on_cluster,
+        )
         self.owned: dict[str, Informer] = {k.kind: self._owned_informer(k) for k in KINDS}
         self.applier = Applier(rest, self.owned, self._again.after, events)
 
@@ -138,8 +143,10 @@ class GPUClusters:
         return [self.clusters, *self.owned.values()]
 
     async def run(self) -> None:
-        """Watch GPUClusters and their objects; without the CRD the GPUCluster informer
-        backs off and retries, and nothing is done until every cache has listed."""
+        """Watch GPUClusters and their objects. Without the CRD the GPUCluster cache
+        counts as listed and empty (so the ClusterPolicy's pass, which waits to know,
+        is not held for ever) and keeps retrying, picking up a CRD installed later;
+        the GPUCluster pass does nothing until every cache has listed."""
         async with asyncio.TaskGroup() as group:
             for informer in self.informers:
                 group.create_task(informer.run(), name=f"watch-{informer.spec.name}")
@@ -153,9 +160,13 @@ class GPUClusters:
         return all(i.synced.is_set() for i in self.informers)
 
     def knows_whether_one_exists(self) -> bool:
-        """The GPUCluster cache has listed (enough for node labels). Its own: a cluster
-        that does not serve the DRA APIs (before Kubernetes 1.34) never lists the
-        DeviceClass cache, and must not hold the ClusterPolicy's uninstall back."""
+        """The GPUCluster cache has listed (enough for node labels and for whether the
+        ClusterPolicy must stand aside): before, :meth:`conflict` reads an empty cache
+        as "none", and a restarted operator applied the ClusterPolicy's whole stack
+        beside a GPUCluster's (issue 43). Its own: a cluster that does not serve the
+        DRA APIs (before Kubernetes 1.34) never lists the DeviceClass cache, and must
+        not hold the ClusterPolicy's uninstall back; one that does not serve the
+        GPUCluster CRD counts as listed (``ResourceSpec.absent_is_empty``)."""
         return self.clusters.synced.is_set()
 
     def current(self) -> Obj | None:
@@ -168,7 +179,9 @@ class GPUClusters:
         return raw is not None and not raw["metadata"].get("deletionTimestamp")
 
     def conflict(self) -> str | None:
-        """The GPUCluster's name while one exists (the ClusterPolicy must stand aside)."""
+        """The GPUCluster's name while one exists (the ClusterPolicy must stand aside).
+        Only an answer once :meth:`knows_whether_one_exists`; None before that means
+        "not known yet", not "none"."""
         raw = self.current()
         return str(raw["metadata"]["name"]) if raw is not None else None
 

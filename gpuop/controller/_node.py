@@ -37,7 +37,7 @@ from gpuop.controller._nodes import labels, node_annotations
 from gpuop.controller._result import Again, Result
 from gpuop.controller._rollout_gate import RolloutGate
 from gpuop.controller._routes import gpu_facts
-from gpuop.controller._upgrade import Upgrades, policy_view, requeue_after
+from gpuop.controller._upgrade import Upgrades, UpgradeTally, policy_view, requeue_after
 from gpuop.controller._workload import GPU_PODS_RECHECK_S, WorkloadHandovers
 from gpuop.informer import Informer, Obj
 from gpuop.kinds import by_kind
@@ -275,6 +275,8 @@ class NodeReconciler:
             groups.setdefault(target_owner(labels(node)), []).append(node)
         policies: dict[str | None, UpgradePolicyView] = {None: policy_view(spec)}
         policies.update(self.owners.upgrade_policies() or {})
+        # The gauges count every owner's nodes, published once all are counted.
+        tally = UpgradeTally()
         for owner, nodes in groups.items():
             policy = policies.get(owner, UpgradePolicyView(auto_upgrade=False))
             if not policy.auto_upgrade:
@@ -291,11 +293,12 @@ class NodeReconciler:
                 held = gate.held
                 if gate.requeue_after is not None:
                     again.after(gate.requeue_after)
-            started, conflict = await self.upgrades.grant(nodes, policy, held)
+            started, conflict = await self.upgrades.grant(nodes, policy, held, tally)
             for name in started:
                 self.queue.add(node_key(name))
             if conflict:  # the cache was behind a node: count again once it caught up
                 again.after(CONFLICT_RETRY_S)
+        tally.publish(self.upgrades.metrics)
 
     def _target_of(self, node: str) -> str | None:
         """The newest revision of the driver DaemonSet ``node`` runs (its kernel's)."""

@@ -159,7 +159,11 @@ class Operator:
         #: Which driver owns and runs on each node (the read side of NVIDIADrivers),
         #: handed to every unit that asks.
         self.owners = DriverOwners(
-            Informer(ResourceSpec("nvidiadrivers", rest.lister(NVD)), self._on_nvidiadriver),
+            # Without the NVIDIADriver CRD there is none: listed and empty, not "unknown".
+            Informer(
+                ResourceSpec("nvidiadrivers", rest.lister(NVD), absent_is_empty=True),
+                self._on_nvidiadriver,
+            ),
             self.nodes,
             self.owned["DaemonSet"],
             self.active_spec,
@@ -239,6 +243,7 @@ class Operator:
             site_config=self.site_config,
         )
         self.cluster.gpucluster_conflict = self.gpuclusters.conflict
+        self.cluster.gpucluster_known = self.gpuclusters.knows_whether_one_exists
         self.node_passes = NodeReconciler(
             rest=rest,
             nodes=self.nodes,
@@ -247,9 +252,7 @@ class Operator:
             upgrades=self.upgrades,
             gate=self.gate,
             owners=self.owners,
-            workloads=WorkloadHandovers(
-                self.pods, self.upgrades.emptying, self.upgrades.events, self.owners.driver_app
-            ),
+            workloads=WorkloadHandovers(self.pods, self.upgrades.emptying, self.upgrades.events),
         )
         self.node_passes.gpuclusters = self.gpuclusters
         self.node_passes.progress = self._progress

@@ -9,8 +9,10 @@ as controller-runtime's reconcilers do, and the operator queues it (this unit ne
 touches the queue). A pass whose plan is empty writes nothing.
 
 Everything the planner needs is in the cluster: quarantine is our annotations and taint
-on the Node, the pause is the ClusterPolicy condition, settle times are the node
-condition's lastTransitionTime, and a drain is owed until the node records it done
+on the Node, the pause is the ClusterPolicy condition, a settle time starts when this
+operator first saw the node healthy (recorded on the node, `HEALTHY_SEEN_ANNOTATION`:
+the node's own clock, in the condition's lastTransitionTime, may be a year off), and a
+drain is owed until the node records it done
 (retried every few seconds while evictions are refused, less often while the drain
 rules refuse a pod). Node writes carry the cached resourceVersion, so a
 concurrent change (another controller's taint) fails with a conflict and the pass is
@@ -19,6 +21,7 @@ retried on fresh data instead of overwriting it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -35,6 +38,7 @@ from gpuop.controller._remediation_views import (
     node_view,
     paused_condition,
     policy_view,
+    transition,
 )
 from gpuop.controller._status import condition_change, write_policy_conditions
 from gpuop.controller._upgrade import Upgrades
@@ -50,6 +54,7 @@ from statemachine.remediation import (
     ACTION_ANNOTATION,
     CONDITION_REMEDIATION_PAUSED,
     DRAINED_ANNOTATION,
+    HEALTHY_SEEN_ANNOTATION,
     MANAGED_ANNOTATIONS,
     QUARANTINED_ANNOTATION,
     QUARANTINED_AT_ANNOTATION,
@@ -61,6 +66,7 @@ from statemachine.remediation import (
     TAINT_VALUE,
     DrainOutcome,
     FleetHealthView,
+    HealthNodeView,
     Quarantine,
     Release,
     RemediationPlan,
@@ -69,6 +75,7 @@ from statemachine.remediation import (
     quarantined_taints,
     released_taints,
     resume_requested,
+    seen_record,
 )
 
 log = get_logger(__name__)
@@ -119,6 +126,10 @@ class Remediation:
         #: wake nothing unless a node still carries our quarantine: a fleet pass per
         #: node event would cost thousands of passes during a large upgrade.
         self._enabled = True
+        #: Dry run writes nothing, so the first healthy sightings (settle starts) it
+        #: would record live here, by node: (the condition's transition, when seen).
+        #: Memory only: a restarted operator's dry run waits the settle time again.
+        self._seen_dry: dict[str, tuple[float | None, float]] = {}
 
     def wants_node(self, old: Obj | None, new: Obj | None) -> bool:
         """Whether a node event changes anything the next pass would read."""
@@ -153,16 +164,25 @@ class Remediation:
         )
         resume = raw is not None and resume_requested(raw["metadata"].get("annotations") or {})
         now = datetime.now(UTC)
+        if policy.dry_run:
+            views = tuple(self._seen_in_dry_run(v) for v in views)
+        else:
+            self._seen_dry.clear()
         fleet = FleetHealthView(views, now.timestamp(), paused=paused, resume_requested=resume)
         plan = plan_remediation(fleet, policy)
         self.metrics.health_unhealthy.set(plan.unhealthy)
         if plan.dry_run:
+            since = {v.name: v.since for v in views}
+            for name in plan.observe:
+                self._seen_dry[name] = (since[name], now.timestamp())
             await self._report_dry_run(plan, policy, raw)
             self.metrics.health_quarantined.set(sum(1 for v in views if v.quarantined))
             return None
         self.metrics.health_would_quarantine.set(0)
         self._reported.clear()
         by_name = {n["metadata"]["name"]: n for n in self._nodes.values()}
+        for name in plan.observe:
+            await self._record_seen(by_name[name], now)
         for release in plan.release:
             self._drain_told.pop(release.node, None)
             await self._release(by_name[release.node], release)
@@ -185,7 +205,23 @@ class Remediation:
             delays.append(settle_delay(plan.requeue_after))
         return min(delays) if delays else None
 
+    def _seen_in_dry_run(self, view: HealthNodeView) -> HealthNodeView:
+        """``view`` with the settle start a dry run remembers, for the same transition."""
+        remembered = self._seen_dry.get(view.name)
+        if view.healthy_seen is not None or remembered is None or remembered[0] != view.since:
+            return view
+        return dataclasses.replace(view, healthy_seen=remembered[1])
+
     # ------------------------------------------------------------------ nodes
+    async def _record_seen(self, node: Obj, now: datetime) -> None:
+        """Record on the node when this operator first saw its GPUs healthy again: the
+        settle time counts from here, by our clock, and a restarted operator reads it."""
+        record = seen_record(format_condition_time(now), transition(node))
+        await self._patch_node(
+            node, {"metadata": {"annotations": {HEALTHY_SEEN_ANNOTATION: record}}}
+        )
+        log.info("gpu node seen healthy; settle time starts", node=node["metadata"]["name"])
+
     async def _patch_node(self, node: Obj, patch: dict[str, Any]) -> None:
         meta = node["metadata"]
         patch.setdefault("metadata", {})["resourceVersion"] = meta.get("resourceVersion")

@@ -19,12 +19,14 @@ from statemachine.remediation import (
     ACTION_ANNOTATION,
     CONDITION_REMEDIATION_PAUSED,
     DRAINED_ANNOTATION,
+    HEALTHY_SEEN_ANNOTATION,
     QUARANTINED_ANNOTATION,
     RESUME_ANNOTATION,
     Health,
     HealthNodeView,
     RemediationAction,
     RemediationPolicyView,
+    seen_at,
 )
 from statemachine.upgrade_keys import IN_PROGRESS_STATES, STATE_LABEL, parse_state
 
@@ -51,14 +53,23 @@ def _epoch(stamp: str | None) -> float | None:
         return None
 
 
+def transition(node: Obj) -> str:
+    """The GPUHealthy condition's lastTransitionTime as the agent wrote it ("" if none):
+    what a `HEALTHY_SEEN_ANNOTATION` record is keyed by."""
+    return str((gpu_health(node) or {}).get("lastTransitionTime") or "")
+
+
 def node_view(node: Obj) -> HealthNodeView:
     cond = gpu_health(node) or {}
     node_labels = labels(node)
     annotations = node["metadata"].get("annotations") or {}
+    health = Health.parse(cond.get("status"))
+    seen = seen_at(annotations.get(HEALTHY_SEEN_ANNOTATION), transition(node))
     return HealthNodeView(
         name=node["metadata"]["name"],
-        health=Health.parse(cond.get("status")),
+        health=health,
         since=_epoch(cond.get("lastTransitionTime")),
+        healthy_seen=_epoch(seen) if health is Health.HEALTHY else None,
         reason=str(cond.get("reason") or ""),
         message=str(cond.get("message") or ""),
         gpu=is_gpu_node(node_labels),

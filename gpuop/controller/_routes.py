@@ -199,8 +199,9 @@ def route_nvidiadrivers_listed(nodes: Iterable[tuple[str, Obj]]) -> Wake:
 
 
 def route_gpucluster_presence(nodes: Iterable[tuple[str, Obj]]) -> Wake:
-    """A GPUCluster came, went or is deleting (or its cache listed): the ClusterPolicy's
-    conflict and every node's labels."""
+    """A GPUCluster came, went or is deleting (or its cache listed, which the cluster
+    pass and the node labels wait for): the ClusterPolicy's conflict and every node's
+    labels."""
     return wake(CLUSTER_KEY, *(node_key(name) for name, _ in nodes))
 
 

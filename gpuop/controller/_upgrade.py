@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -71,6 +71,47 @@ _EMPTYING = {
     UpgradeState.POD_DELETION_REQUIRED,
     UpgradeState.DRAIN_REQUIRED,
 }
+
+
+@dataclass
+class UpgradeTally:
+    """The upgrade gauges summed over every budget one fleet pass counted (the
+    ClusterPolicy's nodes and each NVIDIADriver's), published once at its end.
+
+    One gauge per operator, as upstream reports it: set per budget, the gauges showed
+    only the last owner the pass handled, and a node failed under an earlier owner
+    read ``gpu_operator_nodes_upgrades_failed 0``, so the failure alerts never fired
+    (issue 43). ``available`` sums each budget's free slots (each owner has its own)."""
+
+    in_progress: int = 0
+    done: int = 0
+    failed: int = 0
+    pending: int = 0
+    available: int = 0
+    budgets: int = 0
+    """How many budgets were counted: with none, the gauges are left as they are."""
+
+    def count(self, fleet: Iterable[BudgetNode], available: int) -> None:
+        """Add one budget's GPU nodes and its free slots."""
+        states: Counter[UpgradeState] = Counter()
+        for node in fleet:
+            states[node.state] += 1
+            self.in_progress += 1 if node.in_progress else 0
+        self.done += states[UpgradeState.UPGRADE_DONE]
+        self.failed += states[UpgradeState.UPGRADE_FAILED]
+        self.pending += states[UpgradeState.UPGRADE_REQUIRED]
+        self.available += available
+        self.budgets += 1
+
+    def publish(self, metrics: OperatorMetrics) -> None:
+        """Set the gauges to the sums (nothing when no budget was counted)."""
+        if not self.budgets:
+            return
+        metrics.upgrades_in_progress.set(self.in_progress)
+        metrics.upgrades_done.set(self.done)
+        metrics.upgrades_failed.set(self.failed)
+        metrics.upgrades_pending.set(self.pending)
+        metrics.upgrades_available.set(self.available)
 
 
 class DriverApps(Protocol):
@@ -242,22 +283,31 @@ class Upgrades:
         nodes: list[Obj],
         policy: UpgradePolicyView,
         held: Mapping[str, str] | None = None,
+        tally: UpgradeTally | None = None,
     ) -> tuple[list[str], bool]:
         """Start the nodes the budget selects; returns them, and whether a grant met a
         newer node than the cache's (409: try again once the watch catches up).
 
         The budget counts persisted in-progress states only. Each start is one merge
         patch (state label, start bookkeeping, cordon) guarded by the node's
-        resourceVersion. ``held``: nodes the rollout gate keeps back. Updates the metrics.
+        resourceVersion. ``held``: nodes the rollout gate keeps back. The budget's
+        counts go to ``tally`` (the fleet pass sums every owner's, then publishes);
+        without one, this budget alone is the fleet and the metrics are set here.
         """
         by_name = {n["metadata"]["name"]: n for n in nodes}
+        fleet = self._budget_nodes(nodes)
         selection = select_nodes(
-            self._budget_nodes(nodes),
+            fleet,
             max_parallel_upgrades=policy.max_parallel_upgrades,
             max_unavailable=policy.max_unavailable,
             held=held,
         )
-        self.metrics.upgrades_available.set(selection.available)
+        if tally is None:
+            alone = UpgradeTally()
+            alone.count(fleet, selection.available)
+            alone.publish(self.metrics)
+        else:
+            tally.count(fleet, selection.available)
         for name, why in selection.blocked.items():
             if self._blocked.get(name) != why:
                 log.warning("upgrade blocked, others proceed", node=name, reason=why)
@@ -283,16 +333,10 @@ class Upgrades:
         return started, conflict
 
     def _budget_nodes(self, nodes: list[Obj]) -> list[BudgetNode]:
-        """The GPU nodes as the budget sees them (setting the per-state metrics)."""
-        fleet = [
+        """The GPU nodes as the budget sees them."""
+        return [
             BudgetNode.from_node(n, self.has_driver_pod) for n in nodes if is_gpu_node(labels(n))
         ]
-        states = Counter(n.state for n in fleet)
-        self.metrics.upgrades_in_progress.set(sum(1 for n in fleet if n.in_progress))
-        self.metrics.upgrades_done.set(states[UpgradeState.UPGRADE_DONE])
-        self.metrics.upgrades_failed.set(states[UpgradeState.UPGRADE_FAILED])
-        self.metrics.upgrades_pending.set(states[UpgradeState.UPGRADE_REQUIRED])
-        return fleet
 
     # ------------------------------------------------------------ decisions
     async def step(

@@ -16,9 +16,10 @@ only that; every decision is read from the cluster.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
+from components.driver import COMPONENT_POD_LABEL
 from components.driver import DAEMONSET_NAME as DRIVER_DS
 from components.labels import node_workload
 from components.vfio_manager import DAEMONSET_NAME as VFIO_MANAGER_APP
@@ -26,7 +27,7 @@ from components.vgpu_manager import DAEMONSET_NAME as VGPU_MANAGER_APP
 from crd import ClusterPolicySpec
 from gpuop.controller._eviction import Emptying
 from gpuop.controller._nodes import labels
-from gpuop.controller._pods import PodRecord, pods_on
+from gpuop.controller._pods import PodRecord, is_driver_pod
 from gpuop.events import EventRecorder
 from gpuop.informer import Informer, Obj
 from gpuop.log import get_logger
@@ -45,6 +46,8 @@ from statemachine.workload_handover import (
 
 log = get_logger(__name__)
 
+VGPU_HOST_MANAGER_COMPONENT = "nvidia-vgpu-host-manager"
+"""An NVIDIADriver with ``driverType: vgpu-host-manager``: the vGPU manager of its nodes."""
 HANDOVER_APPS = (VFIO_MANAGER_APP, VGPU_MANAGER_APP)
 """The VM claimants' pods (their DaemonSets' `app`): their going wakes the node pass,
 as a driver pod's does."""
@@ -61,12 +64,10 @@ class WorkloadHandovers:
         pods: Informer[PodRecord],
         emptying: Emptying,
         events: EventRecorder,
-        driver_app: Callable[[str], str],
     ) -> None:
         self._pods = pods
         self._emptying = emptying
         self._events = events
-        self._driver_app = driver_app
         #: Per node, what was last said in an Event (only to say it once).
         self._said_invalid: dict[str, str] = {}
         self._said_step: dict[str, str] = {}
@@ -102,9 +103,7 @@ class WorkloadHandovers:
         if claim is None:
             self._said_step.pop(name, None)
             return dict(changes), None
-        present = frozenset(
-            c for c, apps in self._claimant_apps(name).items() if self._any(name, apps)
-        )
+        present = self._claimants_on(name)
         gpu_pods: tuple[str, ...] = ()
         if claim != DRIVER and DRIVER not in present:
             gpu_pods = await self._gpu_pods(name)
@@ -112,15 +111,16 @@ class WorkloadHandovers:
         await self._report(node, target, claim, step)
         return held(changes, step), step
 
-    def _claimant_apps(self, node: str) -> dict[str, tuple[str, ...]]:
-        return {
-            DRIVER: tuple(dict.fromkeys((self._driver_app(node), DRIVER_DS))),
-            VFIO_MANAGER: (VFIO_MANAGER_APP,),
-            VGPU_MANAGER: (VGPU_MANAGER_APP,),
-        }
-
-    def _any(self, node: str, apps: tuple[str, ...]) -> bool:
-        return any(pods_on(self._pods, node, app) for app in apps)
+    def _claimants_on(self, node: str) -> frozenset[str]:
+        """The GPU claimants with a pod on ``node`` (terminating ones included: they still
+        hold the GPUs), each known by what it is, never by a DaemonSet selector: the
+        hand-over's own label patch takes the node out of the driver DaemonSet's
+        selection (``nvidia.com/gpu.deploy.driver``) while its pod is still there."""
+        return frozenset(
+            claimant
+            for pod in self._pods.indexed(node)
+            if (claimant := claimant_of(pod)) is not None
+        )
 
     async def _gpu_pods(self, node: str) -> tuple[str, ...]:
         pods = await self._emptying.node_pods(node)
@@ -155,6 +155,20 @@ class WorkloadHandovers:
             words += "; the operator removes no workload: drain the node to go on"
         log.info("GPU workload hand-over waits", node=name, state=step.state, waiting=waiting)
         await self._events.record(_node_ref(node), "GPUWorkloadHandover", words, warning=pods)
+
+
+def claimant_of(pod: PodRecord) -> str | None:
+    """Which GPU claimant a pod is: any driver pod (the ClusterPolicy's, a precompiled
+    pool's or an NVIDIADriver's, by its component label), a VFIO manager, or a vGPU
+    manager (the ClusterPolicy's, or an NVIDIADriver's ``vgpu-host-manager`` driver)."""
+    component = pod.labels.get(COMPONENT_POD_LABEL)
+    if component == VGPU_HOST_MANAGER_COMPONENT or pod.app == VGPU_MANAGER_APP:
+        return VGPU_MANAGER
+    if is_driver_pod(pod) or pod.app == DRIVER_DS:
+        return DRIVER
+    if pod.app == VFIO_MANAGER_APP:
+        return VFIO_MANAGER
+    return None
 
 
 def _node_ref(node: Obj) -> dict[str, Any]:

@@ -70,9 +70,16 @@ def container_driver(host_rootfs: str, install_dir: str, install_dir_here: Path)
     return DriverInfo(False, install_dir, DRIVER_ROOT_CTR_PATH, dev_root, dev_ctr)
 
 
-def resolve_in_root(root: Path, path: str) -> Path | None:
+def resolve_in_root(root: Path, path: str, *, strict: bool = False) -> Path | None:
     """``path`` under ``root`` with symlinks followed as the host would (an absolute
-    target is the host's, so it stays under ``root``); None if it does not exist."""
+    target is the host's, so it stays under ``root``); None if it does not exist.
+
+    Every check of a host path under the host root goes through here: the container's
+    own ``Path.is_file()`` would follow an absolute link to this container's files, and
+    miss the host's. ``strict``: an error other than "no such file" (EACCES: the mount
+    is there but we may not look) is raised instead of read as "not there", so a check
+    can say it could not look rather than that nothing is installed.
+    """
     parts = list(PurePosixPath(path).relative_to("/").parts)
     here: list[str] = []
     hops = 0
@@ -87,7 +94,9 @@ def resolve_in_root(root: Path, path: str) -> Path | None:
         candidate = root.joinpath(*here, part)
         try:
             info = candidate.lstat()
-        except OSError:
+        except OSError as exc:
+            if strict and not isinstance(exc, FileNotFoundError | NotADirectoryError):
+                raise
             return None
         if stat.S_ISLNK(info.st_mode):
             hops += 1

@@ -35,6 +35,7 @@ from components.keys import (
     WORKLOADS,
 )
 from gpuop.log import get_logger
+from gpuop.nodeagent.driver_root import resolve_in_root
 
 log = get_logger(__name__)
 
@@ -123,10 +124,14 @@ def vgpu_device_count(sysfs: Path) -> int:
 
 def host_nvidia_smi(host_root: Path) -> str | None:
     """The host's own nvidia-smi (a vGPU manager installed on the host), as a path
-    inside the host root; None when the host has none."""
+    inside the host root; None when the host has none. Links are followed under the
+    host root (`resolve_in_root`): an absolute link is the host's, and followed in this
+    container it would miss the host's binary."""
     for relative in HOST_NVIDIA_SMI:
-        if (host_root / relative).is_file():
-            return f"/{relative}"
+        with contextlib.suppress(OSError):
+            found = resolve_in_root(host_root, f"/{relative}")
+            if found is not None and found.is_file():
+                return f"/{relative}"
     return None
 
 

@@ -3,6 +3,11 @@
 Paths are host paths; the host's root is mounted into the container at ``host_root``.
 The toolkit container installs under ``/usr/local/nvidia/toolkit``; a host package
 installs to ``/usr/bin`` and ``/etc``. The first candidate found wins.
+
+Host paths are followed under ``host_root`` (`resolve_in_root`, as the driver check
+does): a host package's links are absolute host paths, and followed in this container
+they would point at its own files, so the toolkit would never be found and every
+operand on the node would wait for it.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 
 from gpuop.nodeagent.checks import CheckResult
+from gpuop.nodeagent.driver_root import resolve_in_root
 
 RUNTIME_BINARY = "nvidia-container-runtime"
 DEFAULT_RUNTIME_DIRS = ("/usr/local/nvidia/toolkit", "/usr/bin", "/usr/local/bin")
@@ -32,10 +38,18 @@ def under_root(host_root: Path, host_path: str) -> Path:
     return host_root / PurePosixPath(host_path).relative_to("/")
 
 
-def _is_file(path: Path) -> bool:
+def _host_file(host_root: Path, host_path: str) -> Path | None:
+    """Where this container reaches ``host_path`` when that is a regular file on the
+    host (links followed under ``host_root``); None when it is not there.
+
+    Raises `_Unreadable` when the host root is mounted but may not be looked into: the
+    check then says so instead of reporting a missing toolkit.
+    """
     try:
-        return path.is_file()
-    except OSError as exc:  # EACCES and friends: the mount is there but we may not look
+        found = resolve_in_root(host_root, host_path, strict=True)
+        return found if found is not None and found.is_file() else None
+    except OSError as exc:  # EACCES and friends
+        path = under_root(host_root, host_path)
         raise _Unreadable(f"cannot read {path}: {exc.strerror or exc}") from exc
 
 
@@ -48,9 +62,9 @@ def find_toolkit(
     try:
         runtime = next(
             (
-                d
+                (d, found)
                 for d in runtime_dirs
-                if _is_file(under_root(host_root, f"{d.rstrip('/')}/{RUNTIME_BINARY}"))
+                if (found := _host_file(host_root, f"{d.rstrip('/')}/{RUNTIME_BINARY}"))
             ),
             None,
         )
@@ -58,10 +72,12 @@ def find_toolkit(
             return CheckResult.failed(
                 f"{RUNTIME_BINARY} not found in {', '.join(runtime_dirs)} under {host_root}"
             )
-        binary = f"{runtime.rstrip('/')}/{RUNTIME_BINARY}"
-        if not os.access(under_root(host_root, binary), os.X_OK):
+        binary = f"{runtime[0].rstrip('/')}/{RUNTIME_BINARY}"
+        if not os.access(runtime[1], os.X_OK):
             return CheckResult.failed(f"{binary} is not executable")
-        config = next((c for c in config_paths if _is_file(under_root(host_root, c))), None)
+        config = next(
+            ((c, found) for c in config_paths if (found := _host_file(host_root, c))), None
+        )
     except _Unreadable as exc:
         return CheckResult.failed(str(exc))
     if config is None:
@@ -69,12 +85,14 @@ def find_toolkit(
             f"runtime config not found at {', '.join(config_paths)} under {host_root}"
         )
     try:
-        with under_root(host_root, config).open("rb") as fh:
+        with config[1].open("rb") as fh:
             tomllib.load(fh)
     except OSError as exc:
-        return CheckResult.failed(f"cannot read {config}: {exc.strerror or exc}")
+        return CheckResult.failed(f"cannot read {config[0]}: {exc.strerror or exc}")
     except tomllib.TOMLDecodeError as exc:
-        return CheckResult.failed(f"{config} is not valid TOML: {exc}")
+        return CheckResult.failed(f"{config[0]} is not valid TOML: {exc}")
+    # toolkit-ready is empty, as upstream's; what was found goes to the log.
+    return CheckResult.passed(facts={"RUNTIME": binary, "RUNTIME_CONFIG": config[0]})
     # toolkit-ready is empty, as upstream's; what was found goes to the log.
     return CheckResult.passed(facts={"RUNTIME": binary, "RUNTIME_CONFIG": config})
 

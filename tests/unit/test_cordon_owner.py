@@ -165,7 +165,9 @@ ON = RemediationPolicyView(enabled=True, max_unhealthy=4, settle_seconds=60)
 
 
 def _settled(**kw: Any) -> HealthNodeView:
-    return HealthNodeView("a", Health.HEALTHY, since=NOW - 3600, quarantined=True, **kw)
+    return HealthNodeView(
+        "a", Health.HEALTHY, since=NOW - 3600, healthy_seen=NOW - 3600, quarantined=True, **kw
+    )
 
 
 def test_remediation_hands_a_failed_upgrades_node_to_the_upgrade() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -150,15 +151,52 @@ def test_toolkit_custom_paths(tmp_path: Path) -> None:
 
 
 def test_toolkit_unreadable_host_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real_is_file = Path.is_file
+    # Host paths are looked at component by component (links followed under the host
+    # root): the first look inside the mount is refused, as a mode-000 root would be.
+    real_lstat = Path.lstat
 
-    def is_file(self: Path) -> bool:
-        if str(self).startswith(str(tmp_path)):
+    def lstat(self: Path) -> os.stat_result:
+        if str(self).startswith(f"{tmp_path}/"):
             raise PermissionError(13, "Permission denied", str(self))
-        return real_is_file(self)
+        return real_lstat(self)
 
-    monkeypatch.setattr(Path, "is_file", is_file)
+    monkeypatch.setattr(Path, "lstat", lstat)
     result = find_toolkit(tmp_path)
     assert not result.ok
     assert result.reason.startswith("cannot read")
     assert "Permission denied" in result.reason
+
+
+def test_toolkit_behind_absolute_host_symlinks_is_found_through_the_host_root(
+    tmp_path: Path,
+) -> None:
+    """Issue 43, item 7: a host package links its binary and config into /usr/bin and
+    /etc with absolute targets. Those targets are the host's: followed inside this
+    container they miss (or hit the container's own files); the check must follow them
+    under the host root, as the driver check does."""
+    _install(tmp_path, "/opt/nvidia/toolkit", "/opt/nvidia/toolkit/etc/config.toml")
+    (tmp_path / "usr/bin").mkdir(parents=True)
+    (tmp_path / "usr/bin/nvidia-container-runtime").symlink_to(
+        "/opt/nvidia/toolkit/nvidia-container-runtime"
+    )
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc/nvidia-container-runtime").symlink_to("/opt/nvidia/toolkit/etc")
+    (tmp_path / "opt/nvidia/toolkit/etc/config.toml").rename(
+        tmp_path / "opt/nvidia/toolkit/etc/real.toml"
+    )
+    (tmp_path / "opt/nvidia/toolkit/etc/config.toml").symlink_to("real.toml")
+    assert not Path("/opt/nvidia/toolkit/nvidia-container-runtime").exists()  # only via root
+    result = find_toolkit(tmp_path)
+    assert result.ok, result.reason
+    assert result.facts == {
+        "RUNTIME": "/usr/bin/nvidia-container-runtime",
+        "RUNTIME_CONFIG": "/etc/nvidia-container-runtime/config.toml",
+    }
+
+
+def test_toolkit_dangling_host_symlink_is_not_found(tmp_path: Path) -> None:
+    (tmp_path / "usr/bin").mkdir(parents=True)
+    (tmp_path / "usr/bin/nvidia-container-runtime").symlink_to("/opt/gone/nvidia-container-runtime")
+    result = find_toolkit(tmp_path)
+    assert not result.ok
+    assert "nvidia-container-runtime not found" in result.reason

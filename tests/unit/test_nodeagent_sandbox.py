@@ -123,6 +123,28 @@ def test_vgpu_manager_needs_the_driver_and_its_parent_devices(tmp_path: Path) ->
     assert commands[-1] == ["chroot", str(p.host_root), "/usr/bin/nvidia-smi"]
 
 
+def test_host_vgpu_manager_behind_an_absolute_host_symlink(tmp_path: Path) -> None:
+    """Issue 43, item 7: the host's nvidia-smi links to an absolute host path; it is
+    followed under the host root, not in this container."""
+    p = paths(tmp_path)
+    gpu(p.sysfs, "0000:01:00.0", "nvidia")
+    (p.sysfs / "class" / "mdev_bus" / "0000:01:00.0").mkdir(parents=True)
+    real = p.host_root / "opt" / "vgpu" / "bin" / "nvidia-smi"
+    real.parent.mkdir(parents=True)
+    real.write_text("#!/bin/sh\n")
+    (p.host_root / "usr" / "bin").mkdir(parents=True)
+    (p.host_root / "usr" / "bin" / "nvidia-smi").symlink_to("/opt/vgpu/bin/nvidia-smi")
+    commands: list[list[str]] = []
+
+    def answers(command: list[str]) -> bool:
+        commands.append(command)
+        return True
+
+    host = attempt("vgpu-manager", {WORKLOAD: "vm-vgpu"}, "", p, answers)
+    assert host.ready_file == "host-vgpu-manager-ready"
+    assert commands[-1] == ["chroot", str(p.host_root), "/usr/bin/nvidia-smi"]
+
+
 def test_vgpu_manager_accepts_mdev_parents_without_sriov(tmp_path: Path) -> None:
     p = paths(tmp_path)
     gpu(p.sysfs, "0000:01:00.0", "nvidia")

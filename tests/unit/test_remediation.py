@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -80,21 +82,54 @@ def test_disabled_quarantines_nothing_and_releases_what_we_hold() -> None:
 
 
 def test_release_waits_for_the_settle_time_and_requeues_once_at_its_end() -> None:
-    recovering = HealthNodeView("a", Health.HEALTHY, since=NOW - 20, quarantined=True)
+    recovering = HealthNodeView("a", Health.HEALTHY, healthy_seen=NOW - 20, quarantined=True)
     plan = plan_remediation(fleet(recovering, healthy("b")), ON)
     assert plan.release == ()
     assert plan.requeue_after == pytest.approx(40.0)
-    settled = HealthNodeView("a", Health.HEALTHY, since=NOW - 60, quarantined=True)
+    settled = HealthNodeView("a", Health.HEALTHY, healthy_seen=NOW - 60, quarantined=True)
     plan = plan_remediation(fleet(settled, healthy("b")), ON)
     assert [r.node for r in plan.release] == ["a"]
     assert plan.requeue_after is None
 
 
+@pytest.mark.parametrize("skew", [365 * 86400.0, -365 * 86400.0], ids=["ahead", "behind"])
+def test_settle_time_is_the_operators_not_the_nodes_clock(skew: float) -> None:
+    """Issue 43, item 6: the agent's lastTransitionTime (the node's clock) times nothing;
+    a first sighting is recorded and the wait runs settleSeconds from it."""
+    first = HealthNodeView("a", Health.HEALTHY, since=NOW + skew, quarantined=True)
+    plan = plan_remediation(fleet(first, healthy("b")), ON)
+    assert plan.release == ()
+    assert plan.observe == ("a",)
+    assert plan.requeue_after == pytest.approx(60.0)
+    seen = HealthNodeView(
+        "a", Health.HEALTHY, since=NOW + skew, healthy_seen=NOW - 59, quarantined=True
+    )
+    plan = plan_remediation(fleet(seen, healthy("b")), ON)
+    assert (plan.release, plan.observe) == ((), ())
+    assert plan.requeue_after == pytest.approx(1.0)
+    settled = dataclasses.replace(seen, healthy_seen=NOW - 60)
+    assert [r.node for r in plan_remediation(fleet(settled, healthy("b")), ON).release] == ["a"]
+
+
+def test_a_zero_settle_time_releases_without_recording_a_sighting() -> None:
+    back = HealthNodeView("a", Health.HEALTHY, since=NOW + 3600, quarantined=True)
+    plan = plan_remediation(fleet(back), dataclasses.replace(ON, settle_seconds=0))
+    assert [r.node for r in plan.release] == ["a"]
+    assert plan.observe == ()
+
+
 def test_release_keeps_an_admin_cordon() -> None:
     ours = HealthNodeView(
-        "a", Health.HEALTHY, since=0, quarantined=True, cordoned_by_us=True, unschedulable=True
+        "a",
+        Health.HEALTHY,
+        healthy_seen=0,
+        quarantined=True,
+        cordoned_by_us=True,
+        unschedulable=True,
     )
-    admins = HealthNodeView("b", Health.HEALTHY, since=0, quarantined=True, unschedulable=True)
+    admins = HealthNodeView(
+        "b", Health.HEALTHY, healthy_seen=0, quarantined=True, unschedulable=True
+    )
     plan = plan_remediation(fleet(ours, admins, healthy("c"), healthy("d")), ON)
     assert {r.node: r.uncordon for r in plan.release} == {"a": True, "b": False}
 
@@ -148,7 +183,7 @@ def test_paused_quarantines_nothing_more_even_with_room() -> None:
 
 
 def test_paused_still_releases_recovered_nodes() -> None:
-    back = HealthNodeView("a", Health.HEALTHY, since=0, quarantined=True)
+    back = HealthNodeView("a", Health.HEALTHY, healthy_seen=0, quarantined=True)
     plan = plan_remediation(fleet(back, *[healthy(f"h{i}") for i in range(3)], paused=True), ON)
     assert [r.node for r in plan.release] == ["a"]
     assert plan.paused
@@ -181,7 +216,7 @@ def test_a_resume_annotation_without_a_pause_does_nothing() -> None:
 
 
 def test_releases_in_the_same_pass_make_room() -> None:
-    back = HealthNodeView("a", Health.HEALTHY, since=0, quarantined=True)
+    back = HealthNodeView("a", Health.HEALTHY, healthy_seen=0, quarantined=True)
     nodes = [back, sick("b")] + [healthy(f"h{i}") for i in range(2)]  # 25% of 4 = 1
     plan = plan_remediation(fleet(*nodes), ON)
     assert [r.node for r in plan.release] == ["a"]
@@ -224,6 +259,7 @@ _node = st.builds(
     name=st.sampled_from([f"n{i}" for i in range(16)]),
     health=st.sampled_from(list(Health)),
     since=st.one_of(st.none(), st.floats(NOW - 1000, NOW)),
+    healthy_seen=st.one_of(st.none(), st.floats(NOW - 1000, NOW)),
     gpu=st.booleans(),
     quarantined=st.booleans(),
     cordoned_by_us=st.booleans(),
@@ -277,5 +313,12 @@ def test_plan_invariants(
     # Paused exactly when it was and was not resumed, or when this pass tripped.
     assert plan.paused == ((paused and not resume) or plan.tripped)
     assert plan.tripped == (bool(plan.held) and not (paused and not resume))
+    # A settle time starts once: only held, healthy, unrecorded nodes are recorded.
+    for name in plan.observe:
+        node = by_name[name]
+        assert node.quarantined
+        assert node.health is Health.HEALTHY
+        assert node.healthy_seen is None
+        assert name not in released
     # Deterministic: the same view gives the same plan.
     assert plan_remediation(view, policy) == plan

@@ -48,7 +48,10 @@ def test_a_quarantined_node_whose_drain_did_not_finish_is_drained_again() -> Non
         (quarantined(drain_pending=False), DRAIN),  # drained already
         (quarantined(drain_pending=True, in_upgrade=True), DRAIN),  # the upgrade's node
         (quarantined(drain_pending=True), RemediationPolicyView(enabled=True, max_unhealthy=4)),
-        (quarantined(drain_pending=True, health=Health.HEALTHY, since=0.0), DRAIN),  # released
+        (
+            quarantined(drain_pending=True, health=Health.HEALTHY, healthy_seen=0.0),
+            DRAIN,
+        ),  # released
     ],
     ids=["drained", "in-upgrade", "action-taint-now", "released"],
 )

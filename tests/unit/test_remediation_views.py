@@ -20,11 +20,14 @@ from gpuop.controller._status import flag_spec_conditions
 from statemachine.remediation import (
     CONDITION_REMEDIATION_BLIND,
     CORDONED_ANNOTATION,
+    HEALTHY_SEEN_ANNOTATION,
     QUARANTINED_ANNOTATION,
     RESUME_ANNOTATION,
     Health,
     RemediationAction,
     blind,
+    seen_at,
+    seen_record,
 )
 from statemachine.upgrade_keys import STATE_LABEL
 
@@ -69,6 +72,22 @@ def test_trimmed_node_keeps_gpu_healthy_and_what_remediation_reads() -> None:
     assert view.cordoned_by_us
     assert view.unschedulable
     assert view.in_upgrade
+
+
+def test_the_healthy_sighting_counts_only_for_the_transition_it_saw() -> None:
+    """Issue 43, item 6: the record is keyed by the lastTransitionTime it was taken for."""
+    node = _node(status="True")
+    annotations = node["metadata"]["annotations"]
+    annotations[HEALTHY_SEEN_ANNOTATION] = seen_record(
+        "2026-03-01T12:00:00Z", "2026-01-01T00:00:00Z"
+    )
+    assert node_view(trim_node(node)).healthy_seen == 1772366400.0
+    assert node_view(trim_node(node)).since == 1767225600.0  # the node's clock, apart
+    node["status"]["conditions"][2]["lastTransitionTime"] = "2026-01-01T00:05:00Z"
+    assert node_view(trim_node(node)).healthy_seen is None  # failed and recovered since
+    assert node_view(trim_node(_node(status="False"))).healthy_seen is None
+    assert seen_at(None, "") is None
+    assert seen_at(seen_record("2026-03-01T12:00:00Z", ""), "") == "2026-03-01T12:00:00Z"
 
 
 def test_heartbeats_wake_nothing_a_status_flip_does() -> None:

@@ -26,7 +26,7 @@ class _Events:
 def _handovers() -> tuple[WorkloadHandovers, _Events]:
     events = _Events()
     nothing = cast(Any, None)
-    return WorkloadHandovers(nothing, nothing, cast(Any, events), lambda node: ""), events
+    return WorkloadHandovers(nothing, nothing, cast(Any, events)), events
 
 
 def _node(workload: str | None) -> dict[str, Any]:
@@ -87,3 +87,77 @@ async def test_a_handover_says_each_wait_once_and_its_end() -> None:
     ]
     assert "ns/a, ns/b" in events.said[1][1]
     assert "drain the node" in events.said[1][1]
+
+
+# ------------------------------------------- claimants known by what their pods are
+
+
+def _pod_cache(*pods: tuple[str, dict[str, str]]) -> Any:
+    """A pods cache holding ``(name, labels)`` pods on gpu-node-0001."""
+    from gpuop.controller._pods import pod_index, trim_pod
+    from gpuop.informer import Informer, ResourceSpec
+
+    cache: Informer[Any] = Informer(
+        ResourceSpec("pods", cast(Any, None), transform=trim_pod, index=pod_index),
+        lambda *_: None,
+    )
+    for i, (name, labels) in enumerate(pods):
+        cache.observe(
+            {
+                "metadata": {
+                    "name": name,
+                    "namespace": "gpu-operator",
+                    "uid": f"00000000-0000-0000-0000-00000000000{i}",
+                    "resourceVersion": str(i + 1),
+                    "labels": labels,
+                },
+                "spec": {"nodeName": "gpu-node-0001"},
+                "status": {"phase": "Running"},
+            }
+        )
+    return cache
+
+
+NVD_DRIVER = {
+    "app": "nvidia-gpu-driver-ubuntu22.04-7c9f5d",
+    "app.kubernetes.io/component": "nvidia-driver",
+}
+PRECOMPILED = {
+    "app": "nvidia-driver-daemonset-5.15.0-1048-aws-ubuntu22.04",
+    "app.kubernetes.io/component": "nvidia-driver",
+}
+NVD_VGPU_HOST = {
+    "app": "nvidia-vgpu-host-manager-ubuntu22.04-x1",
+    "app.kubernetes.io/component": "nvidia-vgpu-host-manager",
+}
+
+
+async def test_a_vm_claim_waits_for_any_driver_pod_whatever_its_daemonset() -> None:
+    """The hand-over's first patch removes `nvidia.com/gpu.deploy.driver`, so the driver
+    DaemonSet no longer selects the node; its pod is found all the same."""
+    for labels in (NVD_DRIVER, PRECOMPILED):
+        handovers = WorkloadHandovers(
+            _pod_cache(("driver", labels)), cast(Any, None), cast(Any, _Events())
+        )
+        changes = {
+            "nvidia.com/gpu.deploy.driver": None,
+            "nvidia.com/gpu.deploy.vfio-manager": "true",
+        }
+        patch, step = await handovers.hold(_node("vm-passthrough"), changes, "vm-passthrough")
+        assert step is not None
+        assert step.state == DRIVER_LEAVING, labels
+        assert "nvidia.com/gpu.deploy.vfio-manager" not in patch
+        assert patch["nvidia.com/gpu.deploy.driver"] is None
+
+
+async def test_back_to_containers_waits_for_an_nvidiadriver_vgpu_host_manager() -> None:
+    from statemachine.workload_handover import VM_MANAGER_LEAVING
+
+    handovers = WorkloadHandovers(
+        _pod_cache(("vgpu", NVD_VGPU_HOST)), cast(Any, None), cast(Any, _Events())
+    )
+    changes = {"nvidia.com/gpu.deploy.vgpu-manager": None, "nvidia.com/gpu.deploy.driver": "true"}
+    patch, step = await handovers.hold(_node("container"), changes, "container")
+    assert step is not None
+    assert step.state == VM_MANAGER_LEAVING
+    assert "nvidia.com/gpu.deploy.driver" not in patch
