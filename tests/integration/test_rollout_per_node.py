@@ -115,10 +115,19 @@ async def _status(rest: Rest) -> dict[str, Any]:
 
 
 async def _names_broken(rest: Rest) -> dict[str, Any] | None:
+    """The status once it names the broken node and counts every healthy node's device
+    plugin Ready. Both are needed: the node is named stuck after 3 s, which may be in a
+    pass before the last device-plugin pod turned Ready, and the pass that counts it
+    follows on its paced clock (up to 5 s after the pod event)."""
     status = await _status(rest)
     ready = next((c for c in status.get("conditions") or [] if c["type"] == "Ready"), {})
     message = ready.get("message", "")
-    if status.get("state") == "notReady" and f"{BROKEN} (driver:" in message:
+    plugin = next((c for c in status.get("components") or [] if c["name"] == "device-plugin"), {})
+    if (
+        status.get("state") == "notReady"
+        and f"{BROKEN} (driver:" in message
+        and plugin.get("nodesReady") == GPU_NODES
+    ):
         return status
     return None
 
