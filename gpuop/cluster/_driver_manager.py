@@ -385,27 +385,29 @@ def _fetched(node: NodeView, cfg: Config) -> dict[str, str]:
     return values
 
 
+def _label_patch(
+    node: NodeView, cfg: Config, always: tuple[str, ...], rule: Callable[[str], str]
+) -> dict[str, str]:
+    """Both label patches: ``rule`` on every label of ``always`` (absent ones as ""),
+    and on the MIG manager's, the custom operand label and the GPU clients' only where
+    the node had a value."""
+    values = _fetched(node, cfg)
+    patch = {label: rule(values[label]) for label in always}
+    for label in (MIG_MANAGER, cfg.node_label_for_gpu_pod_eviction, GPU_CLIENT):
+        if label and values.get(label):
+            patch[label] = rule(values[label])
+    return patch
+
+
 def pause_labels(node: NodeView, cfg: Config) -> dict[str, str]:
     """``main.go:evictAllGPUOperatorComponents``'s label patch."""
-    values = _fetched(node, cfg)
-    patch = {label: maybe_set_paused(values[label]) for label in _PAUSED_ALWAYS}
-    custom = cfg.node_label_for_gpu_pod_eviction
-    for label in (MIG_MANAGER, custom, GPU_CLIENT):
-        if label and values.get(label):
-            patch[label] = maybe_set_paused(values[label])
-    return patch
+    return _label_patch(node, cfg, _PAUSED_ALWAYS, maybe_set_paused)
 
 
 def reschedule_labels(node: NodeView, cfg: Config) -> dict[str, str]:
     """``main.go:rescheduleGPUOperatorComponents``'s label patch: from the values read
     at the start, not the paused ones written since."""
-    values = _fetched(node, cfg)
-    patch = {label: maybe_set_true(values[label]) for label in _RESCHEDULED_ALWAYS}
-    custom = cfg.node_label_for_gpu_pod_eviction
-    for label in (MIG_MANAGER, custom, GPU_CLIENT):
-        if label and values.get(label):
-            patch[label] = maybe_set_true(values[label])
-    return patch
+    return _label_patch(node, cfg, _RESCHEDULED_ALWAYS, maybe_set_true)
 
 
 def upgrade_policy_enabled(node: NodeView) -> bool:

@@ -11,7 +11,7 @@ A watcher over every node event holds, for the whole module:
   driver manager paused).
 
 ``GPUOP_TEST_NO_HANDOFF=1`` turns the annotation write off, to show these tests fail
-without it (see the module's note in README, "What the local cluster's node images play").
+without it (what the simulator plays: docs/node-images.md).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from statemachine.cordon import CORDONED_BY_ANNOTATION
 from statemachine.driver_handoff import HANDOFF_ANNOTATION
 from statemachine.upgrade_keys import IN_PROGRESS_STATES, SKIP_LABEL, STATE_LABEL, UpgradeState
 from tests.integration.harness import NAMESPACE, NODE, POLICY, Running, eventually, own_cluster
+from tests.integration.test_nvidiadriver import _nvd
 
 pytestmark = pytest.mark.integration
 
@@ -178,15 +179,6 @@ def _policy(version: str, **driver: Any) -> dict[str, Any]:
     }
     spec["driver"].update(driver)
     return policy
-
-
-def _nvd(name: str, **spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "nvidia.com/v1alpha1",
-        "kind": "NVIDIADriver",
-        "metadata": {"name": name},
-        "spec": spec,
-    }
 
 
 async def _cleanup(rest: Rest, api: client.ApiClient) -> None:

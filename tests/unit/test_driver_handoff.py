@@ -23,6 +23,7 @@ from statemachine.driver_handoff import (
 )
 from statemachine.driver_owner import NEXT_OWNER_LABEL
 from statemachine.upgrade_views import NodeUpgradeView
+from tests.unit.test_nvd_upgrade_wakes_cluster import _Queue
 
 GPU = {"nvidia.com/gpu.present": "true"}
 
@@ -96,12 +97,6 @@ def test_patch(annotations: dict[str, str], wanted: bool | None, patch: dict[str
 
 
 # ------------------------------------------------------------------ the node pass
-
-
-class _Queue:
-    def add(self, key: str) -> None: ...
-    def add_after(self, key: str, delay: float) -> None: ...
-    def forget(self, key: str) -> None: ...
 
 
 class _Workloads:
