@@ -174,9 +174,16 @@ class GPUClusters:
         return next(iter(self.clusters.values()), None)
 
     def active(self) -> bool:
-        """Whether a GPUCluster exists and is not being deleted: its node labels hold."""
+        """Whether a GPUCluster's node labels hold: while one exists and is not being
+        deleted, and while a deleted one still carries our finalizer. The DRA kubelet
+        plugin follows `nvidia.com/gpu.deploy.dra-driver`; dropping it at the
+        deletionTimestamp took the plugin away while the finalizer still waited for
+        the claim holders, whose claims nobody could then unprepare (issue 43)."""
         raw = self.current()
-        return raw is not None and not raw["metadata"].get("deletionTimestamp")
+        if raw is None:
+            return False
+        meta = raw["metadata"]
+        return not meta.get("deletionTimestamp") or FINALIZER in (meta.get("finalizers") or [])
 
     def conflict(self) -> str | None:
         """The GPUCluster's name while one exists (the ClusterPolicy must stand aside).

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ DS = by_kind("apps/v1", "DaemonSet")
 SAMPLE = Path(__file__).parents[1] / "conformance/upstream/gpucluster-default/policy.yaml"
 PLUGIN = "nvidia-dra-driver-kubelet-plugin"
 CONSUMERS = {"nvidia-dcgm-exporter-dra", "nvidia-dra-validator"}
+DRA_DEPLOY_LABEL = "nvidia.com/gpu.deploy.dra-driver"
 
 
 def _sample() -> dict[str, Any]:
@@ -72,6 +74,7 @@ class DaemonSetOrder:
         self.count = 0
         self.first_deleting: dict[str, int] = {}
         self.deleted: dict[str, int] = {}
+        self.deleted_at: dict[str, float] = {}
         self.foreground: set[str] = set()
 
     async def run(self, rest: Rest) -> None:
@@ -87,8 +90,27 @@ class DaemonSetOrder:
                 self.foreground.add(name)
             if event == "DELETED":
                 self.deleted.setdefault(name, self.count)
+                self.deleted_at.setdefault(name, time.monotonic())
             if event == "DELETED" or meta.get("deletionTimestamp"):
                 self.first_deleting.setdefault(name, self.count)
+
+
+class PluginLabelDrops:
+    """When (monotonic) each node first lost the label the DRA kubelet plugin's pods
+    follow."""
+
+    def __init__(self) -> None:
+        self.dropped_at: dict[str, float] = {}
+
+    async def run(self, rest: Rest) -> None:
+        call = rest.lister(NODE)
+        resp = await call()
+        assert resp.status == 200, await resp.read()
+        rv = json.loads(await resp.read())["metadata"]["resourceVersion"]
+        async for _event, obj in watch_from(call, rv, "nodes"):
+            labels = obj["metadata"].get("labels") or {}
+            if labels.get(DRA_DEPLOY_LABEL) != "true":
+                self.dropped_at.setdefault(obj["metadata"]["name"], time.monotonic())
 
 
 async def _delete_policies(rest: Rest) -> None:
@@ -107,7 +129,9 @@ async def test_gpucluster_renders_conflicts_and_tears_down_in_order(
     await _delete_policies(rest)
     wanted = _wanted()
     order = DaemonSetOrder()
+    drops = PluginLabelDrops()
     watcher: asyncio.Task[None] | None = None
+    label_watcher: asyncio.Task[None] | None = None
     try:
         async with Running(api_client) as running:
             await rest.apply(_sample())
@@ -123,13 +147,15 @@ async def test_gpucluster_renders_conflicts_and_tears_down_in_order(
             ns = await rest.get(by_kind("v1", "Namespace"), NAMESPACE)
             assert ns is not None
             assert ns["metadata"]["labels"][ADMIN_ACCESS_LABEL] == "true"
-            gpu_labels = [
-                n["metadata"]["labels"]
+            gpu_nodes_now = [
+                n
                 for n in await rest.list(NODE)
                 if n["metadata"]["labels"].get("nvidia.com/gpu.present") == "true"
             ]
+            gpu_names = [n["metadata"]["name"] for n in gpu_nodes_now]
+            gpu_labels = [n["metadata"]["labels"] for n in gpu_nodes_now]
             assert gpu_labels
-            assert all(lab.get("nvidia.com/gpu.deploy.dra-driver") == "true" for lab in gpu_labels)
+            assert all(lab.get(DRA_DEPLOY_LABEL) == "true" for lab in gpu_labels)
             assert (await rest.get(GC, crd.GC_NAME) or {}).get("status", {}).get("namespace") == (
                 NAMESPACE
             )
@@ -167,7 +193,8 @@ async def test_gpucluster_renders_conflicts_and_tears_down_in_order(
 
             # 4. Delete: the claim consumers go first (foreground), the plugin after.
             watcher = asyncio.create_task(order.run(rest))
-            await asyncio.sleep(0.5)  # the watch is open before the delete
+            label_watcher = asyncio.create_task(drops.run(rest))
+            await asyncio.sleep(0.5)  # the watches are open before the delete
             await rest.delete(GC, crd.GC_NAME)
 
             async def all_gone() -> bool:
@@ -178,10 +205,11 @@ async def test_gpucluster_renders_conflicts_and_tears_down_in_order(
                 lambda: _settled(order), timeout=30, what="every DaemonSet's DELETED event"
             )
     finally:
-        if watcher is not None:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+        for task in (watcher, label_watcher):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         with contextlib.suppress(Exception):
             await rest.delete(GC, crd.GC_NAME)
         await publish_dra(api_client)  # the simulator's DeviceClass went with ours
@@ -190,6 +218,16 @@ async def test_gpucluster_renders_conflicts_and_tears_down_in_order(
     plugin_starts = order.first_deleting[PLUGIN]
     for consumer in CONSUMERS:
         assert order.deleted[consumer] < plugin_starts, (consumer, order.deleted, plugin_starts)
+    # The kubelet plugin stays on every GPU node until every claim holder is gone: its
+    # label goes only once the finalizer is released, never at the deletionTimestamp.
+    consumers_gone = max(order.deleted_at[c] for c in CONSUMERS)
+    assert set(gpu_names) <= set(drops.dropped_at), (gpu_names, drops.dropped_at)
+    early = {
+        n: consumers_gone - t
+        for n, t in drops.dropped_at.items()
+        if n in gpu_names and t < consumers_gone
+    }
+    assert not early, f"plugin label dropped before the claim holders were gone: {early}"
 
 
 async def _settled(order: DaemonSetOrder) -> bool:
