@@ -18,9 +18,11 @@ from components.registry import owned_kinds
 
 NAMESPACED_VERBS = ("list", "watch", "create", "patch", "delete")
 """On a namespaced owned kind, in the operator namespace: watch, apply, prune."""
-CLUSTER_VERBS = ("list", "watch", "create")
-"""On a cluster-scoped owned kind, cluster-wide; `patch` and `delete` by name only."""
-CLUSTER_NAMED_VERBS = ("patch", "delete")
+CLUSTER_VERBS = ("list", "watch")
+"""On a cluster-scoped owned kind, cluster-wide (its cache)."""
+CLUSTER_NAMED_VERBS = ("create", "patch", "delete")
+"""On a cluster-scoped owned kind, by name only: server-side apply creates an object
+with a PATCH to its name, which the API server authorizes as a `create` of that name."""
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Shared helpers of the chart tests: the cached Helm binary, rendering, the plain
 manifests. Run as ``python -m tests.integration.helm_chart`` to regenerate
-deploy/manifests/gpu-operator.yaml after a chart change."""
+deploy/manifests/ after a chart change."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from gpuop.cluster._build import ensure_helm
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "gpu-operator"
 MANIFESTS = ROOT / "deploy" / "manifests" / "gpu-operator.yaml"
+DRA_RBAC_MANIFESTS = ROOT / "deploy" / "manifests" / "gpu-operator-dra-rbac.yaml"
 DATA = ROOT / "tests" / "data"
 RELEASE = "gpu-operator"
 NAMESPACE = "gpu-operator"
@@ -71,6 +72,22 @@ def one(docs: Iterable[dict[str, Any]], kind: str, name: str | None = None) -> d
     return found[0]
 
 
+_DRA_RBAC_HEADER = f"""\
+# What a GPUCluster (the DRA stack) needs of gpuop, for `kubectl apply` without Helm:
+# the chart's templates/dra-rbac.yaml with gpuCluster.rbac=true (release {RELEASE!r},
+# namespace {NAMESPACE!r}). Apply it after gpu-operator.yaml, only if you create a
+# GPUCluster. Generated -- do not edit; regenerate with
+#   python -m tests.integration.helm_chart
+"""
+
+
+def render_dra_rbac_manifests() -> str:
+    """What deploy/manifests/gpu-operator-dra-rbac.yaml must hold."""
+    return _DRA_RBAC_HEADER + template(
+        "--set", "gpuCluster.rbac=true", "--show-only", "templates/dra-rbac.yaml"
+    )
+
+
 def render_manifests() -> str:
     """What deploy/manifests/gpu-operator.yaml must hold."""
     # Without Helm's hooks: `kubectl apply` of this file installs the CRDs itself, and
@@ -80,5 +97,9 @@ def render_manifests() -> str:
 
 if __name__ == "__main__":
     MANIFESTS.parent.mkdir(parents=True, exist_ok=True)
-    MANIFESTS.write_text(render_manifests())
-    print(f"wrote {MANIFESTS.relative_to(ROOT)}", file=sys.stderr)
+    for path, text in (
+        (MANIFESTS, render_manifests()),
+        (DRA_RBAC_MANIFESTS, render_dra_rbac_manifests()),
+    ):
+        path.write_text(text)
+        print(f"wrote {path.relative_to(ROOT)}", file=sys.stderr)

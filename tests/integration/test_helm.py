@@ -28,6 +28,7 @@ from gpuop.rest import Kind
 from tests.integration.helm_chart import (
     CHART,
     DATA,
+    DRA_RBAC_MANIFESTS,
     MANIFESTS,
     NAMESPACE,
     RELEASE,
@@ -36,6 +37,7 @@ from tests.integration.helm_chart import (
     documents,
     helm,
     one,
+    render_dra_rbac_manifests,
     render_manifests,
     template,
 )
@@ -313,13 +315,8 @@ def test_upgrade_policy_values_map_to_the_policy() -> None:
 
 
 # ----------------------------------------------------------------------- RBAC
-def _rules(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    return [
-        r
-        for d in by_kind(docs, kind)
-        if d["metadata"]["name"] == "gpu-operator"
-        for r in d["rules"]
-    ]
+def _rules(docs: list[dict[str, Any]], kind: str, name: str = RELEASE) -> list[dict[str, Any]]:
+    return [r for d in by_kind(docs, kind) if d["metadata"]["name"] == name for r in d["rules"]]
 
 
 def _allows(
@@ -344,10 +341,16 @@ def test_no_wildcards_anywhere(values: list[str]) -> None:
 def test_operator_holds_what_it_does_and_what_it_grants_nothing_more() -> None:
     """Every call the operator makes and every permission an operand Role or
     ClusterRole grants is covered (Kubernetes refuses to let it grant what it does not
-    hold), and every rule the chart grants is needed by one of those."""
-    docs = documents(template(*_set(EVERYTHING_ON)))
-    cluster = _rules(docs, "ClusterRole")
-    namespaced = cluster + _rules(docs, "Role")
+    hold), and every rule the chart grants is needed by one of those. The GPUCluster's
+    DRA stack needs more (cluster-wide pod patch and Lease writes, among others, only
+    to pass them on): the chart grants that in roles of their own, only with
+    gpuCluster.rbac (or deployCR), so the default install holds none of it."""
+    docs = documents(template(*_set([*EVERYTHING_ON, "gpuCluster.rbac=true"])))
+    base_cluster, base_role = _rules(docs, "ClusterRole"), _rules(docs, "Role")
+    dra_cluster = _rules(docs, "ClusterRole", f"{RELEASE}-dra")
+    dra_role = _rules(docs, "Role", f"{RELEASE}-dra")
+    assert dra_cluster
+    assert dra_role
     needed: list[tuple[bool, str, str, str, str]] = []  # (cluster-wide, group, res, verb, name)
 
     def need(
@@ -390,10 +393,11 @@ def test_operator_holds_what_it_does_and_what_it_grants_nothing_more() -> None:
     }
     for kind in OWNED_CLUSTER:
         assert {k for k, _ in cluster_named} >= {kind.kind} or kind.kind == "RuntimeClass"
-        need(True, _group(kind), kind.plural, ["list", "watch", "create"])
+        need(True, _group(kind), kind.plural, rbac.CLUSTER_VERBS)
+    # Cluster-scoped objects are created by server-side apply, authorized by name.
     for kind_name, name in cluster_named:
         kind = next(k for k in OWNED_CLUSTER if k.kind == kind_name)
-        need(True, _group(kind), kind.plural, ["patch", "delete"], name)
+        need(True, _group(kind), kind.plural, rbac.CLUSTER_NAMED_VERBS, name)
     for obj in objects:
         if obj["kind"] in ("ClusterRole", "Role"):
             for rule in obj["rules"]:
@@ -404,34 +408,60 @@ def test_operator_holds_what_it_does_and_what_it_grants_nothing_more() -> None:
     assert {"ClusterRole", "Role", "ServiceMonitor", "PrometheusRule"} <= kinds
     for plural in ("servicemonitors", "prometheusrules"):
         need(False, "monitoring.coreos.com", plural, ["list", "watch", "create", "patch", "delete"])
-    # The GPUCluster (gpuop/controller/_gpucluster.py): its own object, status and
-    # finalizer, and what its DRA stack's objects and roles need (every state on).
+    # The GPUCluster (gpuop/controller/_gpucluster.py): its cache and its stack's caches
+    # run under any policy, and a GPUCluster the chart gives no DRA rights is reported in
+    # its own status.
     need(True, "nvidia.com", "gpuclusters", ["get", "list", "watch", "patch"])
     need(True, "nvidia.com", "gpuclusters/status", ["patch"])
-    need(True, "nvidia.com", "gpuclusters/finalizers", ["update"])
     gates = {"MPSSupport": True}
     dra_doc = {"draDriver": {"featureGates": gates}, "dcgm": {"enabled": True}, "dcgmExporter": {}}
     dra_spec = crd.parse_gpucluster({"spec": dra_doc}).spec
     dra = [o for objs in render_dra(dra_spec, ctx).values() for o in objs]
-    for n in rbac.rendered_needs(dra, DRA_KINDS, "GPUCluster"):
-        need(n.cluster_wide, n.group, n.resource, [n.verb], n.name)
+    dra_needs = rbac.rendered_needs(dra, DRA_KINDS, "GPUCluster")
+    for n in dra_needs:
+        if n.why == "GPUCluster" and n.verb in ("list", "watch"):
+            need(n.cluster_wide, n.group, n.resource, [n.verb], n.name)
+    # Only with a GPUCluster enabled: writing its stack, and the finalizers its objects'
+    # blockOwnerDeletion needs.
+    dra_only: list[tuple[bool, str, str, str, str]] = [
+        (n.cluster_wide, n.group, n.resource, n.verb, n.name) for n in dra_needs
+    ]
+    dra_only.append((True, "nvidia.com", "gpuclusters/finalizers", "update", ""))
 
-    for cluster_wide, group, resource, verb, name in needed:
-        rules = cluster if cluster_wide else namespaced
-        assert _allows(rules, group, resource, verb, name), (
-            f"the chart does not grant {verb} {group or 'core'}/{resource} {name}".strip()
-        )
-    # Nothing beyond: each granted (group, resource, verb) is needed somewhere.
-    wanted = {(g, r, v) for _, g, r, v, _ in needed}
-    # get comes with list for names we apply; update with patch for the MIG manager.
-    for rules in (_rules(docs, "ClusterRole"), _rules(docs, "Role")):
-        for rule in rules:
+    def check(
+        wanted: list[tuple[bool, str, str, str, str]], cluster: list[Any], role: list[Any]
+    ) -> None:
+        for cluster_wide, group, resource, verb, name in wanted:
+            rules = cluster if cluster_wide else [*cluster, *role]
+            assert _allows(rules, group, resource, verb, name), (
+                f"the chart does not grant {verb} {group or 'core'}/{resource} {name}".strip()
+            )
+
+    check(needed, base_cluster, base_role)
+    check(dra_only, [*base_cluster, *dra_cluster], [*base_role, *dra_role])
+    # Nothing beyond: each granted (group, resource, verb) is needed; the DRA roles
+    # grant only what the DRA stack needs and the base roles do not already hold.
+    # get comes with list for names we apply.
+    for granted, wanted_list in (
+        ([*base_cluster, *base_role], needed),
+        ([*dra_cluster, *dra_role], dra_only),
+    ):
+        wanted = {(g, r, v) for _, g, r, v, _ in wanted_list}
+        for rule in granted:
             for group in rule["apiGroups"]:
                 for resource in rule["resources"]:
                     for verb in rule["verbs"]:
                         assert (group, resource, verb) in wanted or (
                             verb == "get" and (group, resource, "list") in wanted
                         ), f"granted but unused: {verb} {group or 'core'}/{resource}"
+    # The pass-through rights the default install must not hold (issue 43).
+    for group, resource, verb in (
+        ("", "pods", "patch"),
+        ("coordination.k8s.io", "leases", "update"),
+        ("coordination.k8s.io", "leases", "get"),
+    ):
+        assert not _allows(base_cluster, group, resource, verb), (group, resource, verb)
+        assert _allows(dra_cluster, group, resource, verb), (group, resource, verb)
 
 
 def test_health_remediation_is_absent_unless_set() -> None:
@@ -513,9 +543,13 @@ def test_node_agent_writes_are_narrowed_to_its_own_node(namespace: str) -> None:
 
 # ------------------------------------------------------------------ manifests
 def test_plain_manifests_equal_helm_template() -> None:
-    assert MANIFESTS.read_text() == render_manifests(), (
-        f"{MANIFESTS} is out of date: regenerate with `python -m tests.integration.helm_chart`"
-    )
+    for path, rendered in (
+        (MANIFESTS, render_manifests()),
+        (DRA_RBAC_MANIFESTS, render_dra_rbac_manifests()),
+    ):
+        assert path.read_text() == rendered, (
+            f"{path} is out of date: regenerate with `python -m tests.integration.helm_chart`"
+        )
 
 
 def test_chart_default_policy_equals_the_sample_in_deploy(
@@ -820,6 +854,10 @@ _SWEEP_BASE: dict[str, Any] = {
 }
 
 
+#: Keys whose effect another key of the base already includes: swept with that one off.
+_SWEEP_SHADOWED = {"gpuCluster.rbac": "gpuCluster.deployCR"}
+
+
 def _changed(value: Any) -> Any:
     if isinstance(value, bool):
         return not value
@@ -852,17 +890,26 @@ def test_every_other_values_key_changes_what_the_chart_renders(tmp_path: Path) -
     effective.update({tuple(k.split(".")): v for k, v in _SWEEP_BASE.items()})
     inert = {tuple(k.split(".")) for k in INERT_VALUES}
 
+    shadow_off = {k: _values_file(tmp_path, f"off{i}", {v: False}) for i, (k, v) in
+                  enumerate(_SWEEP_SHADOWED.items())}  # fmt: skip
+    shadow_base = {
+        k: template("--include-crds", values=[base_file, f]) for k, f in shadow_off.items()
+    }
+
     def acts(item: tuple[int, tuple[tuple[str, ...], Any]]) -> str | None:
         i, (path, value) = item
-        override = _values_file(tmp_path, f"k{i}", {".".join(path): _changed(value)})
+        key = ".".join(path)
+        override = _values_file(tmp_path, f"k{i}", {key: _changed(value)})
+        extra = [str(shadow_off[key])] if key in shadow_off else []
         proc = subprocess.run(
             [str(ensure_helm()), "template", RELEASE, str(CHART), "--namespace", NAMESPACE,
-             "--include-crds", "--values", str(base_file), "--values", str(override)],
+             "--include-crds", "--values", str(base_file),
+             *[a for f in extra for a in ("--values", f)], "--values", str(override)],
             capture_output=True, text=True, check=False, timeout=120,
         )  # fmt: skip
-        if proc.returncode != 0 or proc.stdout != base:
+        if proc.returncode != 0 or proc.stdout != shadow_base.get(key, base):
             return None
-        return ".".join(path)
+        return key
 
     items = [(p, v) for p, v in effective.items() if p not in inert and p[:1] not in inert]
     with ThreadPoolExecutor(2) as pool:

@@ -41,18 +41,39 @@ def _needs() -> list[rbac.Need]:
 
 
 def test_chart_holds_every_permission_the_gpucluster_needs() -> None:
-    cluster, role = _operator_rules()
+    cluster, role = _operator_rules(dra=True)
     needs = _needs()
     assert {n.resource for n in needs} >= {"computedomaincliques", "deviceclasses"}
     assert [str(n) for n in rbac.missing(cluster, role, needs)] == []
 
 
 def test_the_check_fails_without_the_device_class_names() -> None:
-    cluster, role = _operator_rules()
+    cluster, role = _operator_rules(dra=True)
     named = [r for r in cluster if "deviceclasses" in r["resources"] and r.get("resourceNames")]
     assert named
     lost = rbac.missing([r for r in cluster if r not in named], role, _needs())
     assert {(n.resource, n.verb) for n in lost} == {
+        ("deviceclasses", "create"),
         ("deviceclasses", "patch"),
         ("deviceclasses", "delete"),
     }
+
+
+def test_the_chart_defaults_grant_no_dra_pass_through() -> None:
+    """Without a GPUCluster enabled the operator cannot patch pods or write Leases
+    anywhere, nor create the DRA stack's cluster-scoped objects; its caches still list."""
+    cluster, role = _operator_rules()
+    missing = rbac.missing(cluster, role, _needs())
+    lost = {(n.group, n.resource, n.verb) for n in missing}
+    assert {
+        ("", "pods", "patch"),
+        ("coordination.k8s.io", "leases", "update"),
+        ("coordination.k8s.io", "leases", "create"),
+        ("resource.k8s.io", "deviceclasses", "create"),
+        ("admissionregistration.k8s.io", "validatingadmissionpolicies", "create"),
+        ("rbac.authorization.k8s.io", "clusterroles", "create"),
+        ("nvidia.com", "gpuclusters/finalizers", "update"),
+    } <= lost
+    caches = [n for n in missing if n.why == "GPUCluster owns it" and n.verb in ("list", "watch")]
+    assert not caches
+    assert ("nvidia.com", "gpuclusters/status", "patch") not in lost

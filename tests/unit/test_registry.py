@@ -22,6 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "deploy" / "manifests" / "gpu-operator.yaml"
 """The chart rendered with its default values (kept equal to `helm template` by
 tests/integration/test_helm.py), so this needs no Helm binary."""
+DRA_RBAC_MANIFESTS = ROOT / "deploy" / "manifests" / "gpu-operator-dra-rbac.yaml"
+"""The chart's DRA rights (gpuCluster.rbac=true), kept equal to `helm template` too."""
 OPERATOR = "gpu-operator"
 
 POLICIES = {
@@ -79,14 +81,20 @@ def test_derived_lists() -> None:
     assert mig_only == {c.DEPLOY_MIG_MANAGER_LABEL}
 
 
-def _operator_rules() -> tuple[list[Rule], list[Rule]]:
+def _operator_rules(dra: bool = False) -> tuple[list[Rule], list[Rule]]:
+    """The operator's ClusterRole and Role rules as the chart's defaults grant them;
+    with `dra`, also what the chart grants once a GPUCluster is enabled."""
     docs = [d for d in yaml.safe_load_all(MANIFESTS.read_text()) if d]
+    names = {OPERATOR}
+    if dra:
+        docs += [d for d in yaml.safe_load_all(DRA_RBAC_MANIFESTS.read_text()) if d]
+        names.add(f"{OPERATOR}-dra")
 
     def rules(kind: str) -> list[Rule]:
         return [
             r
             for d in docs
-            if d["kind"] == kind and d["metadata"]["name"] == OPERATOR
+            if d["kind"] == kind and d["metadata"]["name"] in names
             for r in d["rules"]
         ]
 
