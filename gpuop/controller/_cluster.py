@@ -26,7 +26,7 @@ from gpuop.controller._apply import Applier, owned_by, owner_reference
 from gpuop.controller._config import OperatorConfig
 from gpuop.controller._label_gate import LabelGate
 from gpuop.controller._memo import VersionMemo
-from gpuop.controller._nodes import GpuNodes
+from gpuop.controller._nodes import GpuFleet, GpuNodes
 from gpuop.controller._owned import OptionalWatches
 from gpuop.controller._pace import LEAST_WAIT_S
 from gpuop.controller._policy_status import PolicyStatusWriter, generation, now
@@ -199,7 +199,7 @@ class ClusterReconciler:
         self.metrics.driver_auto_upgrade_enabled.set(
             1 if spec.driver.enabled and spec.driver.upgrade_policy.auto_upgrade else 0
         )
-        desired = await self._render(raw, spec, gpu_nodes, fleet.mig_capable)
+        desired = await self._render(raw, spec, gpu_nodes, fleet)
         held = self.nvd.holds_policy_driver()
         if held:
             # NVIDIADriver pods still run: the ClusterPolicy's driver waits until they left.
@@ -207,7 +207,7 @@ class ClusterReconciler:
                 o for o in desired[DRIVER_COMPONENT] if o["kind"] != "DaemonSet"
             ]
         objects = [o for objs in desired.values() for o in objs]
-        waiting = self._wait_for_labels(raw, objects, spec, gpu_nodes)
+        waiting = self._wait_for_labels(raw, objects, spec, gpu_nodes, fleet.version)
         if self.config_problems:
             # The driver's site configuration is incomplete: rolling drivers out without
             # the repositories or certificates they need would break nodes that work
@@ -249,7 +249,7 @@ class ClusterReconciler:
         await self.status.write(raw, status)
 
     async def _render(
-        self, raw: Obj, spec: ClusterPolicySpec, gpu_nodes: list[Obj], mig_capable: bool
+        self, raw: Obj, spec: ClusterPolicySpec, gpu_nodes: list[Obj], fleet: GpuFleet
     ) -> Desired:
         """Every component's objects, owned by the policy and carrying their hash.
 
@@ -257,14 +257,14 @@ class ClusterReconciler:
         nodes' facts, the Prometheus Operator's APIs): during a rollout the pass runs on every
         pod change, and rendering and hashing every object each time cost most of its
         CPU. Callers get a fresh mapping over the shared, never-mutated objects."""
-        facts = self._node_facts(gpu_nodes)
+        facts = self._node_facts(gpu_nodes, fleet.version)
         site_keys = self.site_config.keys(referenced_config_maps(spec))
         ctx = RenderContext(
             namespace=self.config.namespace,
             operator_image=self.config.operator_image,
             operator_image_pull_policy=self.config.operator_image_pull_policy,
             operator_image_pull_secrets=self.config.operator_image_pull_secrets,
-            mig_capable=mig_capable,
+            mig_capable=fleet.mig_capable,
             service_monitor_crd=await self._served_kind(raw, SERVICE_MONITOR),
             prometheus_rule_crd=await self._served_kind(raw, PROMETHEUS_RULE),
             gpu_nodes=facts,
@@ -296,27 +296,34 @@ class ClusterReconciler:
         return self._rendered[2] if self._rendered else ()
 
     def _wait_for_labels(
-        self, raw: Obj, objects: list[Obj], spec: ClusterPolicySpec, gpu_nodes: list[Obj]
+        self,
+        raw: Obj,
+        objects: list[Obj],
+        spec: ClusterPolicySpec,
+        gpu_nodes: list[Obj],
+        nodes_version: int,
     ) -> set[int]:
         """The ``id`` of each new workload held back until the deploy labels are written
         (see :mod:`gpuop.controller._label_gate`); the pass counts again soon, until
-        the labels are written or the deadline passes."""
+        the labels are written or the deadline passes. ``nodes_version``: the node
+        cache's version ``gpu_nodes`` were read at."""
         held, look_again = self.label_gate.hold(
             objects,
             lambda o: self.applier.observed(o) is not None,
             gpu_nodes,
             spec,
             (str(raw["metadata"].get("uid")), generation(raw)),
-            self.nodes.version,
+            nodes_version,
         )
         if look_again is not None:
             self.again.after(look_again)
         return {id(o) for o in held}
 
-    def _node_facts(self, gpu_nodes: list[Obj]) -> tuple[NodeFacts, ...]:
+    def _node_facts(self, gpu_nodes: list[Obj], nodes_version: int) -> tuple[NodeFacts, ...]:
         """Each GPU node's facts in name order, read again only from a node object the
-        cache replaced since."""
-        if self._facts_memo is not None and self._facts_memo[0] == self.nodes.version:
+        cache replaced since. ``nodes_version``: the node cache's version ``gpu_nodes``
+        were read at (the cache may have moved on while the pass awaited)."""
+        if self._facts_memo is not None and self._facts_memo[0] == nodes_version:
             return self._facts_memo[1]
         known = self._facts
         self._facts = {}
@@ -328,7 +335,7 @@ class ClusterReconciler:
                 entry = (node, node_facts(node))
             self._facts[name] = entry
             out.append(entry[1])
-        self._facts_memo = (self.nodes.version, tuple(out))
+        self._facts_memo = (nodes_version, tuple(out))
         return self._facts_memo[1]
 
     def _components(

@@ -186,6 +186,11 @@ class GpuFleet(NamedTuple):
     """The GPU nodes not Ready and marked out of service (:func:`node_out_of_service`),
     by name: the only ones whose pods the cluster pass may force-delete, so it need not
     look at the others on every pass."""
+    version: int = 0
+    """The node cache's version these were read at: what a memo of anything worked out
+    from them must be keyed on. The cache's version read later may be newer (a node
+    pass wrote labels while the cluster pass awaited the API server), and a memo keyed
+    on that kept a count of the older nodes: new DaemonSets held for a minute."""
 
 
 class GpuNodes:
@@ -213,6 +218,7 @@ class GpuNodes:
                 has_nfd=any(any(k in labels(n) for k in NFD_GPU_LABELS) for n in nodes),
                 mig_capable=any_mig_capable(labels(n) for n in gpu),
                 out_of_service=tuple(n for n in gpu if node_out_of_service(n)),
+                version=version,
             )
             self._memo = (version, fleet)
         return self._memo[1]

@@ -36,7 +36,7 @@ def _node(
 def test_the_fleet_is_worked_out_again_only_after_the_cache_changed() -> None:
     nodes = Informer(ResourceSpec("nodes", _never, transform=trim_node), lambda *_: None)
     fleet = GpuNodes(nodes)
-    assert fleet() == ((), False, False, ())
+    assert fleet() == ((), False, False, (), 0)
 
     nodes._on_line(_node("b", "1", {GPU: "true"}))
     nodes._on_line(_node("a", "2", {GPU: "true", MIG_CAPABLE_LABEL: "true"}))
@@ -46,9 +46,15 @@ def test_the_fleet_is_worked_out_again_only_after_the_cache_changed() -> None:
     assert first.has_nfd
     assert first.mig_capable
     assert fleet() is first  # nothing changed: the same answer, not a new scan
+    # The version it was read at, kept when the cache moves on: a memo of anything
+    # worked out from these nodes is keyed on it (issue 43: the deploy-label gate keyed
+    # on the cache's later version never counted the labels written meanwhile).
+    assert first.version == nodes.version
 
     nodes._on_line(_node("a", "4", {GPU: "false"}))  # NFD says: no GPU after all
+    assert first.version < nodes.version
     second = fleet()
+    assert second.version == nodes.version
     assert [n["metadata"]["name"] for n in second.nodes] == ["b"]
     assert second.has_nfd
     assert not second.mig_capable
