@@ -130,6 +130,13 @@ def node_pools(
     return [pools[name] for name in sorted(pools)]
 
 
+def deploy_label(spec: NVIDIADriverSpec) -> str:
+    """The node label (``true``) that the resource's driver DaemonSets select on."""
+    if spec.driver_type == "vgpu-host-manager":
+        return DEPLOY_VGPU_MANAGER_LABEL
+    return DEPLOY_DRIVER_LABEL
+
+
 def policy_for(spec: NVIDIADriverSpec, base: ClusterPolicySpec) -> ClusterPolicySpec:
     """The ClusterPolicy whose driver section says what ``spec`` says; the rest of
     ``base`` (host paths, ...) is kept."""
@@ -272,8 +279,7 @@ def render_pool(
     if spec.pod_security_context:
         pod["securityContext"] = spec.pod_security_context
     name = app_name(spec.driver_type, pool.os_tag, uid, pool.kernel)
-    deploy = DEPLOY_VGPU_MANAGER_LABEL if spec.driver_type == "vgpu-host-manager" else None
-    selector = {deploy or DEPLOY_DRIVER_LABEL: TRUE, **pool.node_selector}
+    selector = {deploy_label(spec): TRUE, **pool.node_selector}
     ds = daemonset(
         name,
         driver.NAME,

@@ -30,9 +30,9 @@ from statemachine.budget import (
     BudgetNode,
     Selection,
     available_slots,
-    resolve_max_unavailable,
     select_nodes,
 )
+from statemachine.max_unavailable import resolve_max_unavailable
 from statemachine.rollout import (
     ROLLOUT_COMPLETE,
     ROLLOUT_ORDER,

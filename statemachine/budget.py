@@ -15,36 +15,15 @@ them costs a parallel slot but no availability.
 
 from __future__ import annotations
 
-import math
-import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from crd import OWNER_LABEL
 from statemachine.driver_owner import NEXT_OWNER_LABEL
+from statemachine.max_unavailable import resolve_max_unavailable
 from statemachine.upgrade_keys import SLOT_STATES, STATE_LABEL, UpgradeState, parse_state, skipped
 from statemachine.upgrade_views import NodeUpgradeView
-
-_PERCENT = re.compile(r"^\s*(\d+)\s*%\s*$")
-
-
-def resolve_max_unavailable(value: int | str, total_gpu_nodes: int) -> int:
-    """`maxUnavailable` as a node count. Percentages round up, like upstream.
-
-    Raises ValueError naming the field for negative numbers and for strings that are
-    not `<digits>%` (a bare "3" is not valid IntOrString, as in Kubernetes).
-    """
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        raise ValueError(f"maxUnavailable must be an int or a percent string, got {value!r}")
-    if isinstance(value, int):
-        if value < 0:
-            raise ValueError(f"maxUnavailable must not be negative, got {value}")
-        return value
-    match = _PERCENT.match(value)
-    if match is None:
-        raise ValueError(f"maxUnavailable must be an int or a percent like '25%', got {value!r}")
-    return math.ceil(int(match.group(1)) * max(total_gpu_nodes, 0) / 100)
 
 
 def _check_count(name: str, value: int) -> None:

@@ -21,12 +21,29 @@ machine, under the new owner's budget, cordons and drains it and only then remov
 owner label (``statemachine.upgrade_views.NodeUpgradeView.moving``). The next owner
 stays recorded through the hand-over, so a restarted operator knows the node is still
 the new owner's upgrade.
+
+When it does not (``autoUpgrade: false``), there is no cordon or drain, but the hand-overs
+still keep to the new owner's ``upgradePolicy.maxUnavailable``
+(``statemachine.max_unavailable.resolve_max_unavailable`` of the nodes it is to own, at
+least one: with upgrades off 0 is allowed, and the move must still end). A node of the
+new owner counts against it while it has no working driver: no owner label (the old
+pod still leaving, or the new owner given in this very pass) or the new owner's label
+but no Ready driver pod (``unready``). Counting the new pods until they are Ready is
+what makes it a budget: the gap between the old pod leaving and the new one being
+created is seconds, and a new driver that never comes up must not take every node.
+Moving nodes over the budget keep their owner (and any move record) for a later pass,
+in name order. Nothing is remembered between passes, so the budget holds across
+restarts; for the same reason a node without an owner counts whatever it ran before
+(from its labels, one whose old pod just left and a new node look alike), but it is
+never held back: it has no driver to keep.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+
+from statemachine.max_unavailable import resolve_max_unavailable
 
 OWNER_LABEL = "nvidia.com/gpu-operator.driver.owner"
 NEXT_OWNER_LABEL = "nvidia.com/gpu-operator.driver.next-owner"
@@ -42,6 +59,9 @@ class DriverResource:
     default: bool = False
     node_selector: Mapping[str, str] = field(default_factory=dict)
     deleting: bool = False
+    max_unavailable: int | str = "25%"
+    """Its ``upgradePolicy.maxUnavailable``: how many of its nodes may be mid hand-over
+    at once when it does not upgrade automatically."""
 
     def selects(self, labels: Mapping[str, str]) -> bool:
         return all(labels.get(k) == v for k, v in self.node_selector.items())
@@ -65,6 +85,8 @@ class Assignment:
     """``NEXT_OWNER_LABEL`` changes (None removes the label)."""
     targets: dict[str, str] = field(default_factory=dict)
     """Node -> owner once every hand-over is done (nodes without one left out)."""
+    deferred: frozenset[str] = frozenset()
+    """Nodes whose move waits for room in the new owner's hand-over budget."""
 
 
 def assign_owners(
@@ -73,6 +95,7 @@ def assign_owners(
     held: Collection[str] = (),
     managed: Collection[str] = (),
     busy: Collection[str] = (),
+    unready: Collection[str] = (),
 ) -> Assignment:
     """Owner of every GPU node in ``nodes`` (name -> labels).
 
@@ -80,7 +103,10 @@ def assign_owners(
     the label from the others themselves. ``managed``: the resources whose
     upgradePolicy upgrades automatically (nodes move to them through the upgrades);
     ``busy``: nodes in the middle of their current owner's upgrade, which a move to such
-    a resource waits for (its budget would otherwise count a node the other one holds).
+    a resource waits for (its budget would otherwise count a node the other one holds);
+    ``unready``: nodes meant to run a driver pod that have no Ready one (starting,
+    failing, not created yet), which a move to any other resource waits for while they
+    carry its label and its budget is spent (see the module's docstring).
     """
     live = sorted((r for r in resources if not r.deleting), key=lambda r: r.name)
     live_names = {r.name for r in live}
@@ -108,10 +134,9 @@ def assign_owners(
                 problems.setdefault(name, Problem(REASON_CONFLICT, message))
     fallback = defaults[0].name if len(defaults) == 1 else None
 
-    changes: dict[str, str | None] = {}
-    owners: dict[str, str] = {}
-    moves: dict[str, str | None] = {}
+    steps: dict[str, tuple[str | None, str | None]] = {}
     targets: dict[str, str] = {}
+    handing: dict[str, list[str]] = {}  # new owner -> its nodes this pass would let go
     for node, labels in nodes.items():
         current = labels.get(OWNER_LABEL)
         pending = labels.get(NEXT_OWNER_LABEL)
@@ -130,14 +155,56 @@ def assign_owners(
                 after_move = None  # the current owner's upgrade finishes first
             if target is not None:
                 targets[node] = target
+                if wanted is None and current in live_names:
+                    handing.setdefault(target, []).append(node)  # to one not in managed
+        steps[node] = (wanted, after_move)
+        if wanted is not None:
+            targets.setdefault(node, wanted)  # ambiguous: it stays
+
+    by_name = {r.name: r for r in live}
+    deferred = _over_budget(nodes, targets, handing, by_name, unready)
+    changes: dict[str, str | None] = {}
+    owners: dict[str, str] = {}
+    moves: dict[str, str | None] = {}
+    for node, labels in nodes.items():
+        current = labels.get(OWNER_LABEL)
+        pending = labels.get(NEXT_OWNER_LABEL)
+        wanted, after_move = (current, pending) if node in deferred else steps[node]
         if wanted != current:
             changes[node] = wanted
         if after_move != pending:
             moves[node] = after_move
         if wanted is not None:
             owners[node] = wanted
-            targets.setdefault(node, wanted)  # ambiguous: it stays
-    return Assignment(changes, owners, problems, moves, targets)
+    return Assignment(changes, owners, problems, moves, targets, frozenset(deferred))
+
+
+def _over_budget(
+    nodes: Mapping[str, Mapping[str, str]],
+    targets: Mapping[str, str],
+    handing: Mapping[str, list[str]],
+    resources: Mapping[str, DriverResource],
+    unready: Collection[str],
+) -> set[str]:
+    """The nodes of ``handing`` (new owner -> nodes that would lose their owner label
+    now) that must keep it: over the new owner's budget, counted over the nodes it is
+    to own, with those already without a working driver taking their places first."""
+    fleets: dict[str, list[str]] = {}
+    for node, target in targets.items():
+        fleets.setdefault(target, []).append(node)
+    deferred: set[str] = set()
+    for target, moving in handing.items():
+        fleet = fleets[target]
+        limit = max(1, resolve_max_unavailable(resources[target].max_unavailable, len(fleet)))
+        starting = set(moving)
+        down = 0
+        for node in fleet:
+            owner = nodes[node].get(OWNER_LABEL)
+            if node not in starting and (owner is None or (owner == target and node in unready)):
+                down += 1
+        room = max(0, limit - down)
+        deferred.update(sorted(moving)[room:])
+    return deferred
 
 
 def _step(

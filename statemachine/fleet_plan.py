@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from statemachine.budget import resolve_max_unavailable
 from statemachine.fleet_report import NodeFacts, Obj, Rules, removal_blockers
+from statemachine.max_unavailable import resolve_max_unavailable
 from statemachine.rollout_gate import GatePolicy
 from statemachine.upgrade_keys import IN_PROGRESS_STATES, SKIP_LABEL, UpgradeState
 from statemachine.upgrade_views import UpgradePolicyView

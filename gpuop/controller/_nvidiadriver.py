@@ -13,7 +13,9 @@ ClusterPolicy's driver DaemonSet is held back (:meth:`NVIDIADrivers.holds_policy
 while any node carries an owner label or any resource's driver pod remains. Between two
 resources likewise: a node loses its owner label before it gets the next one, and gets
 it only once no driver pod is left on it; a move to a resource that upgrades
-automatically is recorded (next-owner label) and carried out by the upgrade machine.
+automatically is recorded (next-owner label) and carried out by the upgrade machine, a
+move to one that does not waits for room in that resource's maxUnavailable (its nodes
+without an owner or a Ready driver pod count).
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from pydantic import ValidationError
 
 from components import RenderContext, daemonset_ready, is_gpu_node, with_hash
 from components.driver_config import referenced_config_maps
-from components.nvidiadriver import NVIDIADriverRenderError, policy_for, render
+from components.keys import TRUE
+from components.nvidiadriver import NVIDIADriverRenderError, deploy_label, policy_for, render
 from crd import (
     NVD_API_VERSION,
     NVD_KIND,
@@ -56,6 +59,7 @@ from statemachine.upgrade_keys import (
     parse_state,
     skipped,
 )
+from statemachine.upgrade_views import UpgradePolicyView
 
 if TYPE_CHECKING:
     from gpuop.controller._driver_host import DriverHost
@@ -149,6 +153,26 @@ class NVIDIADrivers:
             return set(self.op.nodes.store)
         return {p.node for p in self.driver_pods.values() if p.node}
 
+    def _unready_nodes(
+        self, gpu: Mapping[str, Mapping[str, str]], models: Mapping[str, NVIDIADriver]
+    ) -> set[str]:
+        """GPU nodes whose owner's driver DaemonSets select them (its deploy label is
+        ``true``) but that have no Ready driver pod: starting, failing, or not created
+        yet. A hand-over to that owner waits while they take its budget
+        (:func:`statemachine.driver_owner.assign_owners`); a pod turning Ready wakes
+        this pass (``_routes.route_pod``)."""
+        ready = {p.node for p in self.driver_pods.values() if p.ready and not p.deleting}
+        unready = set()
+        for name, node_labels in gpu.items():
+            model = models.get(node_labels.get(OWNER_LABEL, ""))
+            if (
+                model is not None
+                and name not in ready
+                and node_labels.get(deploy_label(model.spec)) == TRUE
+            ):
+                unready.add(name)
+        return unready
+
     # ----------------------------------------------------------- reconcile
     async def reconcile(self) -> None:
         if not self.owners.has_listed():
@@ -165,8 +189,8 @@ class NVIDIADrivers:
                 await self._fail(raw, REASON_RECONCILE_FAILED, f"invalid NVIDIADriver: {err}")
         nodes = self.op.nodes.values()
         gpu = {n["metadata"]["name"]: labels(n) for n in nodes if is_gpu_node(labels(n))}
-        resources = driver_resources(models)
         policies = self.owners.upgrade_policies() or {}
+        resources = driver_resources(models, policies)
         managed = {name for name, policy in policies.items() if policy.auto_upgrade}
         busy = {
             name
@@ -174,7 +198,8 @@ class NVIDIADrivers:
             if NEXT_OWNER_LABEL not in node_labels
             and parse_state(node_labels.get(STATE_LABEL)) in SLOT_STATES
         }
-        assignment = assign_owners(gpu, resources, self._held_nodes(), managed, busy)
+        unready = self._unready_nodes(gpu, models)
+        assignment = assign_owners(gpu, resources, self._held_nodes(), managed, busy, unready)
         intended = assignment.targets  # once every hand-over is done
         changes: dict[str, dict[str, str | None]] = {}
         for name, owner in assignment.changes.items():
@@ -307,15 +332,20 @@ class NVIDIADrivers:
         )
 
 
-def driver_resources(models: Mapping[str, NVIDIADriver]) -> list[DriverResource]:
+def driver_resources(
+    models: Mapping[str, NVIDIADriver], policies: Mapping[str, UpgradePolicyView] | None = None
+) -> list[DriverResource]:
     """What owner assignment (:func:`statemachine.driver_owner.assign_owners`) reads of
-    each parsed NVIDIADriver, by name (shared with the conformance test)."""
+    each parsed NVIDIADriver, by name (shared with the conformance test); ``policies``:
+    each one's upgradePolicy (``DriverOwners.upgrade_policies``), whose maxUnavailable
+    bounds its hand-overs (upstream's default where missing)."""
     return [
         DriverResource(
             name=name,
             default=m.spec.default,
             node_selector=dict(m.spec.node_selector or {}),
             deleting=m.deleting,
+            max_unavailable=(policies or {}).get(name, UpgradePolicyView()).max_unavailable,
         )
         for name, m in models.items()
     ]

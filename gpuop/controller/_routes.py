@@ -86,6 +86,14 @@ def route_pod(
         # waits for every GPU claimant's pod (driver, VFIO or vGPU manager) to go.
         keys.append(node_key(node))
     fleet = False
+    if (
+        driver
+        and event == "MODIFIED"
+        and not is_policy_driver(app)
+        and _serves(old) != _serves(new)
+    ):
+        # An NVIDIADriver's hand-over budget counts its nodes whose driver is not Ready.
+        keys.append(NVD_KEY)
     if event != "MODIFIED":  # hand-over gates and the fleet budget ask only whether one is there
         if driver:
             keys.append(NVD_KEY)
@@ -99,6 +107,11 @@ def route_pod(
             # once, a fresh install's 1,000 driver pods were 1,000 fleet passes.
             fleet = True
     return Wake(tuple(keys), fleet=fleet, progress=pod_facts(old) != pod_facts(new))
+
+
+def _serves(pod: PodRecord | None) -> bool:
+    """Whether a driver pod drives its node: Ready and not terminating."""
+    return pod is not None and pod.ready and not pod.deleting
 
 
 def wake(*keys: str, fleet: bool = False, progress: bool = False) -> Wake:

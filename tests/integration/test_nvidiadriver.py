@@ -76,6 +76,32 @@ class DriverPodWatch:
         self.most = max(self.most, most)
 
 
+class OwnerlessWatch:
+    """The most GPU nodes without an owner label at one moment of the node watch, while
+    ``armed`` (the nodes named as of that moment)."""
+
+    def __init__(self, rest: Rest) -> None:
+        self.owner: dict[str, str | None] = {}
+        self.armed = False
+        self.most: list[str] = []
+        self.informer = Informer(
+            ResourceSpec("test-ownerless-nodes", rest.lister(NODE)), self._on_node
+        )
+
+    def _on_node(self, event: str, old: Obj | None, new: Obj | None) -> None:
+        node = new or old
+        assert node is not None
+        name = node["metadata"]["name"]
+        labels = node["metadata"].get("labels") or {}
+        if event == "DELETED" or labels.get("nvidia.com/gpu.present") != "true":
+            self.owner.pop(name, None)
+        else:
+            self.owner[name] = labels.get(crd.OWNER_LABEL)
+        ownerless = sorted(n for n, owner in self.owner.items() if owner is None)
+        if self.armed and len(ownerless) > len(self.most):
+            self.most = ownerless
+
+
 async def _labels(rest: Rest) -> dict[str, dict[str, str]]:
     return {n["metadata"]["name"]: n["metadata"].get("labels", {}) for n in await rest.list(NODE)}
 
@@ -132,6 +158,8 @@ async def test_resources_own_their_nodes_and_hand_over_exclusively(
     await rest.apply(crd.sample_policy())
     watch = DriverPodWatch(rest)
     watcher = asyncio.create_task(watch.informer.run())
+    ownerless = OwnerlessWatch(rest)
+    ownerless_watcher = asyncio.create_task(ownerless.informer.run())
     try:
         async with Running(api_client):
             assert await eventually(lambda: policy_state_is(rest, "ready"), timeout=120)
@@ -218,6 +246,35 @@ async def test_resources_own_their_nodes_and_hand_over_exclusively(
 
             assert await eventually(default_ready, timeout=60)
 
+            # The H100 resource, upgrades off, takes every GPU node: no cordon or drain,
+            # but one node at a time (maxUnavailable 1), the next only once the last
+            # runs its new driver.
+            ownerless.armed = True
+            pinned = {"autoUpgrade": False, "maxUnavailable": 1}
+            await rest.merge_patch(
+                NVD,
+                "h100",
+                {
+                    "spec": {
+                        "nodeSelector": {"nvidia.com/gpu.present": "true", PRODUCT: None},
+                        "upgradePolicy": pinned,
+                    }
+                },
+            )
+
+            async def h100_drives_all() -> bool:
+                by_ds = await _driver_pods_by_ds(rest)
+                labels = await _labels(rest)
+                return (
+                    list(by_ds.values()) == [set(gpu)]
+                    and all(labels[n].get(crd.OWNER_LABEL) == "h100" for n in gpu)
+                    and await _nvd_state(rest, "h100") == ("ready", None)
+                )
+
+            assert await eventually(h100_drives_all, timeout=120)
+            ownerless.armed = False
+            assert len(ownerless.most) == 1, ownerless.most  # others moved: never two at once
+
             # Switch off: the resources give their nodes back to the ClusterPolicy.
             await _use_crd(rest, False)
 
@@ -235,9 +292,10 @@ async def test_resources_own_their_nodes_and_hand_over_exclusively(
             assert not any(crd.OWNER_LABEL in lab for lab in labels.values())
             assert await eventually(lambda: policy_state_is(rest, "ready"), timeout=60)
     finally:
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
+        for task in (watcher, ownerless_watcher):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         await _cleanup(rest)
     # Both drivers really ran, and never two on one node at any observed moment.
     assert POLICY_DS in watch.apps_seen

@@ -81,6 +81,35 @@ def test_a_driver_pod_event_is_routed_once_by_the_operator() -> None:
     assert woken[FLEET] == 1
 
 
+def _driver_pod(app: str, ready: bool) -> Any:
+    labels = {"app": app, COMPONENT_POD_LABEL: "nvidia-driver"}
+    condition = {"type": "Ready", "status": "True" if ready else "False"}
+    pod = {
+        "metadata": {"name": f"{app}-x", "namespace": "gpu-operator", "labels": labels},
+        "spec": {"nodeName": "n0"},
+        "status": {"phase": "Running", "conditions": [condition]},
+    }
+    return trim_pod(pod)
+
+
+def test_an_nvidiadriver_pod_turning_ready_wakes_the_nvidiadriver_pass() -> None:
+    """Its hand-over budget counts the nodes whose new driver is not Ready yet."""
+    op, woken = _operator()
+    app = "nvidia-gpu-driver-ubuntu22.04-7c6d5b4f8"
+    _fire(op.pods, "ADDED", None, _driver_pod(app, ready=False))
+    woken.clear()
+
+    _fire(op.pods, "MODIFIED", _driver_pod(app, ready=False), _driver_pod(app, ready=True))
+
+    assert woken[NVD_KEY] == 1
+    # The ClusterPolicy's driver turning Ready is its rollout's progress, no hand-over's.
+    policy = "nvidia-driver-daemonset"
+    _fire(op.pods, "ADDED", None, _driver_pod(policy, ready=False))
+    woken.clear()
+    _fire(op.pods, "MODIFIED", _driver_pod(policy, ready=False), _driver_pod(policy, ready=True))
+    assert woken[NVD_KEY] == 0
+
+
 def test_a_new_node_wakes_each_pass_that_reads_it_once() -> None:
     op, woken = _operator()
 

@@ -213,6 +213,94 @@ def test_held_node_gets_no_owner_until_released() -> None:
     assert assign_owners(nodes, resources).changes == {"a": "default", "b": "default"}
 
 
+_MOVING = [
+    DriverResource("default", default=True),
+    DriverResource("h100", node_selector={PRODUCT: "H100"}),  # upgradePolicy: 25%
+]
+
+
+def _owned(owner: str | None, *names: str) -> dict[str, dict[str, str]]:
+    return {n: {PRODUCT: "H100", **({OWNER_LABEL: owner} if owner else {})} for n in names}
+
+
+def test_moves_to_a_resource_without_auto_upgrade_stay_within_its_max_unavailable() -> None:
+    """Eight nodes move to a resource that does not upgrade automatically: 25% of its
+    eight nodes, two, are handed over at a time; the next two only once those run the
+    new owner's driver."""
+    nodes = _owned("default", *"abcdefgh")
+    first = assign_owners(nodes, _MOVING)
+    assert first.changes == {"a": None, "b": None}, first.changes
+    assert first.owners == {n: "default" for n in "cdefgh"}
+    assert first.targets == {n: "h100" for n in "abcdefgh"}
+    # The old driver pods still run: nothing more moves.
+    nodes.update(_owned(None, "a", "b"))
+    assert assign_owners(nodes, _MOVING, held={"a", "b"}).changes == {}
+    # They left: the new owner takes both; the two being given their new driver count.
+    taking = assign_owners(nodes, _MOVING)
+    assert taking.changes == {"a": "h100", "b": "h100"}, taking.changes
+    # Running the new owner's driver: the next two.
+    nodes.update(_owned("h100", "a", "b"))
+    assert assign_owners(nodes, _MOVING).changes == {"c": None, "d": None}
+    # Restart-safe: a pass reads it all from the labels and the pods on the nodes.
+    nodes.update(_owned(None, "c", "d"))
+    again = assign_owners(nodes, _MOVING, held={"c"})
+    assert again.changes == {"d": "h100"}, again.changes
+
+
+def test_a_move_waits_while_the_new_owners_driver_is_not_ready() -> None:
+    nodes = {**_owned("h100", "a", "b"), **_owned("default", *"cdefgh")}
+    # "a" carries the new owner's label, its driver pod is not Ready yet: one slot left.
+    assert assign_owners(nodes, _MOVING, unready={"a"}).changes == {"c": None}
+    assert assign_owners(nodes, _MOVING, unready={"a", "b"}).changes == {}
+    # A node of another owner without a Ready driver takes none of the new owner's slots.
+    assert assign_owners(nodes, _MOVING, unready={"c"}).changes == {"c": None, "d": None}
+
+
+def test_the_hand_over_budget_is_the_new_owners_max_unavailable_at_least_one() -> None:
+    nodes = _owned("default", *"abcdefgh")
+    for budget, moved in ((3, "abc"), ("50%", "abcd"), (0, "a"), ("0%", "a"), ("100%", nodes)):
+        h100 = DriverResource("h100", node_selector={PRODUCT: "H100"}, max_unavailable=budget)
+        changes = assign_owners(nodes, [_MOVING[0], h100]).changes
+        assert changes == dict.fromkeys(moved), (budget, changes)
+    # The budget is of the nodes the resource is to own, its own ones counted too.
+    more = {**nodes, **_owned("h100", *"ijklmnop")}
+    assert assign_owners(more, _MOVING).changes == dict.fromkeys("abcd")
+
+
+def test_what_is_not_a_hand_over_is_not_held_back() -> None:
+    # Nodes with no owner have no driver to hand over: all get one at once...
+    fresh = _owned(None, *"abcdefgh")
+    assert assign_owners(fresh, _MOVING).changes == dict.fromkeys("abcdefgh", "h100")
+    # ...even when the budget is spent, while they count (they run no driver yet).
+    busy = {**fresh, **_owned("default", "x", "y")}
+    result = assign_owners(busy, _MOVING)
+    assert result.changes == dict.fromkeys("abcdefgh", "h100"), result.changes
+    # A deleted resource's nodes have no driver to keep: they all let go at once.
+    going = [*_MOVING, DriverResource("old", node_selector={"x": "y"}, deleting=True)]
+    assert assign_owners(_owned("old", *"abcdefgh"), going).changes == dict.fromkeys("abcdefgh")
+    # A move to an auto-upgrading resource goes by the upgrade machine's budget.
+    managed = assign_owners(_owned("default", *"abcdefgh"), _MOVING, managed={"h100"})
+    assert managed.moves == dict.fromkeys("abcdefgh", "h100")
+    # Other resources' budgets are their own.
+    two = [
+        *_MOVING,
+        DriverResource("t4", node_selector={PRODUCT: "T4"}),
+    ]
+    mixed = {**_owned("default", "a", "b", "c"), "t": {PRODUCT: "T4", OWNER_LABEL: "default"}}
+    assert assign_owners(mixed, two).changes == {"a": None, "t": None}
+
+
+def test_a_node_over_the_budget_keeps_its_move_record() -> None:
+    """A move recorded while the new owner upgraded automatically, then autoUpgrade
+    off: the nodes over the budget keep their labels as they are until their turn."""
+    nodes = {
+        n: {PRODUCT: "H100", OWNER_LABEL: "default", NEXT_OWNER_LABEL: "h100"} for n in "abcdefgh"
+    }
+    result = assign_owners(nodes, _MOVING)
+    assert result.changes == {"a": None, "b": None}
+    assert result.moves == {"a": None, "b": None}
+
+
 def test_no_resource_removes_labels() -> None:
     assert assign_owners({"a": {OWNER_LABEL: "gone"}}, []).changes == {"a": None}
 
@@ -233,6 +321,7 @@ _selectors = st.one_of(st.just({}), _products.map(lambda p: {PRODUCT: p}))
     has_default=st.booleans(),
     managed=st.sets(st.sampled_from(["default", "r0", "r1", "r2"])),
     held=st.sets(st.sampled_from("abcdef")),
+    unready=st.sets(st.sampled_from("abcdef")),
 )
 def test_assignment_properties(
     nodes: dict[str, dict[str, str]],
@@ -240,11 +329,12 @@ def test_assignment_properties(
     has_default: bool,
     managed: set[str],
     held: set[str],
+    unready: set[str],
 ) -> None:
     resources = [DriverResource(f"r{i}", node_selector=s) for i, s in enumerate(selectors)]
     if has_default:
         resources.append(DriverResource("default", default=True))
-    result = assign_owners(nodes, resources, held, managed)
+    result = assign_owners(nodes, resources, held, managed, unready=unready)
     live = {r.name for r in resources}
     conflicting = {n for n, p in result.problems.items() if p.reason == REASON_CONFLICT}
     for node, labels in nodes.items():
@@ -271,6 +361,18 @@ def test_assignment_properties(
             assert result.moves.get(node, labels.get(NEXT_OWNER_LABEL)) == intended
         elif after == intended and current is None and node not in held:
             assert result.moves.get(node, labels.get(NEXT_OWNER_LABEL)) is None
+    # Hand-overs to a resource that does not upgrade automatically: within its budget
+    # (25% of the nodes it is to own, at least one), and never none while it has room.
+    for target in set(result.targets.values()) - managed:
+        fleet = [n for n, t in result.targets.items() if t == target]
+        owner = {n: nodes[n].get(OWNER_LABEL) for n in fleet}
+        candidates = [n for n in fleet if owner[n] in live and owner[n] != target]
+        started = [n for n in candidates if result.changes.get(n, owner[n]) is None]
+        down = sum(o is None or (o == target and n in unready) for n, o in owner.items())
+        limit = max(1, -(-len(fleet) // 4))
+        assert not started or down + len(started) <= limit
+        assert started or not candidates or down >= limit
+    assert not result.deferred & (set(result.changes) | set(result.moves))  # kept as they are
 
 
 # ---------------------------------------------------------------- rendering
