@@ -150,7 +150,7 @@ def driver_manager_init_container(
     """The driver manager, before the vGPU manager or the VFIO manager starts: it unloads
     the NVIDIA data-centre driver so the GPUs can be handed to the vGPU host driver or
     to vfio-pci. It evicts no GPU pods itself (upstream's defaults; `driverManager.env`
-    may say otherwise): a node turning into a VM host is emptied before (see README)."""
+    may say otherwise): a node turning into a VM host is emptied before (docs/sandbox.md)."""
     result: dict[str, Any] = {
         "name": "k8s-driver-manager",
         "image": component_image(spec, path),

@@ -247,7 +247,7 @@ def _base_pod_spec(
             _driver_container(spec, ctx, kernel),
             *gpudirect_sidecars(spec, ctx, image(spec, ctx)),
         ],
-        "imagePullSecrets": pull_secrets(spec.driver.image_pull_secrets),
+        "imagePullSecrets": driver_pull_secrets(spec),
         "volumes": [
             host_path("run-nvidia", "/run/nvidia", "DirectoryOrCreate"),
             host_path("var-log", "/var/log"),
@@ -272,6 +272,23 @@ def _base_pod_spec(
         ],
     }
     return pod
+
+
+def driver_pull_secrets(
+    spec: ClusterPolicySpec, manager_first: bool = True
+) -> list[dict[str, str]]:
+    """The driver pod's pull secrets: those of every image it runs, each once, as
+    upstream's `TransformDriver` adds them (`controllers/object_controls.go`: the driver
+    manager's, the driver's, then the GDS and GDRCopy sidecars' where enabled); an
+    NVIDIADriver's template lists the driver's before the manager's
+    (`manager_first=False`)."""
+    manager = spec.driver.manager.image_pull_secrets if spec.driver.manager else None
+    own = spec.driver.image_pull_secrets
+    return pull_secrets(
+        *((manager, own) if manager_first else (own, manager)),
+        spec.gds.image_pull_secrets if spec.gds.enabled else None,
+        spec.gdrcopy.image_pull_secrets if spec.gdrcopy.enabled else None,
+    )
 
 
 def update_strategy(spec: ClusterPolicySpec) -> dict[str, Any]:

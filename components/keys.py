@@ -93,11 +93,36 @@ TAINT_EFFECT = "NoSchedule"
 every operand tolerates it."""
 
 
+NFD_LABEL_PREFIX = "feature.node.kubernetes.io/"
+"""Every label NFD's worker publishes for a node (kernel, OS release, PCI devices...)."""
+
+
+def nfd_labels_away(labels: Mapping[str, str]) -> bool:
+    """The node is ours as a GPU node (`nvidia.com/gpu.present=true`) but carries no NFD
+    label at all: NFD is not labelling it just now (its uninstall's prune stripped them,
+    or a new NFD has not labelled it yet), which says nothing about its GPUs.
+
+    A node NFD does label always carries some of its labels (kernel and OS release are
+    on by default), so a node NFD labels without an NVIDIA PCI device is not this: that
+    is NFD saying the GPU is gone. While NFD's labels are away the node stays a GPU node
+    and keeps the deploy labels it has (`components.labels.node_label_changes`), for as
+    long as they stay away: nothing about a running node's GPUs changed, and taking its
+    driver away would stop its GPU workloads for nothing."""
+    return labels.get(GPU_PRESENT_LABEL) == TRUE and not any(
+        key.startswith(NFD_LABEL_PREFIX) for key in labels
+    )
+
+
 def is_gpu_node(labels: Mapping[str, str]) -> bool:
-    """NFD found an NVIDIA PCI device on the node."""
-    return any(labels.get(key) == TRUE for key in NFD_GPU_LABELS)
+    """NFD found an NVIDIA PCI device on the node, or the node was found so and NFD's
+    labels are away for now (:func:`nfd_labels_away`)."""
+    return any(labels.get(key) == TRUE for key in NFD_GPU_LABELS) or nfd_labels_away(labels)
 
 
 def is_mig_capable(labels: Mapping[str, str]) -> bool:
-    """GPU feature discovery reported MIG support."""
-    return labels.get(MIG_CAPABLE_LABEL) == TRUE
+    """GPU feature discovery reported MIG support; while NFD's labels are away (GFD's
+    labels go through NFD and its prune strips them too), the MIG manager's deploy label
+    we gave the node says it was."""
+    if labels.get(MIG_CAPABLE_LABEL) == TRUE:
+        return True
+    return nfd_labels_away(labels) and labels.get(DEPLOY_MIG_MANAGER_LABEL) == TRUE

@@ -14,6 +14,11 @@ MIG-capable node without `nvidia.com/mig.config` gets the policy's default layou
 label is a request, not a mark of ours: once set, it is never changed or removed
 (uninstall included). A node whose workload changes loses the other workload's labels
 (ours) in the same patch that gives it the new ones.
+
+A GPU node stays one while NFD's labels are away from it (`components.keys.
+nfd_labels_away`: our `gpu.present=true` and no NFD label at all, as NFD's uninstall
+prune leaves it): it keeps its deploy labels, the MIG manager's included, until NFD
+labels it again and says otherwise.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from components.keys import (
 )
 from components.keys import is_gpu_node as is_gpu_node
 from components.keys import is_mig_capable as is_mig_capable
+from components.keys import nfd_labels_away as nfd_labels_away
 from components.registry import DEPLOY_LABELS, eligible_deploy_labels
 from crd import ClusterPolicySpec
 

@@ -24,6 +24,10 @@ from crd import ClusterPolicySpec, ServiceMonitorSpec
 MONITORING_API = "monitoring.coreos.com/v1"
 RULES_FILE = "gpu-operator.rules.yaml"
 """The alert rules (a Prometheus rule file) in ``components/data``."""
+DOWN_RULES_FILE = "gpu-operator-down.rules.yaml"
+"""The rules for an operator or exporter that is not scraped (``absent``/``up == 0``), in
+``components/data``: shipped by the chart, not rendered here (a dead operator renders
+nothing)."""
 DASHBOARD_FILE = "gpu-operator-dashboard.json"
 """The Grafana dashboard in ``components/data`` (shipped by the chart, not rendered)."""
 NODE_GROUP_PREFIX = "gpu-operator-node"
@@ -105,10 +109,13 @@ def prometheus_rule(
     *,
     app: str,
     node: bool,
+    labels: dict[str, str] | None = None,
 ) -> Manifest:
-    """A PrometheusRule with the operator's or the node exporter's alert groups."""
+    """A PrometheusRule with the operator's or the node exporter's alert groups;
+    ``labels`` (its ServiceMonitor's additional labels) match a Prometheus's rule
+    selector (kube-prometheus-stack's: ``release``)."""
     meta = metadata(name, component, spec, ctx)
-    meta["labels"][APP_LABEL] = app
+    meta["labels"] = {**(labels or {}), APP_LABEL: app, **meta["labels"]}
     return {
         "apiVersion": MONITORING_API,
         "kind": "PrometheusRule",
@@ -131,7 +138,8 @@ def monitoring_objects(
     settings: ServiceMonitorSpec | None = None,
 ) -> list[Manifest]:
     """The ServiceMonitor and the PrometheusRule of one metrics Service, each only where
-    its API is served: what the operator's and the node status exporter's metrics get."""
+    its API is served: what the operator's and the node status exporter's metrics get.
+    ``settings``' additional labels label both (a Prometheus selects each kind by label)."""
     objects: list[Manifest] = []
     if ctx.service_monitor_crd:
         objects.append(
@@ -147,5 +155,8 @@ def monitoring_objects(
             )
         )
     if ctx.prometheus_rule_crd:
-        objects.append(prometheus_rule(rule_name, component, spec, ctx, app=app, node=node))
+        labels = settings.additional_labels if settings else None
+        objects.append(
+            prometheus_rule(rule_name, component, spec, ctx, app=app, node=node, labels=labels)
+        )
     return objects

@@ -134,6 +134,7 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         job_label=JOB_LABEL,
         rule_name=PROMETHEUS_RULE_NAME,
         node=True,
+        settings=spec.node_status_exporter.service_monitor,
     )
     return objects
 

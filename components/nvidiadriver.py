@@ -224,10 +224,14 @@ POOL_ANTI_AFFINITY = ["nvidia-driver", "nvidia-vgpu-manager"]
 upstream's template lists them."""
 
 
-def _as_upstream_pool(pod: dict[str, Any]) -> dict[str, Any]:
+def _as_upstream_pool(pod: dict[str, Any], policy: ClusterPolicySpec) -> dict[str, Any]:
     """The ClusterPolicy driver's pod with what upstream's NVIDIADriver template does
-    differently: ``NVIDIA_VISIBLE_DEVICES=void`` first in the driver container and a pod
-    anti-affinity on vGPU manager pods too."""
+    differently: ``NVIDIA_VISIBLE_DEVICES=void`` first in the driver container, a pod
+    anti-affinity on vGPU manager pods too, and the driver's pull secrets before the
+    driver manager's."""
+    secrets = driver.driver_pull_secrets(policy, manager_first=False)
+    if secrets:
+        pod["imagePullSecrets"] = secrets
     for container in pod["containers"]:
         if container["name"] == driver.CONTAINER_NAME:
             env = [v for v in container.get("env") or () if v["name"] != "NVIDIA_VISIBLE_DEVICES"]
@@ -271,7 +275,7 @@ def render_pool(
     problems = site_config(policy, pool_ctx).problems
     if problems:
         raise NVIDIADriverRenderError(f"pool {pool.name}: " + "; ".join(problems))
-    pod = _as_upstream_pool(driver.pod_spec(policy, pool_ctx, pool.kernel))
+    pod = _as_upstream_pool(driver.pod_spec(policy, pool_ctx, pool.kernel), policy)
     # the ClusterPolicy driver's pod-based digest, replaced by the resource's own
     driver_digest.write_digest(pod, pool_digest(spec, pool, base, pod))
     if spec.node_affinity:

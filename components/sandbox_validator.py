@@ -8,6 +8,11 @@ CC-capable nodes), `vfio-pci` (every GPU bound to vfio-pci, on vm-passthrough no
 devices exist). Each first records the node's workload in `workload-type`; a check for
 another workload passes at once. The main container then only keeps the files: they
 are removed when the pod stops (a node switching workload revalidates from scratch).
+
+`validator.vfioPCI.env`, `validator.vgpuManager.env` and `validator.vgpuDevices.env`
+are set on their check's container, overriding ours by name, as upstream's
+`TransformValidatorComponent` sets them on its init containers of the same names
+(`cc-manager` has no such section, upstream neither).
 """
 
 from __future__ import annotations
@@ -26,8 +31,10 @@ from components._host_paths import (
 from components._k8s import (
     PART_OF,
     PART_OF_LABEL,
+    dump_env,
     env,
     field_env,
+    merge_env,
     security_context,
 )
 from components._sandbox import (
@@ -54,6 +61,9 @@ CHECKS = ("cc-manager", "vfio-pci", "vgpu-manager", "vgpu-devices")
 _WORKLOAD_CHECKS = ("vfio-pci", "vgpu-manager", "vgpu-devices")
 """The checks that depend on the node's workload (so read the policy's default)."""
 
+_USER_ENV = {"vfio-pci": "vfio_pci", "vgpu-manager": "vgpu_manager", "vgpu-devices": "vgpu_devices"}
+"""The `validator` section whose `env` each check's container gets."""
+
 _CLUSTER_RULES = [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]
 """It reads its node's workload and CC labels."""
 
@@ -78,11 +88,12 @@ def _check(spec: ClusterPolicySpec, ctx: RenderContext, check: str) -> dict[str,
     if check == "vgpu-manager":
         driver = mount("driver-install-path", DRIVER_ROOT, propagation="HostToContainer")
         mounts.insert(1, driver)
+    section = getattr(spec.validator, _USER_ENV[check]) if check in _USER_ENV else None
     return {
         "name": f"{check}-validation",
         "image": ctx.operator_image,
         "command": COMMAND,
-        "env": variables,
+        "env": merge_env(variables, dump_env(section.env if section else None)),
         # vGPU devices are only listed in sysfs; the other checks read driver and
         # device state the way upstream's do (SELinux level s0 on enforcing hosts).
         "securityContext": security_context(

@@ -40,6 +40,13 @@ from crd._components import (
     ValidatorComponentSpec,
     ValidatorSpec,
 )
+from crd._compute_domains import (
+    CD_GROUP,
+    COMPUTE_DOMAIN_CHART_CRD_FILES,
+    COMPUTE_DOMAIN_CRD_FILES,
+    COMPUTE_DOMAIN_CRD_NAMES,
+    compute_domain_crd_manifests,
+)
 from crd._driver_spec import (
     ContainerProbeSpec,
     DriverCertConfigSpec,
@@ -175,6 +182,7 @@ from crd._status import (
 )
 from crd._unsupported import (
     UnsupportedField,
+    gpucluster_unsupported_fields,
     nvidiadriver_unsupported_fields,
     unsupported_fields,
 )
@@ -196,8 +204,12 @@ from crd._validate import (
 
 __all__ = [
     "API_VERSION",
+    "CD_GROUP",
     "CHART_CHOICES",
     "CHART_CRD_FILE",
+    "COMPUTE_DOMAIN_CHART_CRD_FILES",
+    "COMPUTE_DOMAIN_CRD_FILES",
+    "COMPUTE_DOMAIN_CRD_NAMES",
     "CONDITION_ERROR",
     "CONDITION_READY",
     "CONDITION_UNSUPPORTED_FIELDS",
@@ -329,11 +341,13 @@ __all__ = [
     "WaitForCompletionSpec",
     "apply_defaults",
     "component_image",
+    "compute_domain_crd_manifests",
     "crd_manifest",
     "default_policy",
     "find_condition",
     "format_time",
     "gc_crd_manifest",
+    "gpucluster_unsupported_fields",
     "has_tag_or_digest",
     "ignored_status",
     "image_ref",

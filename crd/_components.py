@@ -82,7 +82,8 @@ class ServiceMonitorSpec(K8sModel):
     honor_labels: bool = False
     """Keep the target's labels when they clash with server-side ones."""
     additional_labels: dict[str, str] | None = None
-    """Extra labels on the ServiceMonitor (to match a Prometheus selector)."""
+    """Extra labels on the ServiceMonitor (to match a Prometheus selector); on the
+    operator's and the node status exporter's also on their PrometheusRules."""
     relabelings: Relabelings | None = None
     """Prometheus relabel rules for the scraped targets."""
 
@@ -248,6 +249,10 @@ class NodeStatusExporterSpec(ComponentSpec):
 
     enabled: bool = False
     """Deploy the node status exporter."""
+    service_monitor: ServiceMonitorSpec | None = None
+    """Settings of its ServiceMonitor, created where the Prometheus Operator's CRDs are
+    installed (a gpuop extension: upstream's takes none); `additionalLabels` also label
+    its PrometheusRule."""
 
 
 class ValidatorComponentSpec(K8sModel):

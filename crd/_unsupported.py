@@ -1,4 +1,5 @@
-"""Fields a ClusterPolicy may set that this operator accepts but does not act on.
+"""Fields a ClusterPolicy (or an NVIDIADriver, a GPUCluster) may set that this operator
+accepts but does not act on.
 
 The CRD takes every field upstream's does, so policies migrate unchanged; a field that
 then has no effect must be *said* to have none (a Warning condition and Event name it),
@@ -16,6 +17,7 @@ from pydantic import BaseModel
 
 from crd._common import PULL_POLICIES, RUNTIMES
 from crd._components import ComponentSpec, ImageSpec
+from crd._gpucluster import GPUClusterSpec
 from crd._nvidiadriver import NVIDIADriverSpec
 from crd._policy import ClusterPolicySpec
 
@@ -122,20 +124,49 @@ _VGPU_HOST_MANAGER = (
 def nvidiadriver_unsupported_fields(spec: NVIDIADriverSpec) -> list[UnsupportedField]:
     """The fields of an NVIDIADriver's `spec` that ask for something this operator does
     not do, in a stable order. Every other field reaches the driver DaemonSets through
-    `components.nvidiadriver.policy_for` and `render_pool`, or the upgrade policy."""
+    `components.nvidiadriver.policy_for` and `render_pool` (the manager's, GDS's and
+    GDRCopy's `imagePullSecrets` too: `components.driver.driver_pull_secrets`), or the
+    upgrade policy."""
     found = []
     if spec.driver_type == "vgpu-host-manager":
         found.append(UnsupportedField("spec.driverType", _VGPU_HOST_MANAGER))
     for path, section in _image_specs(spec, "spec"):
-        if section.image_pull_secrets:
-            found.append(
-                UnsupportedField(
-                    f"{path}.imagePullSecrets",
-                    "not added to the driver pods' imagePullSecrets (spec.imagePullSecrets is)",
-                )
-            )
         if section.pull_policy_as_written not in PULL_POLICIES:
             found.append(
                 UnsupportedField(f"{path}.imagePullPolicy", "unknown policy: IfNotPresent used")
             )
+    return found
+
+
+_DRA_STRATEGY = (
+    "no effect: upstream's DRA DaemonSets keep their own update strategy (RollingUpdate;"
+    " the kubelet plugin and the validator at maxUnavailable 100%, the others 1);"
+    " upstream v26.7 ignores it too"
+)
+
+
+def gpucluster_unsupported_fields(spec: GPUClusterSpec) -> list[UnsupportedField]:
+    """The fields of a GPUCluster's `spec` that ask for something this operator does not
+    do, in a stable order: the `daemonsets` settings upstream's DRA manifests never read,
+    where they ask for something other than what those manifests do (upstream's sample
+    writes `updateStrategy: RollingUpdate` and `maxUnavailable: '1'`: not named). Every
+    other field reaches the DRA stack's objects through `components.dra.render` (the
+    sweep in tests/unit/test_crd_sweep.py holds every field of upstream's schema to
+    that). An unknown `imagePullPolicy` is not named: it is rendered as written, as
+    upstream's manifests do, and the API server refuses the DaemonSet (the status says
+    so)."""
+    found = []
+    ds = spec.daemonsets
+    if ds.update_strategy != "RollingUpdate":
+        found.append(UnsupportedField("spec.daemonsets.updateStrategy", _DRA_STRATEGY))
+    if ds.rolling_update and ds.rolling_update.max_unavailable not in (None, 1, "1"):
+        path = "spec.daemonsets.rollingUpdate.maxUnavailable"
+        found.append(UnsupportedField(path, _DRA_STRATEGY))
+    if ds.pod_security_context and ds.pod_security_context.model_dump(exclude_none=True):
+        found.append(
+            UnsupportedField(
+                "spec.daemonsets.podSecurityContext",
+                "no effect on the DRA stack's pods (upstream v26.7 ignores it too)",
+            )
+        )
     return found

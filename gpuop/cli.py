@@ -14,11 +14,16 @@ from gpuop import __version__
 from gpuop._local import local_cluster, require_local_cluster
 from gpuop.cli_errors import EXPECTED, Parser, report
 from gpuop.controller._config import DEFAULT_NAMESPACE, DEFAULT_OPERATOR_IMAGE
+from gpuop.log import LEVELS
 
 if TYPE_CHECKING:
     from gpuop.cluster import LocalCluster
 
 Handler = Callable[[argparse.Namespace], int]
+
+DIR_HELP = (
+    "local cluster state directory (default: $GPUOP_CLUSTER_DIR, else ~/.local/state/gpuop/cluster)"
+)
 
 
 def _cluster(args: argparse.Namespace) -> LocalCluster:
@@ -94,7 +99,7 @@ def _cmd_cluster_gpu_health(args: argparse.Namespace) -> int:
 def _cmd_cluster_build(args: argparse.Namespace) -> int:
     require_local_cluster()
     from gpuop.cluster import cache_dir, ensure_binaries
-    from gpuop.cluster._build import ensure_helm, ensure_promtool
+    from gpuop.cluster._build import ensure_helm, ensure_prometheus, ensure_promtool
 
     paths = ensure_binaries()
     built = list(paths.all())
@@ -102,6 +107,7 @@ def _cmd_cluster_build(args: argparse.Namespace) -> int:
         built.append(ensure_helm())  # the chart tests run it
     if args.promtool:
         built.append(ensure_promtool())  # the alert rule tests run it
+        built.append(ensure_prometheus())  # and the alert integration test this
     print(f"cache: {cache_dir()}")
     for path in built:
         print(f"  {path}")
@@ -179,11 +185,7 @@ def _cmd_crds(args: argparse.Namespace) -> int:
         async with api_client(kubeconfig, user_agent="gpuop-crds") as api:
             rest = Rest(api, KINDS)
             if args.action == "apply":
-                await install_crd(rest)
-                print(
-                    "CRDs applied: clusterpolicies.nvidia.com, nvidiadrivers.nvidia.com,"
-                    " gpuclusters.nvidia.com"
-                )
+                print(f"CRDs applied: {', '.join(await install_crd(rest))}")
             else:
                 deleted = await delete_crds(rest)
                 print(f"CRDs deleted: {', '.join(deleted) or 'none were there'}")
@@ -236,10 +238,29 @@ def _node_images_option(parser: argparse.ArgumentParser, lead: str = "") -> None
     )
 
 
+def _log_level(text: str) -> str:
+    """`--log-level` in any case; `warn` is `warning` (argparse then checks the choices)."""
+    level = text.strip().lower()
+    return "warning" if level == "warn" else level
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="gpuop", description=__doc__)
-    parser.add_argument("--log-level", default="info", help="debug, info, warning, error")
-    parser.add_argument("--log-format", default="auto", choices=["auto", "json", "console"])
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        type=_log_level,
+        choices=LEVELS,
+        help="least severe level logged: debug (which also prints an error's traceback),"
+        " info, warning or error",
+    )
+    parser.add_argument(
+        "--log-format",
+        default="auto",
+        choices=["auto", "json", "console"],
+        help="json: one object per line; console: key=value; auto: json inside a pod or"
+        " when stderr is not a terminal, else console",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     version = sub.add_parser("version", help="print the version")
@@ -249,14 +270,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the operator (against the local simulated cluster unless a kubeconfig, "
         "$KUBECONFIG or in-cluster credentials are given)",
     )
-    run.add_argument("--kubeconfig", default=None, help="kubeconfig of the target cluster")
+    run.add_argument(
+        "--kubeconfig",
+        default=None,
+        help="kubeconfig of the target cluster (default: $KUBECONFIG, else in-cluster"
+        " credentials, else the local simulated cluster)",
+    )
     run.add_argument(
         "--local", action="store_true", help="use (and start if needed) the local cluster"
     )
-    run.add_argument("--dir", default=None, help="local cluster directory")
-    run.add_argument("--nodes", type=int, default=20, help="local cluster: nodes (default 20)")
+    run.add_argument("--dir", default=None, help=DIR_HELP)
     run.add_argument(
-        "--gpu-nodes", type=int, default=12, help="local cluster: GPU nodes (default 12)"
+        "--nodes", type=int, default=20, help="local cluster, when it is started: nodes in all"
+    )
+    run.add_argument(
+        "--gpu-nodes",
+        type=int,
+        default=12,
+        help="local cluster, when it is started: how many have GPUs",
     )
     _workload_option(run, "local cluster, when it is started: ")
     _node_images_option(run, "local cluster, when it is started: ")
@@ -268,24 +299,25 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--namespace",
         default=os.environ.get("OPERATOR_NAMESPACE", DEFAULT_NAMESPACE),
-        help="namespace of the operands (default $OPERATOR_NAMESPACE or gpu-operator)",
+        help="namespace of the operands (default: $OPERATOR_NAMESPACE, else gpu-operator)",
     )
     run.add_argument(
         "--operator-image",
         default=os.environ.get("GPUOP_OPERATOR_IMAGE", DEFAULT_OPERATOR_IMAGE),
-        help="image of this operator, also run as the validator on each node",
+        help="image of this operator, also run as the validator on each node"
+        f" (default: $GPUOP_OPERATOR_IMAGE, else {DEFAULT_OPERATOR_IMAGE})",
     )
     run.add_argument(
         "--operator-image-pull-policy",
         default=os.environ.get("GPUOP_OPERATOR_IMAGE_PULL_POLICY", ""),
-        help="pull policy of the operator image on nodes (default"
+        help="pull policy of the operator image on nodes (default:"
         " $GPUOP_OPERATOR_IMAGE_PULL_POLICY, else each section's)",
     )
     run.add_argument(
         "--operator-image-pull-secrets",
         default=os.environ.get("GPUOP_OPERATOR_IMAGE_PULL_SECRETS", ""),
         help="comma-separated Secrets (operator namespace) that pull the operator image on"
-        " nodes (default $GPUOP_OPERATOR_IMAGE_PULL_SECRETS)",
+        " nodes (default: $GPUOP_OPERATOR_IMAGE_PULL_SECRETS, else none)",
     )
     run.add_argument("--workers", type=int, default=8, help="parallel reconcile workers")
     run.add_argument(
@@ -299,8 +331,10 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="hold a Lease before acting (needed with more than one replica)",
     )
-    run.add_argument("--metrics-port", type=int, default=8080)
-    run.add_argument("--probe-port", type=int, default=8081)
+    run.add_argument(
+        "--metrics-port", type=int, default=8080, help="port of /metrics (gpu_operator_*)"
+    )
+    run.add_argument("--probe-port", type=int, default=8081, help="port of /healthz and /readyz")
     run.set_defaults(func=_cmd_run)
 
     crd_cmd = sub.add_parser("crd", help="print a CRD generated from the models")
@@ -309,27 +343,31 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="?",
         default="clusterpolicies",
         choices=["clusterpolicies", "nvidiadrivers", "gpuclusters"],
-        help="which CRD (default clusterpolicies)",
+        help="which CRD (default: clusterpolicies)",
     )
     crd_cmd.set_defaults(func=_cmd_crd)
 
     crds = sub.add_parser(
         "crds", help="apply or delete the CRDs in a cluster (the chart's upgrade hooks)"
     )
-    crds.add_argument("action", choices=["apply", "delete"])
     crds.add_argument(
-        "--kubeconfig", default=None, help="kubeconfig (default: in-cluster, or $KUBECONFIG)"
+        "action",
+        choices=["apply", "delete"],
+        help="apply: create or update the CRDs and wait until they are served;"
+        " delete: delete them, and with them every ClusterPolicy, NVIDIADriver and GPUCluster",
+    )
+    crds.add_argument(
+        "--kubeconfig", default=None, help="kubeconfig (default: $KUBECONFIG, else in-cluster)"
     )
     crds.set_defaults(func=_cmd_crds)
 
     cluster = sub.add_parser("cluster", help="a local control plane with simulated GPU nodes")
     csub = cluster.add_subparsers(dest="cluster_command", required=True, metavar="ACTION")
-    dir_help = "state directory (default $GPUOP_CLUSTER_DIR or ~/.local/state/gpuop/cluster)"
     up = csub.add_parser("up", help="build (once) and start the control plane and nodes")
-    up.add_argument("--nodes", type=int, default=3, help="simulated nodes in all (default 3)")
-    up.add_argument("--gpu-nodes", type=int, default=2, help="how many have GPUs (default 2)")
+    up.add_argument("--nodes", type=int, default=3, help="simulated nodes in all")
+    up.add_argument("--gpu-nodes", type=int, default=2, help="how many have GPUs")
     up.add_argument("--port", type=int, default=None, help="API server port (default: a free one)")
-    up.add_argument("--dir", default=None, help=dir_help)
+    up.add_argument("--dir", default=None, help=DIR_HELP)
     up.add_argument(
         "--no-dra",
         dest="dra",
@@ -340,10 +378,10 @@ def build_parser() -> argparse.ArgumentParser:
     _node_images_option(up)
     up.set_defaults(func=_cmd_cluster_up)
     down = csub.add_parser("down", help="stop the processes it started and remove its directory")
-    down.add_argument("--dir", default=None, help=dir_help)
+    down.add_argument("--dir", default=None, help=DIR_HELP)
     down.set_defaults(func=_cmd_cluster_down)
     status = csub.add_parser("status", help="show whether each process runs")
-    status.add_argument("--dir", default=None, help=dir_help)
+    status.add_argument("--dir", default=None, help=DIR_HELP)
     status.set_defaults(func=_cmd_cluster_status)
     health = csub.add_parser(
         "gpu-health",
@@ -369,9 +407,18 @@ def build_parser() -> argparse.ArgumentParser:
         const="Unknown",
         help="GPUHealthy=Unknown (as without NVML)",
     )
-    health.add_argument("--reason", default=None, help="condition reason (default XidCritical)")
-    health.add_argument("--message", default=None, help="condition message")
-    health.add_argument("--dir", default=None, help=dir_help)
+    health.add_argument(
+        "--reason",
+        default=None,
+        help="condition reason (default: XidCritical when unhealthy, GpusHealthy when"
+        " healthy, NvmlUnavailable when unknown)",
+    )
+    health.add_argument(
+        "--message",
+        default=None,
+        help="condition message (default: an XID 79 on GPU 0 when unhealthy)",
+    )
+    health.add_argument("--dir", default=None, help=DIR_HELP)
     health.set_defaults(func=_cmd_cluster_gpu_health)
     build = csub.add_parser("build", help="only build the binaries into the cache")
     build.add_argument(
@@ -384,7 +431,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-promtool",
         dest="promtool",
         action="store_false",
-        help="skip promtool (built by default: the alert rule tests need it)",
+        help="skip promtool and the Prometheus server (built by default: the alert rule "
+        "tests need them)",
     )
     build.set_defaults(func=_cmd_cluster_build)
 

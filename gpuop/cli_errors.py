@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import aiohttp
 import yaml
@@ -71,8 +71,40 @@ def report(err: BaseException) -> int:
     return EXIT_ERROR
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """Every option's help ends with its default, unless the help already names it.
+
+    A flag (no value) is ``off`` unless given; a value option shows its default value,
+    ``none`` when there is none.
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if (
+            not action.option_strings
+            or "default" in text
+            or action.default is argparse.SUPPRESS
+            or isinstance(action, argparse._HelpAction | argparse._VersionAction)
+        ):
+            return text
+        if action.nargs == 0:  # store_true/false/const: the flag is not given by default
+            shown = "off"
+        elif action.default is None or action.default in ("", []):
+            shown = "none"
+        elif isinstance(action.default, list | tuple):
+            shown = ",".join(str(v) for v in action.default)
+        else:
+            shown = str(action.default)
+        return f"{text} (default: {shown.replace('%', '%%')})"
+
+
 class Parser(argparse.ArgumentParser):
-    """argparse with usage errors as one line (argparse prints the usage first)."""
+    """argparse with usage errors as one line (argparse prints the usage first), and
+    every option's default in its help (`HelpFormatter`); sub-parsers are Parsers too."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         print(f"gpuop: error: {message} (see `{self.prog} --help`)", file=sys.stderr)

@@ -7,18 +7,37 @@ import asyncio
 import time
 from typing import Any
 
+from kubernetes_asyncio.client.exceptions import ApiException
+
 import crd
+from components import ObjectKind
 from gpuop.kinds import by_kind
+from gpuop.log import get_logger
 from gpuop.rest import Rest
 
 CRD_KIND = by_kind("apiextensions.k8s.io/v1", "CustomResourceDefinition")
 NAMESPACE = by_kind("v1", "Namespace")
+COMPUTE_DOMAIN = ObjectKind(f"{crd.CD_GROUP}/v1beta1", "ComputeDomain", "computedomains")
+"""Read only by `crds delete` (the operator itself never touches the kind)."""
+
+log = get_logger(__name__)
 
 
-async def install_crd(rest: Rest, timeout: float = 60.0) -> None:
-    """Apply the generated CRDs (ClusterPolicy, NVIDIADriver) and wait until served."""
-    for manifest in (crd.crd_manifest(), crd.nvd_crd_manifest(), crd.gc_crd_manifest()):
+def _our_crds() -> list[dict[str, Any]]:
+    """The CRDs generated from our models: ClusterPolicy, NVIDIADriver, GPUCluster."""
+    return [crd.crd_manifest(), crd.nvd_crd_manifest(), crd.gc_crd_manifest()]
+
+
+async def install_crd(rest: Rest, timeout: float = 60.0) -> list[str]:
+    """Apply the generated CRDs (ClusterPolicy, NVIDIADriver, GPUCluster) and NVIDIA's
+    compute-domain CRDs (ComputeDomain, ComputeDomainClique: the API the GPUCluster's
+    compute-domain controller watches, shipped as upstream's chart ships them), and wait
+    until each is served. Returns their names, in that order."""
+    names = []
+    for manifest in (*_our_crds(), *crd.compute_domain_crd_manifests()):
         await _install_one(rest, manifest, timeout)
+        names.append(str(manifest["metadata"]["name"]))
+    return names
 
 
 async def _install_one(rest: Rest, manifest: dict[str, Any], timeout: float) -> None:
@@ -35,14 +54,39 @@ async def _install_one(rest: Rest, manifest: dict[str, Any], timeout: float) -> 
 
 
 async def delete_crds(rest: Rest) -> list[str]:
-    """Delete our CRDs (and with them every ClusterPolicy and NVIDIADriver): what the
-    chart's `operator.cleanupCRD` pre-delete hook runs. Returns the names deleted."""
+    """Delete our CRDs (and with them every ClusterPolicy, NVIDIADriver and GPUCluster):
+    what the chart's `operator.cleanupCRD` pre-delete hook runs. The compute-domain CRDs
+    go too, but only while no ComputeDomain exists: deleting them would take a running
+    multi-node workload's domains with them (upstream's cleanup hook leaves them for
+    ever). Returns the names deleted."""
     deleted = []
-    for manifest in (crd.crd_manifest(), crd.nvd_crd_manifest(), crd.gc_crd_manifest()):
+    for manifest in _our_crds():
         name = manifest["metadata"]["name"]
         if await rest.delete(CRD_KIND, name):
             deleted.append(name)
+    in_use = await _compute_domains(rest)
+    if in_use:
+        log.warning(
+            "compute-domain CRDs kept: ComputeDomains exist",
+            computedomains=in_use,
+            crds=list(crd.COMPUTE_DOMAIN_CRD_NAMES),
+        )
+        return deleted
+    for name in crd.COMPUTE_DOMAIN_CRD_NAMES:
+        if await rest.delete(CRD_KIND, name):
+            deleted.append(name)
     return deleted
+
+
+async def _compute_domains(rest: Rest) -> int:
+    """How many ComputeDomains exist, in every namespace (none where the kind is not
+    served)."""
+    try:
+        return len(await rest.list(COMPUTE_DOMAIN))
+    except ApiException as err:
+        if err.status == 404:
+            return 0
+        raise
 
 
 async def ensure_namespace(rest: Rest, name: str) -> None:

@@ -39,15 +39,24 @@ def panel_queries() -> dict[str, list[str]]:
     }
 
 
+def variable_queries() -> dict[str, str]:
+    """Query variable name -> its query (``label_values(selector, label)``)."""
+    return {
+        v["name"]: v["query"] for v in dashboard()["templating"]["list"] if v["type"] == "query"
+    }
+
+
 def metrics_in(expr: str) -> set[str]:
     return set(METRIC.findall(expr))
 
 
 def queried() -> dict[str, set[str]]:
-    """Each alert and panel -> the metrics it queries."""
+    """Each alert, panel and dashboard variable -> the metrics it queries."""
     out = {f"alert {name}": metrics_in(rule["expr"]) for name, rule in alert_rules().items()}
     for title, exprs in panel_queries().items():
         out[f"panel {title!r}"] = set().union(*(metrics_in(e) for e in exprs))
+    for name, query in variable_queries().items():
+        out[f"variable ${name}"] = metrics_in(query)
     return out
 
 

@@ -27,6 +27,7 @@ from components.dra.driver import PLUGIN as PLUGIN_DAEMONSET
 from components.dra.driver import render as render_driver
 from components.dra.labels import DRA_DEPLOY_LABELS, gpucluster_label_changes
 from components.dra.monitoring import dcgm, exporter, validator
+from components.kinds import SERVICE_MONITOR
 from crd import GPUClusterSpec
 
 KINDS: tuple[ObjectKind, ...] = (
@@ -52,6 +53,7 @@ KINDS: tuple[ObjectKind, ...] = (
     ),
     ObjectKind("apps/v1", "DaemonSet", "daemonsets"),
     ObjectKind("apps/v1", "Deployment", "deployments"),
+    SERVICE_MONITOR,
 )
 """Every kind `render` returns (a unit test holds it to that)."""
 

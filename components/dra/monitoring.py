@@ -247,6 +247,7 @@ def exporter(spec: GPUClusterSpec, ctx: RenderContext) -> list[Manifest]:
         },
     }
     read_pods = f"{EXPORTER}-read-pods"
+    monitor = _service_monitor(section, ctx)
     return [
         service_account(EXPORTER, s, ns, {}),
         role(
@@ -281,7 +282,44 @@ def exporter(spec: GPUClusterSpec, ctx: RenderContext) -> list[Manifest]:
             selector=app,
             pod_annotations=section.annotations,
         ),
+        *([monitor] if monitor else []),
     ]
+
+
+def _service_monitor(section: DCGMExporterSpec, ctx: RenderContext) -> Manifest | None:
+    """The exporter's ServiceMonitor, as upstream's DRA state renders it
+    (`manifests/state-dcgm-exporter/0600_service_monitor.yaml`): where
+    `dcgmExporter.serviceMonitor.enabled` asks for it and the cluster serves the
+    Prometheus Operator's ServiceMonitor kind (`internal/state/dcgm_exporter.go` skips
+    it otherwise, as the ClusterPolicy side does). Unlike the ClusterPolicy's, its
+    endpoint always says `honorLabels`."""
+    settings = section.service_monitor
+    if settings is None or not settings.enabled or not ctx.service_monitor_crd:
+        return None
+    endpoint: dict[str, Any] = {
+        "port": "gpu-metrics",
+        "path": "/metrics",
+        "honorLabels": settings.honor_labels,
+    }
+    if settings.interval:
+        endpoint["interval"] = settings.interval
+    if settings.scrape_timeout:
+        endpoint["scrapeTimeout"] = settings.scrape_timeout
+    if settings.relabelings:
+        endpoint["relabelings"] = settings.relabelings
+    app = {"app": EXPORTER}
+    labels = {**app, **(settings.additional_labels or {})}
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "ServiceMonitor",
+        "metadata": meta(EXPORTER, DCGM_EXPORTER, ctx.namespace, labels),
+        "spec": {
+            "jobLabel": "app",
+            "namespaceSelector": {"matchNames": [ctx.namespace]},
+            "selector": {"matchLabels": app},
+            "endpoints": [endpoint],
+        },
+    }
 
 
 def validator(spec: GPUClusterSpec, ctx: RenderContext) -> list[Manifest]:

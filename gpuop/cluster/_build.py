@@ -36,6 +36,8 @@ from ._versions import (
     cache_dir,
     helm_path,
     helm_version,
+    prometheus_path,
+    prometheus_version,
     promtool_path,
     promtool_version,
 )
@@ -75,6 +77,14 @@ def ensure_promtool(version: str | None = None, root: Path | None = None) -> Pat
     version = version or promtool_version()
     root = root or cache_dir()
     return _ensure_tool(promtool_path(root, version), root, version, _build_promtool)
+
+
+def ensure_prometheus(version: str | None = None, root: Path | None = None) -> Path:
+    """Return the cached Prometheus server (the alert integration test runs it against
+    the local cluster), building it if missing."""
+    version = version or prometheus_version()
+    root = root or cache_dir()
+    return _ensure_tool(prometheus_path(root, version), root, version, _build_prometheus)
 
 
 def _ensure_tool(
@@ -151,15 +161,19 @@ def _build_wrapped(
     ldflags: str = "-s -w",
     binary: str | None = None,
     also: Callable[[Path, Path, dict[str, str]], None] | None = None,
+    tags: Sequence[str] = (),
 ) -> None:
     """Generate a wrapper module, resolve it, and build ``packages`` into ``final``.
 
-    ``also(src, out_dir, env)`` may add files to the entry before it is installed.
+    ``also(src, out_dir, env)`` may add files to the entry before it is installed;
+    ``tags`` are Go build tags, for the listing as well as the build.
     """
     src = root / "src" / f"{name}-{version}"
     print(f"gpuop: building {name} {version} into {final} (cache: {root})", flush=True)
     write_wrapper(src, f"gpuop.local/{name}build", requires, packages)
     env = go_env()
+    if tags:
+        env["GOFLAGS"] = f"{env['GOFLAGS']} -tags={','.join(tags)}"
     run_go(go, ["mod", "tidy"], src, f"resolving {name} {version}", env)
     total = count_packages(go, src, packages, env)
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -320,4 +334,25 @@ def _build_promtool(go: str, root: Path, version: str, final: Path) -> None:
         ["github.com/prometheus/prometheus/cmd/promtool"],
         final,
         binary="promtool",
+    )
+
+
+#: Build tags for the Prometheus server: only the file and HTTP service discoveries
+#: (the test scrapes static targets; the cloud SDKs would triple the build), and no
+#: ``builtinassets``: the web UI's compiled assets are not in the module, and the API
+#: the tests read needs none of them.
+PROMETHEUS_TAGS = ("remove_all_sd",)
+
+
+def _build_prometheus(go: str, root: Path, version: str, final: Path) -> None:
+    _build_wrapped(
+        go,
+        root,
+        "prometheus",
+        version,
+        f"require github.com/prometheus/prometheus {version}\n",
+        ["github.com/prometheus/prometheus/cmd/prometheus"],
+        final,
+        binary="prometheus",
+        tags=PROMETHEUS_TAGS,
     )

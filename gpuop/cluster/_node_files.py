@@ -3,7 +3,7 @@ rules: which pods write which file, which pods wait for which, and which pods kw
 hold (not Ready) until the node-image simulator releases them.
 
 On a real node an operand pod's init container loops until a file of the layer below
-exists (README "Rollout order"; ``components/_k8s.py:wait_for_file``); kwok runs no
+exists (docs/operations.md "Rollout order"; ``components/_k8s.py:wait_for_file``); kwok runs no
 container, so without these rules every pod is Ready at once. The writers, from our
 node contract (``components/driver.py``, ``components/toolkit.py``,
 ``components/validator.py``, ``gpuop/nodeagent/validate.py``):

@@ -98,3 +98,14 @@ def promtool_version() -> str:
 def promtool_path(root: Path, version: str) -> Path:
     """Where the promtool binary of ``version`` is cached under ``root``."""
     return root / "bin" / f"promtool-{version}" / "promtool"
+
+
+def prometheus_version() -> str:
+    """The Prometheus server is built from the same module release as promtool
+    (``$GPUOP_PROMTOOL_VERSION`` moves both), so the rules they check agree."""
+    return promtool_version()
+
+
+def prometheus_path(root: Path, version: str) -> Path:
+    """Where the Prometheus server binary of ``version`` is cached under ``root``."""
+    return root / "bin" / f"prometheus-{version}" / "prometheus"

@@ -213,8 +213,15 @@ class ClusterReconciler:
             # the repositories or certificates they need would break nodes that work
             # now, so the driver DaemonSets are neither written nor pruned.
             waiting |= {id(o) for o in desired[DRIVER_COMPONENT] if o["kind"] == "DaemonSet"}
+        if fleet.nfd_away:
+            # NFD's labels are away from some GPU nodes (NFD's uninstall pruned them, a
+            # new NFD has not labelled yet): the driver image's OS tag and a precompiled
+            # driver's kernel come from them, so a driver rendered now could differ only
+            # for want of them and restart every driver. The driver DaemonSets stay as
+            # they are, neither written nor pruned, until NFD labels the nodes again.
+            waiting |= {id(o) for o in desired[DRIVER_COMPONENT] if o["kind"] == "DaemonSet"}
         view = self.rollouts.view(desired, gpu_nodes)
-        snapshot, actual = self._components(desired, spec, held, view, waiting)
+        snapshot, actual = self._components(desired, spec, held, view, waiting, fleet.nfd_away)
 
         # Every enabled component at once, as upstream: each node orders itself (init
         # containers wait for its validation files), so a stuck node holds back only
@@ -345,6 +352,7 @@ class ClusterReconciler:
         held: bool,
         view: RolloutView,
         waiting: set[int],
+        nfd_away: int = 0,
     ) -> tuple[dict[str, ComponentStatus], dict[str, tuple[bool, str]]]:
         """Each component as the rollout machine sees it, and each enabled one's
         (ready, message): applied, its objects ready, on every node it should run on."""
@@ -358,7 +366,10 @@ class ClusterReconciler:
                 continue
             applied = all(not self.applier.needs_apply(o) for o in objs)
             ready, message = component_ready(objs, daemonsets)
-            if any(id(o) in waiting for o in objs):
+            if comp.name == DRIVER_COMPONENT and nfd_away:
+                ready = False
+                message = f"held while NFD's labels are away from {nfd_away} GPU nodes"
+            elif any(id(o) in waiting for o in objs):
                 waits = self.label_gate.waiting_nodes
                 ready, message = False, f"waiting for deploy labels on {waits} GPU nodes"
             elif not applied:

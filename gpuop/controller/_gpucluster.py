@@ -28,7 +28,7 @@ writes nothing, and an invalid spec is a status condition, never a crash loop.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -36,19 +36,25 @@ from pydantic import ValidationError
 
 from components import RenderContext, daemonset_ready, with_hash
 from components.dra import KINDS, STATE_LABEL, claim_consumers, render
+from components.kinds import SERVICE_MONITOR
 from crd import (
     CONDITION_ERROR,
     CONDITION_READY,
+    CONDITION_UNSUPPORTED_FIELDS,
     GC_API_VERSION,
     GC_KIND,
+    REASON_FIELDS_NOT_ACTED_ON,
     REASON_INVALID_SPEC,
     REASON_OPERAND_NOT_READY,
     REASON_PREREQUISITE_NOT_MET,
     REASON_RECONCILE_FAILED,
     REASON_RECONCILED,
     Condition,
+    GPUClusterSpec,
     ImageRefError,
+    gpucluster_unsupported_fields,
     parse_gpucluster,
+    with_unsupported_condition,
 )
 from crd._status import format_time, set_conditions
 from gpuop.controller._apply import Applier, object_key, owned_by
@@ -129,12 +135,21 @@ class GPUClusters:
             on_cluster,
         )
         self.owned: dict[str, Informer] = {k.kind: self._owned_informer(k) for k in KINDS}
+        #: (generation, served) of the last ServiceMonitor discovery.
+        self._monitor_served: tuple[Any, bool] | None = None
         self.applier = Applier(rest, self.owned, self._again.after, events)
 
     def _owned_informer(self, kind: Any) -> Informer:
         rest_kind = by_kind(kind.api_version, kind.kind)
         lister = self.rest.lister(rest_kind, self.namespace if kind.namespaced else None)
-        spec = ResourceSpec(f"gpucluster-{kind.plural}", lister, label_selector=STATE_LABEL)
+        # An optional kind (the Prometheus Operator's ServiceMonitor) that is not served
+        # is an empty cache, never a pass held back (the render then has none of it).
+        spec = ResourceSpec(
+            f"gpucluster-{kind.plural}",
+            lister,
+            label_selector=STATE_LABEL,
+            absent_is_empty=kind.optional,
+        )
         return Informer(spec, lambda event, old, new: self._on_owned(rest_kind, event, old, new))
 
     # ------------------------------------------------------------ watching
@@ -232,8 +247,10 @@ class GPUClusters:
                 operator_image=self.operator_image,
                 operator_image_pull_policy=self.operator_image_pull_policy,
                 operator_image_pull_secrets=self.operator_image_pull_secrets,
+                service_monitor_crd=await self._service_monitor_served(raw, spec),
             )
             desired = render(spec, ctx)
+            unsupported = [str(f) for f in gpucluster_unsupported_fields(spec)]
         except (ValidationError, ImageRefError) as err:
             message = f"invalid GPUCluster: {_problems(err)}"
             await self._status(raw, STATE_NOT_READY, (False, REASON_INVALID_SPEC, message))
@@ -247,15 +264,19 @@ class GPUClusters:
         if refused:
             first = refused[0]
             message = f"{first.kind} {first.name} refused ({first.code}): {first.message}"
-            await self._status(raw, STATE_NOT_READY, (False, REASON_RECONCILE_FAILED, message))
+            await self._status(
+                raw, STATE_NOT_READY, (False, REASON_RECONCILE_FAILED, message), unsupported
+            )
             return
         waiting = self._not_ready(objects)
         if waiting:
             message = "Waiting for operand pods to be ready: " + ", ".join(waiting)
-            await self._status(raw, STATE_NOT_READY, (False, REASON_OPERAND_NOT_READY, message))
+            await self._status(
+                raw, STATE_NOT_READY, (False, REASON_OPERAND_NOT_READY, message), unsupported
+            )
             return
         done = "All resources have been successfully reconciled"
-        await self._status(raw, STATE_READY, (True, REASON_RECONCILED, done))
+        await self._status(raw, STATE_READY, (True, REASON_RECONCILED, done), unsupported)
 
     async def _add_finalizer(self, raw: Obj) -> Obj:
         meta = raw["metadata"]
@@ -332,11 +353,37 @@ class GPUClusters:
                 waiting.append(str(obj["metadata"]["name"]))
         return waiting
 
-    async def _status(self, raw: Obj, state: str, ready: tuple[bool, str, str]) -> None:
+    async def _service_monitor_served(self, raw: Obj, spec: GPUClusterSpec) -> bool:
+        """Whether the exporter's ServiceMonitor may be rendered: the Prometheus
+        Operator's kind is served (discovery), asked only where the spec wants one and
+        once per generation, as the ClusterPolicy side asks (upstream's DRA exporter
+        state skips the ServiceMonitor where the kind is not served)."""
+        monitor = spec.dcgm_exporter.service_monitor if spec.dcgm_exporter else None
+        if not spec.exporter_enabled or monitor is None or not monitor.enabled:
+            return False
+        generation = raw["metadata"].get("generation")
+        if self._monitor_served is None or self._monitor_served[0] != generation:
+            found = await self.rest.api_resource_exists(
+                SERVICE_MONITOR.api_version, SERVICE_MONITOR.plural
+            )
+            self._monitor_served = (generation, found)
+        return self._monitor_served[1]
+
+    async def _status(
+        self,
+        raw: Obj,
+        state: str,
+        ready: tuple[bool, str, str],
+        unsupported: Sequence[str] | None = None,
+    ) -> None:
         """Write upstream's status (state, namespace, Ready and Error conditions) when
-        it differs from what is stored; an unchanged condition keeps its time."""
+        it differs from what is stored; an unchanged condition keeps its time. With
+        `unsupported` (a spec that parsed), the UnsupportedFields condition names what
+        the spec sets but we ignore, as the other two kinds' do (a Warning Event once per
+        change of it); None keeps the stored one."""
         holds, reason, message = ready
-        stamp = format_time(datetime.now(UTC))
+        now = datetime.now(UTC)
+        stamp = format_time(now)
         error = (False, CONDITION_READY, "") if holds else (True, reason, message)
         previous = [Condition.model_validate(c) for c in _stored(raw).get("conditions") or []]
         conditions = set_conditions(
@@ -356,19 +403,40 @@ class GPUClusters:
                 last_transition_time=stamp,
             ),
         )
-        status = {
-            "state": state,
-            "namespace": self.namespace,
-            "conditions": [
-                c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in conditions
-            ],
-        }
+        if unsupported is not None:
+            generation = raw["metadata"].get("generation")
+            conditions = with_unsupported_condition(
+                conditions, unsupported, generation=generation, now=now
+            )
+        dumped: list[Obj] = [
+            c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in conditions
+        ]
+        status = {"state": state, "namespace": self.namespace, "conditions": dumped}
         if _stored(raw) == status:
             return
         patched = await self.rest.merge_patch(
             GPUCLUSTER, raw["metadata"]["name"], {"status": status}, subresource="status"
         )
         self.clusters.observe(patched)
+        await self._record_unsupported(raw, dumped)
+
+    async def _record_unsupported(self, raw: Obj, written: list[Obj]) -> None:
+        """A Warning Event naming the fields set but not acted on, once per change of the
+        UnsupportedFields condition (so once per generation that sets them)."""
+        new = next((c for c in written if c["type"] == CONDITION_UNSUPPORTED_FIELDS), None)
+        if new is None:
+            return
+        stored = _stored(raw).get("conditions") or []
+        old: Obj = next((c for c in stored if c.get("type") == CONDITION_UNSUPPORTED_FIELDS), {})
+        if (old.get("message"), old.get("observedGeneration")) == (
+            new.get("message"),
+            new.get("observedGeneration"),
+        ):
+            return
+        meta = raw["metadata"]
+        involved = {"apiVersion": GC_API_VERSION, "kind": GC_KIND, "metadata": meta}
+        await self.events.record(involved, REASON_FIELDS_NOT_ACTED_ON, new["message"], warning=True)
+        log.warning("GPUCluster sets fields gpuop does not act on", message=new["message"])
 
 
 def _stored(raw: Obj) -> dict[str, Any]:

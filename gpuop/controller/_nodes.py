@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from components.keys import NFD_GPU_LABELS, is_gpu_node
+from components.keys import NFD_GPU_LABELS, is_gpu_node, nfd_labels_away
 from components.labels import any_mig_capable
 from gpuop.compact import frozen, shared
 from gpuop.informer import Informer
@@ -186,6 +186,9 @@ class GpuFleet(NamedTuple):
     """The GPU nodes not Ready and marked out of service (:func:`node_out_of_service`),
     by name: the only ones whose pods the cluster pass may force-delete, so it need not
     look at the others on every pass."""
+    nfd_away: int = 0
+    """How many GPU nodes are GPU nodes only because NFD's labels are away from them
+    (:func:`components.keys.nfd_labels_away`): their OS and kernel are unknown meanwhile."""
     version: int = 0
     """The node cache's version these were read at: what a memo of anything worked out
     from them must be keyed on. The cache's version read later may be newer (a node
@@ -218,6 +221,7 @@ class GpuNodes:
                 has_nfd=any(any(k in labels(n) for k in NFD_GPU_LABELS) for n in nodes),
                 mig_capable=any_mig_capable(labels(n) for n in gpu),
                 out_of_service=tuple(n for n in gpu if node_out_of_service(n)),
+                nfd_away=sum(1 for n in gpu if nfd_labels_away(labels(n))),
                 version=version,
             )
             self._memo = (version, fleet)

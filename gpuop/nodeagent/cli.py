@@ -131,8 +131,14 @@ def add_subcommands(subparsers: argparse._SubParsersAction[Any]) -> None:
     v.add_argument(
         "--runtime-class", default="nvidia", help="runtime class of workload pods ('' = none)"
     )
-    v.add_argument("--image-pull-secret", action="append", default=[], dest="pull_secrets")
-    v.add_argument("--priority-class", default=None)
+    v.add_argument(
+        "--image-pull-secret",
+        action="append",
+        default=[],
+        dest="pull_secrets",
+        help="Secret that pulls the workload pods' image (repeatable)",
+    )
+    v.add_argument("--priority-class", default=None, help="priority class of the workload pods")
     v.add_argument("--workload-timeout", type=float, default=300.0, help="seconds")
     v.add_argument(
         "--plugin-workload",
@@ -185,9 +191,14 @@ def add_subcommands(subparsers: argparse._SubParsersAction[Any]) -> None:
 
     e = sub.add_parser("export", help="serve per-GPU health and validation status metrics")
     _common(e)
-    e.add_argument("--port", type=int, default=8000)
+    e.add_argument("--port", type=int, default=8000, help="port of /metrics")
     e.add_argument("--address", default="0.0.0.0", help="listen address")
-    e.add_argument("--no-xid-events", dest="xid_events", action="store_false")
+    e.add_argument(
+        "--no-xid-events",
+        dest="xid_events",
+        action="store_false",
+        help="do not watch NVML's XID events (health is then read every --health-interval only)",
+    )
     e.add_argument(
         "--sysfs",
         type=Path,

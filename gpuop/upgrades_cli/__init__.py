@@ -10,13 +10,23 @@ from gpuop.controller._config import DEFAULT_NAMESPACE
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--kubeconfig", default=None, help="kubeconfig (default as kubectl)")
-    parser.add_argument("--dir", default=None, help="local cluster directory (fallback)")
+    parser.add_argument(
+        "--kubeconfig",
+        default=None,
+        help="kubeconfig (default: as kubectl: $KUBECONFIG, else in-cluster, else the"
+        " local cluster's)",
+    )
+    parser.add_argument(
+        "--dir",
+        default=None,
+        help="local cluster directory, read when no other kubeconfig is found (default:"
+        " $GPUOP_CLUSTER_DIR, else ~/.local/state/gpuop/cluster)",
+    )
     parser.add_argument(
         "-n",
         "--namespace",
         default=os.environ.get("OPERATOR_NAMESPACE", DEFAULT_NAMESPACE),
-        help="namespace of the operands (default $OPERATOR_NAMESPACE or gpu-operator)",
+        help="namespace of the operands (default: $OPERATOR_NAMESPACE, else gpu-operator)",
     )
 
 
@@ -30,7 +40,13 @@ def add_subcommands(sub: Any) -> None:
     )
     _common(status)
     status.add_argument("--watch", "-w", action="store_true", help="redraw as it changes")
-    status.add_argument("-o", "--output", default="text", choices=["text", "wide", "json"])
+    status.add_argument(
+        "-o",
+        "--output",
+        default="text",
+        choices=["text", "wide", "json"],
+        help="text: a table; wide: also what each node waits for; json: the whole report",
+    )
     status.set_defaults(func=cmd_status)
     plan = usub.add_parser(
         "plan", help="the waves, blockers and duration of a rollout, without writing anything"
@@ -42,5 +58,11 @@ def add_subcommands(sub: Any) -> None:
         metavar="PATH=VALUE",
         help="a proposed policy change under spec, e.g. driver.version=580.95.05",
     )
-    plan.add_argument("-o", "--output", default="text", choices=["text", "json"])
+    plan.add_argument(
+        "-o",
+        "--output",
+        default="text",
+        choices=["text", "json"],
+        help="text: waves, blockers and duration; json: the whole plan",
+    )
     plan.set_defaults(func=cmd_plan)

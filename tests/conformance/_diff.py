@@ -341,10 +341,12 @@ def _our_cluster(
     node_labels: Mapping[str, Mapping[str, str]] | None = None,
     nvidiadrivers: Sequence[crd.NVIDIADriver] = (),
     monitoring: Collection[str] = (),
+    config_map_keys: Mapping[str, tuple[str, ...]] | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Our objects and the nodes as our passes leave them at rest: labelled to the
     labeller's fixed point, given their NVIDIADriver owners, then (objects rendered)
-    through the upgrade machine, and annotated by the node pass."""
+    through the upgrade machine, and annotated by the node pass. `config_map_keys`:
+    the ConfigMaps the cluster holds (`RenderContext.config_map_keys`), none by default."""
     nodes = [
         _with_labels(n, _labelled(spec, dict(n["metadata"]["labels"]), n["metadata"]["name"]))
         for n in simulated_nodes(node_labels)
@@ -360,6 +362,7 @@ def _our_cluster(
         service_monitor_crd="ServiceMonitor" in monitoring,
         prometheus_rule_crd="PrometheusRule" in monitoring,
         gpu_nodes=tuple(c.node_facts(n) for n in gpu),
+        config_map_keys=dict(config_map_keys or {}),
     )
     # As the controller applies them (`gpuop.controller._cluster`): owned by the policy,
     # with our content hash.
@@ -370,7 +373,7 @@ def _our_cluster(
         for o in objs
     ]
     if _uses_nvidiadrivers(spec):
-        objects += _nvidiadriver_objects(spec, nodes, nvidiadrivers, problems)
+        objects += _nvidiadriver_objects(spec, nodes, nvidiadrivers, problems, config_map_keys)
     policies = _nvd_policies(spec, nvidiadrivers)
     result = []
     for node in nodes:
@@ -387,6 +390,7 @@ def _nvidiadriver_objects(
     nodes: Sequence[Mapping[str, Any]],
     drivers: Sequence[crd.NVIDIADriver],
     problems: Collection[str],
+    config_map_keys: Mapping[str, tuple[str, ...]] | None = None,
 ) -> list[dict[str, Any]]:
     """Each NVIDIADriver's driver DaemonSets (one per pool of the nodes it owns), as our
     NVIDIADriver pass applies them: owned by the resource, with our content hash."""
@@ -395,7 +399,11 @@ def _nvidiadriver_objects(
         if model.deleting or model.name in problems:
             continue  # its status says why; nothing is rendered for it
         uid = _nvd_uid(model.name)
-        ctx = c.RenderContext(namespace=NAMESPACE, operator_image=OPERATOR_IMAGE)
+        ctx = c.RenderContext(
+            namespace=NAMESPACE,
+            operator_image=OPERATOR_IMAGE,
+            config_map_keys=dict(config_map_keys or {}),
+        )
         owner = owner_reference(crd.NVD_API_VERSION, crd.NVD_KIND, {"name": model.name, "uid": uid})
         objects += [
             c.with_hash(owned_by(o, owner))
@@ -420,11 +428,13 @@ def ours(
     node_labels: Mapping[str, Mapping[str, str]] | None = None,
     nvidiadrivers: Sequence[crd.NVIDIADriver] = (),
     monitoring: Collection[str] = (),
+    config_map_keys: Mapping[str, tuple[str, ...]] | None = None,
 ) -> Side:
     """Our objects and our GPU nodes' `nvidia.com/*` labels and annotations for this
     policy, on nodes labelled with `node_labels` first, with these NVIDIADrivers, on a
-    cluster serving the `monitoring` kinds of the Prometheus Operator."""
-    objects, nodes = _our_cluster(spec, node_labels, nvidiadrivers, monitoring)
+    cluster serving the `monitoring` kinds of the Prometheus Operator (and holding these
+    ConfigMaps: `config_map_keys`)."""
+    objects, nodes = _our_cluster(spec, node_labels, nvidiadrivers, monitoring, config_map_keys)
     return Side(objects, _gpu_node_labels(nodes), _gpu_node_annotations(nodes))
 
 

@@ -18,6 +18,14 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "gpu-operator"
 MANIFESTS = ROOT / "deploy" / "manifests" / "gpu-operator.yaml"
 DRA_RBAC_MANIFESTS = ROOT / "deploy" / "manifests" / "gpu-operator-dra-rbac.yaml"
+CHART_FILES = CHART / "files"
+"""Copies of components/data that the chart ships (rules, dashboard): plain files, not
+links, so Helm prints no symlink warning; kept equal by tests/integration/test_helm.py."""
+DATA_FILES = (
+    "gpu-operator.rules.yaml",
+    "gpu-operator-down.rules.yaml",
+    "gpu-operator-dashboard.json",
+)
 DATA = ROOT / "tests" / "data"
 RELEASE = "gpu-operator"
 NAMESPACE = "gpu-operator"
@@ -97,6 +105,11 @@ def render_manifests() -> str:
 
 if __name__ == "__main__":
     MANIFESTS.parent.mkdir(parents=True, exist_ok=True)
+    for name in DATA_FILES:
+        target = CHART_FILES / name
+        target.unlink(missing_ok=True)
+        target.write_bytes((ROOT / "components" / "data" / name).read_bytes())
+        print(f"wrote {target.relative_to(ROOT)}", file=sys.stderr)
     for path, text in (
         (MANIFESTS, render_manifests()),
         (DRA_RBAC_MANIFESTS, render_dra_rbac_manifests()),

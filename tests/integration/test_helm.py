@@ -27,7 +27,9 @@ from gpuop.nodeagent import health
 from gpuop.rest import Kind
 from tests.integration.helm_chart import (
     CHART,
+    CHART_FILES,
     DATA,
+    DATA_FILES,
     DRA_RBAC_MANIFESTS,
     MANIFESTS,
     NAMESPACE,
@@ -124,6 +126,20 @@ def _policy(docs: list[dict[str, Any]]) -> crd.ClusterPolicy:
 def test_lint_is_clean() -> None:
     out = helm("lint", "--strict", str(CHART))
     assert "0 chart(s) failed" in out
+    # No warning on any command (a symlink in the chart used to print two each time).
+    for args in (["lint", "--strict"], ["template", "gpu-operator"]):
+        proc = subprocess.run(
+            [str(ensure_helm()), *args, str(CHART)], capture_output=True, text=True, check=False
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stderr == "", proc.stderr
+    for name in DATA_FILES:
+        shipped = CHART_FILES / name
+        assert not shipped.is_symlink(), shipped
+        assert shipped.read_bytes() == (ROOT / "components" / "data" / name).read_bytes(), (
+            f"{shipped} differs from components/data: regenerate with "
+            "`python -m tests.integration.helm_chart`"
+        )
     out = helm("lint", "--strict", str(CHART), *[a for v in SEED004 for a in ("-f", str(v))])
     assert "0 chart(s) failed" in out
 
@@ -758,6 +774,27 @@ def test_crd_hooks_apply_on_upgrade_and_delete_on_uninstall_as_upstream() -> Non
     assert not [d for d in none if d["kind"] == "Job"]
 
 
+def test_the_chart_installs_the_compute_domain_crds_and_its_hooks_reach_them() -> None:
+    """A GPUCluster's compute-domain controller watches NVIDIA's ComputeDomain kinds: the
+    chart's crds/ carries their CRDs (what `gpuop crds apply`, its upgrade hook, applies
+    too), and the cleanup hook may list ComputeDomains (it keeps the CRDs while any
+    exists)."""
+    crds = {
+        d["metadata"]["name"]: d
+        for d in documents(template("--include-crds"))
+        if d["kind"] == "CustomResourceDefinition"
+    }
+    for manifest in crd.compute_domain_crd_manifests():
+        assert crds[manifest["metadata"]["name"]] == manifest
+    cleanup = documents(template(*_set(["operator.cleanupCRD=true"])))
+    role = one(cleanup, "ClusterRole", "gpu-operator-cleanup-crd-hook-role")
+    assert {
+        "apiGroups": [crd.CD_GROUP],
+        "resources": ["computedomains"],
+        "verbs": ["list"],
+    } in role["rules"]
+
+
 #: The values keys the chart accepts but does not act on, each with a value that asks for
 #: something; NOTES.txt must name every one.
 INERT_VALUES: dict[str, Any] = {
@@ -790,6 +827,93 @@ def _values_file(folder: Path, name: str, flat: dict[str, Any]) -> Path:
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(_nested(flat)))
     return path
+
+
+PROMETHEUS_RULE_API = ("--api-versions", "monitoring.coreos.com/v1/PrometheusRule")
+
+
+def test_the_chart_ships_the_operator_down_rules_where_prometheus_rules_are_served() -> None:
+    """GPUOperatorDown cannot come from the operator (a dead one creates nothing): the
+    chart's PrometheusRule gpu-operator-down carries the down rules file, by default
+    only where the PrometheusRule API is served; its jobs follow monitoring.operatorDown,
+    and the alert-rules ConfigMap holds the same file for a Prometheus without the
+    Prometheus Operator."""
+    down_file = yaml.safe_load(monitoring.data_text(monitoring.DOWN_RULES_FILE))
+    assert not by_kind(documents(template()), "PrometheusRule")
+    rule = one(documents(template(*PROMETHEUS_RULE_API)), "PrometheusRule", "gpu-operator-down")
+    assert rule["metadata"]["namespace"] == NAMESPACE
+    assert rule["spec"] == down_file
+    off = template(*PROMETHEUS_RULE_API, "--set", "monitoring.operatorDown.prometheusRule=false")
+    assert not by_kind(documents(off), "PrometheusRule")
+
+    docs = documents(
+        template(
+            *_set(
+                [
+                    "monitoring.operatorDown.prometheusRule=true",
+                    "monitoring.operatorDown.job=kubernetes-service-endpoints",
+                    "monitoring.alertRules.configMap=true",
+                ]
+            )
+        )
+    )
+    exprs = [r["expr"] for g in one(docs, "PrometheusRule")["spec"]["groups"] for r in g["rules"]]
+    assert 'up{job="kubernetes-service-endpoints"}' in exprs[0]
+    assert 'job="gpu-operator"' not in exprs[0]
+    assert 'up{job="nvidia-node-status-exporter"}' in exprs[1]
+    shipped = one(docs, "ConfigMap", "gpu-operator-alert-rules")["data"]
+    assert (
+        yaml.safe_load(shipped[monitoring.DOWN_RULES_FILE])["groups"]
+        == (one(docs, "PrometheusRule")["spec"]["groups"])
+    )
+
+
+def test_monitoring_labels_reach_every_service_monitor_and_prometheus_rule() -> None:
+    """monitoring.labels (kube-prometheus-stack's `release`) label the chart's
+    PrometheusRule and, through the policy's serviceMonitor.additionalLabels (whose own
+    values win), every ServiceMonitor and PrometheusRule the operator creates."""
+    docs = documents(
+        template(
+            *PROMETHEUS_RULE_API,
+            *_set(
+                [
+                    "monitoring.labels.release=kps",
+                    "nodeStatusExporter.enabled=true",
+                    "nodeStatusExporter.serviceMonitor.interval=30s",
+                    "dcgmExporter.serviceMonitor.additionalLabels.release=mine",
+                ]
+            ),
+        )
+    )
+    assert one(docs, "PrometheusRule", "gpu-operator-down")["metadata"]["labels"]["release"] == (
+        "kps"
+    )
+    spec = _policy(docs).spec
+    assert spec.operator.metrics is not None
+    assert spec.operator.metrics.service_monitor is not None
+    assert spec.operator.metrics.service_monitor.additional_labels == {"release": "kps"}
+    assert spec.node_status_exporter.service_monitor is not None
+    assert spec.node_status_exporter.service_monitor.interval == "30s"
+    assert spec.dcgm_exporter.service_monitor is not None
+    assert spec.dcgm_exporter.service_monitor.additional_labels == {"release": "mine"}
+    ctx = RenderContext(namespace=NAMESPACE, operator_image="x")
+    objects = [o for c in COMPONENTS for o in c.objects(spec, ctx)]
+    monitors = {
+        (o["kind"], o["metadata"]["name"]): o["metadata"]["labels"].get("release")
+        for o in objects
+        if o["kind"] in ("ServiceMonitor", "PrometheusRule")
+    }
+    assert monitors == {
+        ("ServiceMonitor", "gpu-operator"): "kps",
+        ("PrometheusRule", "nvidia-gpu-operator-metrics"): "kps",
+        ("ServiceMonitor", "nvidia-node-status-exporter"): "kps",
+        ("PrometheusRule", "nvidia-node-status-exporter-alerts"): "kps",
+        ("ServiceMonitor", "nvidia-dcgm-exporter"): "mine",
+    }
+    # Without monitoring.labels the policy carries nothing it did not before.
+    plain = _policy(documents(template())).spec
+    assert plain.operator.metrics is None
+    assert plain.node_status_exporter.service_monitor is None
 
 
 def _notes(folder: Path, values: Sequence[Path] = ()) -> str:
@@ -850,6 +974,7 @@ _SWEEP_BASE: dict[str, Any] = {
     "migManager.config.data": {"a": "b"},
     "monitoring.alertRules.configMap": True,
     "monitoring.dashboard.enabled": True,
+    "monitoring.operatorDown.prometheusRule": True,
     "gpuCluster.deployCR": True,
 }
 

@@ -1,8 +1,9 @@
 """Every metric the shipped alert rules and Grafana dashboard query is in a live scrape
 of the operator or of a node agent: the operator process on the local control plane,
 rolling out a policy with the node status exporter on, and the node agent's exporter
-serving one simulated GPU node (NVML faked, its device plugin GPUs read from the API
-server)."""
+serving one simulated GPU node (NVML faked: an Ampere GPU, which remaps rows, and a
+Turing one, which retires pages; its device plugin GPUs read from the API server),
+scraped again once its driver is gone (the families only a failure brings)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ from gpuop.nodeagent.exporter import serve
 from gpuop.nodeagent.kube import KubernetesApi
 from gpuop.nodeagent.status import CHECK_NAMES, StatusFiles
 from gpuop.nodeagent.xid import XidCounts, XidWatcher
-from gpuop.nvml.fake import A100_SXM4_80GB, FakeNvml, make_gpus
+from gpuop.nvml import DriverNotLoaded
+from gpuop.nvml.fake import A100_SXM4_80GB, TESLA_T4, FakeNvml, make_gpus
 from gpuop.rest import Rest
 from tests.integration.harness import NAMESPACE, POLICY, eventually, policy_state_is
 from tests.monitoring_queries import queried, served_in_text
@@ -72,8 +74,11 @@ async def _operator_scrape(local_cluster: ClusterInfo, rest: Rest) -> str:
             await rest.delete(POLICY, existing["metadata"]["name"])
 
 
-async def _node_agent_scrape(api_client: client.ApiClient, tmp_path: Path, gpus: int) -> str:
-    nvml = FakeNvml(make_gpus(A100_SXM4_80GB))
+async def _node_agent_scrapes(
+    api_client: client.ApiClient, tmp_path: Path, gpus: int
+) -> tuple[str, str]:
+    """A scrape of a healthy node agent, and one after its driver went away."""
+    nvml = FakeNvml(make_gpus(A100_SXM4_80GB, TESLA_T4))
     status = StatusFiles(tmp_path / "validations")
     for check in CHECK_NAMES:
         status.write(check, {})
@@ -116,7 +121,11 @@ async def _node_agent_scrape(api_client: client.ApiClient, tmp_path: Path, gpus:
         text: str = await eventually(complete, what="node agent metrics")
         assert f'gpu_operator_node_device_plugin_devices_total{{node="{NODE}"}} {gpus}.0' in text
         assert f'gpu_operator_nvidia_pci_devices_total{{node="{NODE}"}} 1.0' in text
-        return text
+        assert "gpu_operator_node_gpu_retired_pages{" in text  # the Turing GPU's
+        nvml.init_error = DriverNotLoaded("Driver Not Loaded")
+        down = await _scrape(port)
+        assert 'reason="driver_not_loaded"' in down
+        return text, down
     finally:
         stop.set()
         await asyncio.wait_for(task, 10)
@@ -129,7 +138,8 @@ async def test_every_metric_the_rules_and_dashboard_query_is_served(
     node_obj = await rest.get(by_kind("v1", "Node"), NODE)
     assert node_obj is not None
     gpus = int(node_obj["status"]["capacity"]["nvidia.com/gpu"])
-    node = served_in_text(await _node_agent_scrape(api_client, tmp_path, gpus))
+    healthy, down = await _node_agent_scrapes(api_client, tmp_path, gpus)
+    node = served_in_text(healthy) | served_in_text(down)
     assert "gpu_operator_reconciliation_status" in operator
     missing = {
         what: sorted(used - operator - node)

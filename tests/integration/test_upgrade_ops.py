@@ -2,7 +2,7 @@
 run as a process), canary then the rest, halt after a failure (surviving an operator
 restart), and a pod-only change restarting driver pods without evicting anything.
 
-With GPUOP_CAPTURE_DIR set, the CLI outputs are also written there (the README quotes them).
+With GPUOP_CAPTURE_DIR set, the CLI outputs are also written there (docs/upgrades.md quotes them).
 """
 
 from __future__ import annotations

@@ -53,3 +53,25 @@ def test_cache_dir_and_versions_follow_the_environment(
     assert paths.kube_apiserver == tmp_path / "c/bin/kubernetes-v1.33.13/kube-apiserver"
     assert paths.etcd.name == "etcd"
     assert paths.kwok.name == "kwok"
+
+
+def test_prometheus_is_cached_beside_promtool_at_its_release(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The server the alert integration test runs is the release promtool checks the rules
+    with (one variable moves both), cached under its own stamped directory; its build
+    leaves out the cloud service discoveries and needs no web UI assets."""
+    from gpuop.cluster import _build
+    from gpuop.cluster._versions import prometheus_path, prometheus_version, promtool_version
+
+    monkeypatch.setenv("GPUOP_PROMTOOL_VERSION", "v0.399.1")
+    assert prometheus_version() == promtool_version() == "v0.399.1"
+    path = prometheus_path(tmp_path, "v0.399.1")
+    assert path == tmp_path / "bin" / "prometheus-v0.399.1" / "prometheus"
+    assert _build.PROMETHEUS_TAGS == ("remove_all_sd",)
+    # A stamped entry is returned without building (nor needing Go).
+    path.parent.mkdir(parents=True)
+    path.write_text("")
+    (path.parent / ".complete").write_text("v0.399.1")
+    monkeypatch.setattr(_build, "find_go", lambda: pytest.fail("built again"))
+    assert _build.ensure_prometheus(root=tmp_path) == path

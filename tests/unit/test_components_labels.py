@@ -11,6 +11,7 @@ import crd
 from components.keys import MIG_CONFIG_LABEL
 
 NFD = "feature.node.kubernetes.io/pci-10de.present"
+KERNEL = "feature.node.kubernetes.io/kernel-version.full"
 ALL_DEFAULT = {
     c.DEPLOY_DRIVER_LABEL,
     c.DEPLOY_TOOLKIT_LABEL,
@@ -142,7 +143,8 @@ def test_disabling_a_component_keeps_its_deploy_label() -> None:
 
 
 def test_node_that_loses_its_gpu_is_cleaned() -> None:
-    labels = converge({NFD: "true", c.MIG_CAPABLE_LABEL: "true"}, spec())
+    """NFD still labels the node (its kernel), without an NVIDIA device: the GPU left."""
+    labels = converge({NFD: "true", KERNEL: "5.15", c.MIG_CAPABLE_LABEL: "true"}, spec())
     labels[c.DEPLOY_DCGM_LABEL] = "false"
     labels[c.DEPLOY_GFD_LABEL] = "paused-for-mig-change"
     del labels[NFD]
@@ -152,6 +154,31 @@ def test_node_that_loses_its_gpu_is_cleaned() -> None:
         c.DEPLOY_DCGM_LABEL: "false",
         c.DEPLOY_GFD_LABEL: "paused-for-mig-change",
     }
+
+
+def test_a_gpu_node_stays_one_while_nfds_labels_are_away() -> None:
+    """NFD's uninstall prunes every label it (and GFD through it) published: a node we
+    found a GPU node keeps its deploy labels, the MIG manager's included, until NFD
+    labels it again; then NFD's word counts."""
+    found = {NFD: "true", KERNEL: "5.15", c.MIG_CAPABLE_LABEL: "true"}
+    labels = converge(found, spec())
+    pruned = {k: v for k, v in labels.items() if k not in found}
+    assert c.nfd_labels_away(pruned)
+    assert c.is_gpu_node(pruned)
+    assert c.is_mig_capable(pruned)
+    assert c.any_mig_capable([pruned])
+    assert c.node_label_changes(pruned, spec()) == {}
+    # The user's switch still acts meanwhile.
+    assert set(c.node_label_changes({**pruned, c.DEPLOY_OPERANDS_LABEL: "false"}, spec())) == (
+        ALL_DEFAULT | {c.DEPLOY_MIG_MANAGER_LABEL}
+    )
+    # No policy: ours go as ever (the MIG layout is a request, never removed).
+    assert converge(pruned, None) == {MIG_CONFIG: "all-disabled"}
+    # NFD labels the node again, without the GPU: no longer a GPU node.
+    assert c.GPU_PRESENT_LABEL not in converge({**pruned, KERNEL: "5.15"}, spec())
+    # Never ours (a user's false), or never found a GPU node: NFD's absence is no GPU.
+    assert not c.is_gpu_node({c.GPU_PRESENT_LABEL: "false"})
+    assert not c.nfd_labels_away({})
 
 
 def test_no_policy_removes_every_label_of_ours() -> None:

@@ -681,6 +681,11 @@ def test_operator_service_monitor_and_rules_where_the_crds_are_served() -> None:
     )
     monitor = _by_kind(comp.objects(tuned, ctx()), "ServiceMonitor")
     assert monitor["metadata"]["labels"]["release"] == "prom"
+    # The same labels reach its PrometheusRule (a Prometheus selects rules by label too).
+    assert (
+        _by_kind(comp.objects(tuned, ctx()), "PrometheusRule")["metadata"]["labels"]["release"]
+        == "prom"
+    )
     assert monitor["spec"]["endpoints"] == [
         {
             "port": "gpu-operator-metrics",
@@ -721,7 +726,28 @@ def test_node_status_exporter_service_monitor_and_rules() -> None:
         "GPUOperatorNodeDeploymentDriverFailed",
         "GPUOperatorNodeDeploymentToolkitFailed",
         "GPUOperatorNodeDeploymentCudaFailed",
+        "GPUOperatorGPULost",
+        "GPUOperatorGPUUncorrectableECCErrors",
+        "GPUOperatorGPURowRemapFailed",
     }
+    assert "release" not in rule["metadata"]["labels"]
+    # Its ServiceMonitor takes settings (a gpuop extension); their additional labels
+    # (kube-prometheus-stack's `release`) label the PrometheusRule as well.
+    tuned = comp.objects(
+        spec(
+            nodeStatusExporter={
+                "enabled": True,
+                "serviceMonitor": {"interval": "30s", "additionalLabels": {"release": "kps"}},
+            }
+        ),
+        ctx(),
+    )
+    monitor = _by_kind(tuned, "ServiceMonitor")
+    assert monitor["spec"]["endpoints"] == [
+        {"port": "node-status", "path": "/metrics", "interval": "30s"}
+    ]
+    assert monitor["metadata"]["labels"]["release"] == "kps"
+    assert _by_kind(tuned, "PrometheusRule")["metadata"]["labels"]["release"] == "kps"
     plain = comp.objects(
         spec(nodeStatusExporter={"enabled": True}),
         ctx(service_monitor_crd=False, prometheus_rule_crd=False),

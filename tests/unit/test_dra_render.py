@@ -39,6 +39,7 @@ SPECS = [
         dcgmExporter={"enabled": False},
     ),
     _spec(draDriver={"featureGates": {"PassthroughSupport": True}}),
+    _spec(dcgmExporter={"serviceMonitor": {"enabled": True}}),
 ]
 
 
@@ -140,8 +141,64 @@ def test_node_labels_reach_a_fixed_point_and_sweep_the_device_plugin_stack() -> 
 def test_node_labels_leave_values_that_are_not_ours() -> None:
     labels = {**GPU, "nvidia.com/gpu.deploy.dra-driver": "false"}
     assert "nvidia.com/gpu.deploy.dra-driver" not in gpucluster_label_changes(labels)
-    gone = {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.deploy.dra-driver": "true"}
+    # NFD labels the node (its kernel) and found no NVIDIA device: the GPU left.
+    gone = {
+        "feature.node.kubernetes.io/kernel-version.full": "5.15",
+        "nvidia.com/gpu.present": "true",
+        "nvidia.com/gpu.deploy.dra-driver": "true",
+    }
     assert gpucluster_label_changes(gone) == {
         "nvidia.com/gpu.present": None,
         "nvidia.com/gpu.deploy.dra-driver": None,
     }
+
+
+def test_exporter_service_monitor_as_upstream_dra_state_renders_it() -> None:
+    settings = {
+        "enabled": True,
+        "interval": "15s",
+        "scrapeTimeout": "10s",
+        "additionalLabels": {"release": "prom"},
+        "relabelings": [{"action": "replace", "sourceLabels": ["a"], "targetLabel": "b"}],
+    }
+    monitor = _objects(_spec(dcgmExporter={"serviceMonitor": settings}))[
+        "ServiceMonitor/nvidia-dcgm-exporter-dra"
+    ]
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"] == {
+        "name": "nvidia-dcgm-exporter-dra",
+        "namespace": "gpu-operator",
+        "labels": {
+            "app": "nvidia-dcgm-exporter-dra",
+            "release": "prom",
+            "nvidia.com/gpu-operator.state": "state-dcgm-exporter",
+        },
+    }
+    assert monitor["spec"] == {
+        "jobLabel": "app",
+        "namespaceSelector": {"matchNames": ["gpu-operator"]},
+        "selector": {"matchLabels": {"app": "nvidia-dcgm-exporter-dra"}},
+        "endpoints": [
+            {
+                "port": "gpu-metrics",
+                "path": "/metrics",
+                "honorLabels": False,
+                "interval": "15s",
+                "scrapeTimeout": "10s",
+                "relabelings": settings["relabelings"],
+            }
+        ],
+    }
+
+
+@pytest.mark.parametrize(
+    ("settings", "served"),
+    [({"enabled": False}, True), ({"enabled": True}, False), (None, True)],
+)
+def test_no_exporter_service_monitor_unless_asked_and_served(
+    settings: dict[str, Any] | None, served: bool
+) -> None:
+    exporter = {"serviceMonitor": settings} if settings else {}
+    ctx = RenderContext(namespace="gpu-operator", operator_image="x", service_monitor_crd=served)
+    objects = render(_spec(dcgmExporter=exporter), ctx)
+    assert "ServiceMonitor" not in {o["kind"] for objs in objects.values() for o in objs}

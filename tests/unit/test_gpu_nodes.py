@@ -36,7 +36,7 @@ def _node(
 def test_the_fleet_is_worked_out_again_only_after_the_cache_changed() -> None:
     nodes = Informer(ResourceSpec("nodes", _never, transform=trim_node), lambda *_: None)
     fleet = GpuNodes(nodes)
-    assert fleet() == ((), False, False, (), 0)
+    assert fleet() == ((), False, False, (), 0, 0)
 
     nodes._on_line(_node("b", "1", {GPU: "true"}))
     nodes._on_line(_node("a", "2", {GPU: "true", MIG_CAPABLE_LABEL: "true"}))
@@ -73,3 +73,24 @@ def test_the_fleet_names_the_gpu_nodes_marked_out_of_service() -> None:
 
     nodes._on_line(_node("dead", "4", {GPU: "true"}))  # its kubelet is back
     assert fleet().out_of_service == ()
+
+
+def test_gpu_nodes_stay_while_nfds_labels_are_away_and_are_counted() -> None:
+    """NFD's uninstall prune leaves a GPU node with our labels only: still a GPU node (and
+    MIG-capable by the MIG manager's deploy label), counted in ``nfd_away`` (the cluster
+    pass leaves the driver as it is meanwhile); no NFD label on any node, so no
+    ``has_nfd``."""
+    nodes = Informer(ResourceSpec("nodes", _never, transform=trim_node), lambda *_: None)
+    fleet = GpuNodes(nodes)
+    pruned = {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.deploy.mig-manager": "true"}
+    nodes._on_line(_node("a", "1", pruned))
+    nodes._on_line(_node("cpu", "2", {}))
+    away = fleet()
+    assert [n["metadata"]["name"] for n in away.nodes] == ["a"]
+    assert away.nfd_away == 1
+    assert away.mig_capable
+    assert not away.has_nfd
+    nodes._on_line(_node("a", "3", {**pruned, GPU: "true", MIG_CAPABLE_LABEL: "true"}))
+    back = fleet()
+    assert back.nfd_away == 0
+    assert back.has_nfd

@@ -178,3 +178,67 @@ def test_delete_drains_claim_holders_in_the_foreground_then_releases() -> None:
     assert (verb, where) == ("patch", "gpuclusters/")
     assert patch["metadata"]["finalizers"] == []
     assert not [w for w in rest.writes if "kubelet-plugin" in w[1]]
+
+
+class _MonitoringRest(_Rest):
+    """Serves (or not) the Prometheus Operator's ServiceMonitor kind; counts the asks."""
+
+    def __init__(self, served: bool) -> None:
+        super().__init__()
+        self.served = served
+        self.asked = 0
+
+    async def api_resource_exists(self, api_version: str, plural: str) -> bool:
+        assert (api_version, plural) == ("monitoring.coreos.com/v1", "servicemonitors")
+        self.asked += 1
+        return self.served
+
+
+_MONITORED = {
+    "draDriver": {},
+    "dcgmExporter": {
+        "enabled": True,
+        "serviceMonitor": {"enabled": True, "additionalLabels": {"release": "prom"}},
+    },
+    "daemonsets": {"updateStrategy": "OnDelete"},  # upstream's DRA manifests never read it
+}
+
+
+def _status_writes(rest: _Rest) -> list[Obj]:
+    return [p["status"] for verb, where, p in rest.writes if where == "gpuclusters/status"]
+
+
+def test_unsupported_fields_are_a_condition_and_one_warning_per_generation() -> None:
+    rest = _MonitoringRest(served=True)
+    ctl, events = _controller(rest, _gpucluster(_MONITORED))
+    asyncio.run(ctl.reconcile())
+    (status,) = _status_writes(rest)
+    condition = next(c for c in status["conditions"] if c["type"] == "UnsupportedFields")
+    assert condition["status"] == "True"
+    assert condition["observedGeneration"] == 1
+    assert "spec.daemonsets.updateStrategy (no effect" in condition["message"]
+    assert events.reasons == ["FieldsNotActedOn"]
+    ctl.clusters.store["gpu-cluster"] = rest.stored["gpu-cluster"]  # the watch event
+    asyncio.run(ctl.reconcile())
+    assert len(_status_writes(rest)) == 1  # the same verdict again writes nothing
+    assert events.reasons == ["FieldsNotActedOn"]
+    assert rest.asked == 1  # discovery once per generation
+
+
+def test_a_spec_we_honour_whole_has_no_unsupported_condition() -> None:
+    rest = _MonitoringRest(served=False)
+    ctl, events = _controller(rest, _gpucluster({"draDriver": {}}))
+    asyncio.run(ctl.reconcile())
+    (status,) = _status_writes(rest)
+    assert "UnsupportedFields" not in [c["type"] for c in status["conditions"]]
+    assert events.reasons == []
+    assert rest.asked == 0  # no ServiceMonitor wanted: no discovery
+
+
+def test_the_exporter_service_monitor_is_applied_only_where_the_kind_is_served() -> None:
+    for served in (True, False):
+        rest = _MonitoringRest(served=served)
+        ctl, _ = _controller(rest, _gpucluster(_MONITORED))
+        asyncio.run(ctl.reconcile())
+        applied = [(kind, name) for verb, kind, name in rest.writes if verb == "apply"]
+        assert (("ServiceMonitor", "nvidia-dcgm-exporter-dra") in applied) is served

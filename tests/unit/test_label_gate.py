@@ -116,8 +116,10 @@ def test_the_fleet_is_counted_again_only_when_the_node_cache_changed() -> None:
 def test_a_label_only_being_removed_does_not_hold_anything() -> None:
     spec = _spec()
     gate = LabelGate(clock=Clock())
-    # A CPU node that still carries gpu.present: the pass removes it, adds nothing.
-    cpu = _node("cpu", {"nvidia.com/gpu.present": "true"})
+    # A CPU node (NFD labels it, no NVIDIA device) that still carries gpu.present: the
+    # pass removes it, adds nothing.
+    kernel = "feature.node.kubernetes.io/kernel-version.full"
+    cpu = _node("cpu", {kernel: "5.15", "nvidia.com/gpu.present": "true"})
     assert node_label_changes(cpu["metadata"]["labels"], spec)
     assert not adds_labels(cpu, spec)
     assert gate.hold([DS], lambda o: False, [cpu], spec, POLICY, 1) == ([], None)

@@ -18,9 +18,6 @@ def paths(spec: dict[str, Any]) -> list[str]:
 
 ASKS: dict[str, dict[str, Any]] = {
     "spec.driverType": {"driverType": "vgpu-host-manager"},
-    "spec.manager.imagePullSecrets": {"manager": {"imagePullSecrets": ["regcred"]}},
-    "spec.gds.imagePullSecrets": {"gds": {"enabled": True, "imagePullSecrets": ["regcred"]}},
-    "spec.gdrcopy.imagePullSecrets": {"gdrcopy": {"enabled": True, "imagePullSecrets": ["r"]}},
     "spec.manager.imagePullPolicy": {"manager": {"imagePullPolicy": "Sometimes"}},
 }
 
@@ -41,14 +38,20 @@ def test_every_field_acted_on_is_not_named() -> None:
         "livenessProbe": {"periodSeconds": 5},
         "readinessProbe": {"periodSeconds": 5},
         "rdma": {"enabled": True, "useHostMofed": True},
-        "gds": {"enabled": True, "imagePullPolicy": "Always"},
-        "gdrcopy": {"enabled": True},
+        "gds": {"enabled": True, "imagePullPolicy": "Always", "imagePullSecrets": ["g"]},
+        "gdrcopy": {"enabled": True, "imagePullSecrets": ["r"]},
         "repository": "r",
         "image": "driver",
         "version": "595",
         "imagePullPolicy": "Always",
         "imagePullSecrets": ["regcred"],
-        "manager": {"env": [{"name": "A", "value": "b"}], "imagePullPolicy": "Never"},
+        "manager": {
+            "env": [{"name": "A", "value": "b"}],
+            "imagePullPolicy": "Never",
+            # In the driver pods' imagePullSecrets (components.driver.driver_pull_secrets),
+            # as are GDS's and GDRCopy's.
+            "imagePullSecrets": ["regcred"],
+        },
         "resources": {"limits": {"cpu": "1"}},
         "args": ["--x"],
         "env": [{"name": "A", "value": "b"}],
@@ -86,7 +89,7 @@ def conditions(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def test_the_status_reports_a_field_not_acted_on() -> None:
-    resource = raw({"driverType": "vgpu-host-manager", "manager": {"imagePullSecrets": ["x"]}})
+    resource = raw({"driverType": "vgpu-host-manager", "manager": {"imagePullPolicy": "Often"}})
     status = desired_status(
         "ready",
         (True, "Reconciled", "ok"),
@@ -101,7 +104,7 @@ def test_the_status_reports_a_field_not_acted_on() -> None:
     assert condition["reason"] == crd.REASON_FIELDS_NOT_ACTED_ON == "FieldsNotActedOn"
     assert condition["observedGeneration"] == 3
     assert "spec.driverType (" in condition["message"]
-    assert "spec.manager.imagePullSecrets (" in condition["message"]
+    assert "spec.manager.imagePullPolicy (" in condition["message"]
     assert {crd.CONDITION_READY, crd.CONDITION_ERROR} <= set(conditions(status))
 
     # Asserted again: the same condition, its transition time kept (nothing to write).

@@ -196,3 +196,26 @@ def test_container_node_order_has_no_sandbox_operand() -> None:
         for m in ("kubevirt", "kata")
         for n in c.registry.workload_node_order(w, m)
     } == set(NODE_ORDER)
+
+
+def test_validator_sections_env_reaches_their_sandbox_checks_as_upstream() -> None:
+    """`validator.vfioPCI.env`, `.vgpuManager.env` and `.vgpuDevices.env` go to the
+    sandbox validator's check of the same name, overriding ours by name (upstream's
+    TransformValidatorComponent); `cc-manager` has no such section."""
+    policy = with_sandbox(
+        validator={
+            "vfioPCI": {"env": [{"name": "A", "value": "1"}]},
+            "vgpuManager": {"env": [{"name": "B", "value": "2"}]},
+            "vgpuDevices": {"env": [{"name": "WITH_WAIT", "value": "false"}]},
+        }
+    )
+    checks = {
+        ctr["name"]: env_of(ctr)
+        for ctr in pod(daemonset("sandbox-validation", policy))["initContainers"]
+    }
+    assert checks["vfio-pci-validation"]["A"] == "1"
+    assert "B" not in checks["vfio-pci-validation"]
+    assert checks["vgpu-manager-validation"]["B"] == "2"
+    assert checks["vgpu-devices-validation"]["WITH_WAIT"] == "false"
+    assert checks["cc-manager-validation"]["WITH_WAIT"] == "true"
+    assert not {"A", "B"} & set(checks["cc-manager-validation"])

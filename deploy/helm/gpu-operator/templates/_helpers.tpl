@@ -10,6 +10,24 @@ samples use). Templates read `include "gpuop.values" . | fromYaml`.
 {{- $values = mustMergeOverwrite $values (deepCopy $nested) -}}
 {{- end -}}
 {{- $_ := unset $values "gpu-operator" -}}
+{{- /* monitoring.labels join every ServiceMonitor's additionalLabels (its own win). */ -}}
+{{- $labels := (($values.monitoring | default dict).labels | default dict) -}}
+{{- if $labels -}}
+{{- $op := $values.operator | default dict -}}
+{{- $metrics := $op.metrics | default dict -}}
+{{- $_ := set $op "metrics" $metrics -}}
+{{- $_ := set $values "operator" $op -}}
+{{- $exporter := $values.nodeStatusExporter | default dict -}}
+{{- $_ := set $values "nodeStatusExporter" $exporter -}}
+{{- $dcgm := $values.dcgmExporter | default dict -}}
+{{- $_ := set $values "dcgmExporter" $dcgm -}}
+{{- range $owner := list $metrics $exporter $dcgm -}}
+{{- $monitor := $owner.serviceMonitor | default dict -}}
+{{- $own := $monitor.additionalLabels | default dict -}}
+{{- $_ := set $monitor "additionalLabels" (merge (deepCopy $own) $labels) -}}
+{{- $_ := set $owner "serviceMonitor" $monitor -}}
+{{- end -}}
+{{- end -}}
 {{- toYaml $values -}}
 {{- end -}}
 
@@ -30,11 +48,13 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 
-{{/* Selector labels of the operator pods. */}}
+{{/*
+Selector labels of the operator pods: upstream's, exactly (a Deployment's selector is
+immutable, so `helm upgrade` over a release of NVIDIA's chart needs the same one).
+*/}}
 {{- define "gpuop.selectorLabels" -}}
-app.kubernetes.io/name: {{ include "gpuop.name" . }}
-app.kubernetes.io/instance: {{ .Release.Name }}
-app.kubernetes.io/component: operator
+app: gpu-operator
+app.kubernetes.io/component: gpu-operator
 {{- end -}}
 
 {{/* Name of the operator's ServiceAccount, Roles and bindings. */}}
@@ -173,4 +193,13 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "gpuop.nfdImage" -}}
 {{- $image := index . "image" -}}
 {{ $image.repository }}:{{ $image.tag }}
+{{- end -}}
+
+{{/* The chart's rules for an operator or exporter not scraped (files/, one source with
+components/data), their jobs set from monitoring.operatorDown. */}}
+{{- define "gpuop.downRules" -}}
+{{- $down := .down -}}
+{{- .root.Files.Get "files/gpu-operator-down.rules.yaml"
+    | replace "job=\"gpu-operator\"" (printf "job=%q" ($down.job | default "gpu-operator"))
+    | replace "job=\"nvidia-node-status-exporter\"" (printf "job=%q" ($down.nodeStatusExporterJob | default "nvidia-node-status-exporter")) -}}
 {{- end -}}
