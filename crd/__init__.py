@@ -200,6 +200,7 @@ from crd._validate import (
     parse_policy,
     parse_quantity,
     validate_spec,
+    validation_problems,
 )
 
 __all__ = [
@@ -372,6 +373,7 @@ __all__ = [
     "set_conditions",
     "unsupported_fields",
     "validate_spec",
+    "validation_problems",
     "with_unsupported_condition",
     "with_unsupported_fields",
 ]

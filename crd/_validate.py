@@ -281,9 +281,13 @@ def parse_policy(obj: Mapping[str, Any]) -> tuple[ClusterPolicy | None, list[Pro
     try:
         policy = ClusterPolicy.model_validate(obj)
     except ValidationError as error:
-        problems = [
-            Problem(_location(tuple(item["loc"])) or "<root>", item["msg"])
-            for item in error.errors(include_url=False)
-        ]
-        return None, problems
+        return None, validation_problems(error)
     return policy, validate_spec(policy.spec)
+
+
+def validation_problems(error: ValidationError) -> list[Problem]:
+    """A model's refusal (any of the CRD models) as problems, each with its field path."""
+    return [
+        Problem(_location(tuple(item["loc"])) or "<root>", item["msg"])
+        for item in error.errors(include_url=False)
+    ]

@@ -439,6 +439,9 @@ def build_parser() -> argparse.ArgumentParser:
     from gpuop.upgrades_cli import add_subcommands as add_upgrade
 
     add_upgrade(sub)
+    from gpuop.admin_cli import add_subcommands as add_admin
+
+    add_admin(sub)
     diagrams = sub.add_parser(
         "diagrams", help="print the state machines as Mermaid (docs/state-machines.md)"
     )

@@ -1,6 +1,6 @@
 """Shared helpers of the chart tests: the cached Helm binary, rendering, the plain
 manifests. Run as ``python -m tests.integration.helm_chart`` to regenerate
-deploy/manifests/ after a chart change."""
+deploy/manifests/, the chart's files/ and values.schema.json after a chart change."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from gpuop.cluster._build import ensure_helm
+from tests.integration.values_schema import render_values_schema
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "gpu-operator"
@@ -21,6 +22,8 @@ DRA_RBAC_MANIFESTS = ROOT / "deploy" / "manifests" / "gpu-operator-dra-rbac.yaml
 CHART_FILES = CHART / "files"
 """Copies of components/data that the chart ships (rules, dashboard): plain files, not
 links, so Helm prints no symlink warning; kept equal by tests/integration/test_helm.py."""
+VALUES_SCHEMA = CHART / "values.schema.json"
+"""Generated from values.yaml (tests/integration/values_schema.py); kept equal by a test."""
 DATA_FILES = (
     "gpu-operator.rules.yaml",
     "gpu-operator-down.rules.yaml",
@@ -110,6 +113,8 @@ if __name__ == "__main__":
         target.unlink(missing_ok=True)
         target.write_bytes((ROOT / "components" / "data" / name).read_bytes())
         print(f"wrote {target.relative_to(ROOT)}", file=sys.stderr)
+    VALUES_SCHEMA.write_text(render_values_schema(CHART / "values.yaml"))
+    print(f"wrote {VALUES_SCHEMA.relative_to(ROOT)}", file=sys.stderr)
     for path, text in (
         (MANIFESTS, render_manifests()),
         (DRA_RBAC_MANIFESTS, render_dra_rbac_manifests()),

@@ -35,6 +35,7 @@ from tests.integration.helm_chart import (
     NAMESPACE,
     RELEASE,
     ROOT,
+    VALUES_SCHEMA,
     by_kind,
     documents,
     helm,
@@ -43,6 +44,7 @@ from tests.integration.helm_chart import (
     render_manifests,
     template,
 )
+from tests.integration.values_schema import render_values_schema
 
 SEED004 = (DATA / "values_seed004.yaml", DATA / "values_seed004_monitoring.yaml")
 
@@ -603,10 +605,15 @@ def test_every_upstream_values_key_is_in_ours() -> None:
     assert missing == []
 
 
+#: What upstream's values.yaml needs on top: gpuop's operator image, not NVIDIA's.
+OUR_OPERATOR_IMAGE = ("--set", "operator.repository=ghcr.io/gpuop", "--set", "operator.image=gpuop")
+
+
 def test_upstream_values_file_installs_a_policy_without_problems() -> None:
-    """Upstream's own values.yaml, given to our chart, yields a policy with upstream's
-    chart-default settings (and its pinned images) that parses with no problem."""
-    docs = documents(template(values=[UPSTREAM_VALUES]))
+    """Upstream's own values.yaml, given to our chart (with gpuop's operator image), yields
+    a policy with upstream's chart-default settings (and its pinned images) that parses
+    with no problem."""
+    docs = documents(template(*OUR_OPERATOR_IMAGE, values=[UPSTREAM_VALUES]))
     raw = one(docs, "ClusterPolicy")
     policy, problems = crd.parse_policy(raw)
     assert problems == []
@@ -688,6 +695,47 @@ def test_upstream_only_values_reach_the_policy() -> None:
         "spec.dcgmExporter.annotations",
     ):
         assert acted_on not in fields
+
+
+def test_nvidias_operator_image_is_refused_naming_the_keys_to_set() -> None:
+    """Upstream's values.yaml names NVIDIA's operator image, which gpuop cannot run (and
+    which has no tag of gpuop's appVersion): the chart refuses it in one line naming
+    operator.repository, operator.image and operator.version, whatever the version; gpuop's
+    image, or a mirror under any other name, renders as given."""
+    app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    version: tuple[str, ...] = ("--set", "operator.version=v26.7.0")
+    for extra in ((), version):
+        refused = helm(
+            "template", RELEASE, str(CHART), "--values", str(UPSTREAM_VALUES), *extra,
+            check=False,
+        )  # fmt: skip
+        (line,) = [ln for ln in refused.splitlines() if "operator.version" in ln]
+        assert "nvcr.io/nvidia/gpu-operator" in line
+        assert "operator.repository" in line
+        assert "operator.image" in line
+        assert "Error:" in line
+        assert "kind: Deployment" not in refused
+    # Also with repository empty and the full name in `image`, or a trailing slash.
+    for pairs in (
+        ["operator.repository=", "operator.image=nvcr.io/nvidia/gpu-operator"],
+        ["operator.repository=nvcr.io/nvidia/", "operator.image=gpu-operator"],
+    ):
+        assert "operator.version" in helm("template", "r", str(CHART), *_set(pairs), check=False)
+    renders: list[tuple[tuple[str, ...], str]] = [
+        (OUR_OPERATOR_IMAGE, f"ghcr.io/gpuop/gpuop:{app_version}"),
+        (
+            (*OUR_OPERATOR_IMAGE, "--set", "operator.version=0.0.9"),
+            "ghcr.io/gpuop/gpuop:0.0.9",
+        ),
+        (
+            ("--set", "operator.repository=registry.example.com/nvidia"),
+            f"registry.example.com/nvidia/gpu-operator:{app_version}",
+        ),
+    ]
+    for extra, image in renders:
+        docs = documents(template(*extra, values=[UPSTREAM_VALUES]))
+        deployment = one(docs, "Deployment", "gpu-operator")
+        assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == image
 
 
 METRICS_CSV = """# DCGM field, Prometheus type, help
@@ -798,6 +846,7 @@ def test_the_chart_installs_the_compute_domain_crds_and_its_hooks_reach_them() -
 #: The values keys the chart accepts but does not act on, each with a value that asks for
 #: something; NOTES.txt must name every one.
 INERT_VALUES: dict[str, Any] = {
+    "fullnameOverride": "my-operator",
     "platform.openshift": True,
     "nfd.nodefeaturerules": True,
     "operator.logging.develMode": True,
@@ -805,6 +854,7 @@ INERT_VALUES: dict[str, Any] = {
 }
 #: The same keys asking for nothing.
 INERT_OFF: dict[str, Any] = {
+    "fullnameOverride": "",
     "platform.openshift": False,
     "nfd.nodefeaturerules": False,
     "operator.logging.develMode": False,
@@ -975,12 +1025,16 @@ _SWEEP_BASE: dict[str, Any] = {
     "monitoring.alertRules.configMap": True,
     "monitoring.dashboard.enabled": True,
     "monitoring.operatorDown.prometheusRule": True,
-    "gpuCluster.deployCR": True,
 }
 
+#: Keys (by prefix) read only under another base: the GPUCluster's, which cannot coexist
+#: with the ClusterPolicy (the chart refuses both).
+_SWEEP_OTHER_BASE: dict[str, dict[str, Any]] = {
+    "draDriver.": {"gpuCluster.deployCR": True, "clusterPolicy.deployCR": False},
+}
 
-#: Keys whose effect another key of the base already includes: swept with that one off.
-_SWEEP_SHADOWED = {"gpuCluster.rbac": "gpuCluster.deployCR"}
+#: A GPUCluster renders only where the DRA API is served.
+_DRA_API = ("--api-versions", "resource.k8s.io/v1/DeviceClass")
 
 
 def _changed(value: Any) -> Any:
@@ -1010,29 +1064,31 @@ def test_every_other_values_key_changes_what_the_chart_renders(tmp_path: Path) -
     top of a base that switches the conditional sections on, it changes the rendered
     objects (or is refused by the chart's own checks)."""
     base_file = _values_file(tmp_path, "base", _SWEEP_BASE)
-    base = template("--include-crds", values=[base_file])
+    base = template("--include-crds", *_DRA_API, values=[base_file])
     effective = {**dict(_value_leaves(yaml.safe_load((CHART / "values.yaml").read_text())))}
     effective.update({tuple(k.split(".")): v for k, v in _SWEEP_BASE.items()})
     inert = {tuple(k.split(".")) for k in INERT_VALUES}
 
-    shadow_off = {k: _values_file(tmp_path, f"off{i}", {v: False}) for i, (k, v) in
-                  enumerate(_SWEEP_SHADOWED.items())}  # fmt: skip
-    shadow_base = {
-        k: template("--include-crds", values=[base_file, f]) for k, f in shadow_off.items()
+    other_files = {p: _values_file(tmp_path, f"other{i}", flat) for i, (p, flat) in
+                   enumerate(_SWEEP_OTHER_BASE.items())}  # fmt: skip
+    other_base = {
+        p: template("--include-crds", *_DRA_API, values=[base_file, f])
+        for p, f in other_files.items()
     }
 
     def acts(item: tuple[int, tuple[tuple[str, ...], Any]]) -> str | None:
         i, (path, value) = item
         key = ".".join(path)
         override = _values_file(tmp_path, f"k{i}", {key: _changed(value)})
-        extra = [str(shadow_off[key])] if key in shadow_off else []
+        prefix = next((p for p in other_files if key.startswith(p)), None)
+        extra = [str(other_files[prefix])] if prefix else []
         proc = subprocess.run(
             [str(ensure_helm()), "template", RELEASE, str(CHART), "--namespace", NAMESPACE,
-             "--include-crds", "--values", str(base_file),
+             "--include-crds", *_DRA_API, "--values", str(base_file),
              *[a for f in extra for a in ("--values", f)], "--values", str(override)],
             capture_output=True, text=True, check=False, timeout=120,
         )  # fmt: skip
-        if proc.returncode != 0 or proc.stdout != shadow_base.get(key, base):
+        if proc.returncode != 0 or proc.stdout != (other_base[prefix] if prefix else base):
             return None
         return key
 
@@ -1047,16 +1103,18 @@ def test_gpucluster_deploy_cr_renders_a_gpucluster_with_the_dra_driver_values() 
     and the dcgm, dcgmExporter, hostPaths and daemonsets values; kept on uninstall."""
     docs = documents(
         template(
+            *_DRA_API,
             *_set(
                 [
                     "gpuCluster.deployCR=true",
                     "clusterPolicy.deployCR=false",
+                    "driver.nvidiaDriverCRD.enabled=true",
                     "draDriver.version=v9.9.9",
                     "draDriver.featureGates.MPSSupport=true",
                     "draDriver.computeDomains.enabled=false",
                     "dcgm.enabled=true",
                 ]
-            )
+            ),
         )
     )
     gc = one(docs, "GPUCluster")
@@ -1069,3 +1127,154 @@ def test_gpucluster_deploy_cr_renders_a_gpucluster_with_the_dra_driver_values() 
     assert spec.exporter_enabled
     assert not [d for d in docs if d["kind"] == "ClusterPolicy"]
     assert not [d for d in documents(template()) if d["kind"] == "GPUCluster"]
+
+
+# --------------------------------------------------------------- chart parity
+def test_operator_pod_annotations_node_selector_and_name_override_as_upstream(
+    default_docs: list[dict[str, Any]],
+) -> None:
+    """As upstream's chart: operator.annotations annotate the operator pods (the pod
+    template, not the Deployment), the operator runs on Linux nodes by default, and
+    nameOverride sets the app.kubernetes.io/name label of the chart's objects while
+    every object name, the operator's selector and NFD's labels stay fixed."""
+    deployment = one(default_docs, "Deployment", "gpu-operator")
+    pod = deployment["spec"]["template"]
+    assert pod["spec"]["nodeSelector"] == {"kubernetes.io/os": "linux"}
+    assert "annotations" not in deployment["metadata"]
+    assert "annotations" not in pod["metadata"]
+    docs = documents(
+        template(
+            *_set(
+                [
+                    "operator.annotations.team=gpu",
+                    "operator.annotations.shared=operator",
+                    "operator.podAnnotations.shared=pod",
+                    "nameOverride=gpu-stack",
+                    "fullnameOverride=ignored",
+                ]
+            )
+        )
+    )
+    deployment = one(docs, "Deployment", "gpu-operator")
+    assert "annotations" not in deployment["metadata"]
+    pod = deployment["spec"]["template"]
+    assert pod["metadata"]["annotations"] == {"team": "gpu", "shared": "pod"}
+    assert pod["metadata"]["labels"]["app.kubernetes.io/name"] == "gpu-stack"
+    assert deployment["metadata"]["labels"]["app.kubernetes.io/name"] == "gpu-stack"
+    assert (
+        deployment["spec"]["selector"]
+        == one(default_docs, "Deployment", "gpu-operator")["spec"]["selector"]
+    )
+    names = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    assert names == {(d["kind"], d["metadata"]["name"]) for d in default_docs}
+    for doc in docs:
+        label = doc["metadata"].get("labels", {}).get("app.kubernetes.io/name")
+        assert label in (None, "gpu-stack", "node-feature-discovery"), doc["metadata"]["name"]
+    # The umbrella form sets it too.
+    nested = documents(template("--set", "gpu-operator.nameOverride=nested"))
+    labels = one(nested, "Deployment", "gpu-operator")["metadata"]["labels"]
+    assert labels["app.kubernetes.io/name"] == "nested"
+
+
+#: What upstream's chart refuses at template time (its templates/validations.yaml), as
+#: --set pairs, with a key each refusal's one line names.
+REFUSED: list[tuple[list[str], str]] = [
+    (["gpuCluster.deployCR=true"], "clusterPolicy.deployCR"),
+    (
+        ["gpuCluster.deployCR=true", "clusterPolicy.deployCR=false"],
+        "driver.nvidiaDriverCRD.enabled",
+    ),
+    (["cdi.enabled=false", "cdi.nriPluginEnabled=true"], "cdi.enabled"),
+    (["toolkit.enabled=false", "cdi.nriPluginEnabled=true"], "toolkit.enabled"),
+    (
+        ["devicePlugin.config.create=true", "devicePlugin.config.name=plugin-config"],
+        "devicePlugin.config.data",
+    ),
+    (
+        ["devicePlugin.config.create=true", "devicePlugin.config.data.a=b"],
+        "devicePlugin.config.name",
+    ),
+]
+
+
+@pytest.mark.parametrize(("pairs", "named"), REFUSED, ids=[r[1] for r in REFUSED])
+def test_the_chart_refuses_what_upstreams_refuses_in_one_line(pairs: list[str], named: str) -> None:
+    out = helm("template", RELEASE, str(CHART), *_DRA_API, *_set(pairs), check=False)
+    errors = [line for line in out.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1, out
+    assert named in errors[0]
+    assert "kind:" not in out
+
+
+def test_a_gpucluster_needs_the_dra_api_served() -> None:
+    pairs = ["gpuCluster.deployCR=true", "clusterPolicy.deployCR=false", "driver.enabled=false"]
+    refused = helm("template", RELEASE, str(CHART), *_set(pairs), check=False)
+    (line,) = [ln for ln in refused.splitlines() if ln.startswith("Error:")]
+    assert "gpuCluster.deployCR" in line
+    assert "resource.k8s.io" in line
+    for version in ("v1", "v1beta2", "v1beta1"):
+        api = ("--api-versions", f"resource.k8s.io/{version}/DeviceClass")
+        assert by_kind(documents(template(*api, *_set(pairs))), "GPUCluster")
+
+
+# -------------------------------------------------------------- values schema
+def test_values_schema_is_generated_from_values_yaml() -> None:
+    assert VALUES_SCHEMA.read_text() == render_values_schema(CHART / "values.yaml"), (
+        f"{VALUES_SCHEMA} is out of date: regenerate with `python -m tests.integration.helm_chart`"
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--set", "operator.replicas=two"], "/operator/replicas"),
+        (["--set-string", "driver.enabled=yes"], "/driver/enabled"),
+        (["--set", "operatr.replicas=2"], "'operatr'"),
+        (["--set", "gpu-operator.operator.replicas=two"], "/gpu-operator/operator/replicas"),
+        (["--set", "gpu-operator.operatr.replicas=2"], "'operatr'"),
+        (["--set", "healthRemediation.action=reboot"], "/healthRemediation/action"),
+    ],
+    ids=["type", "bool", "unknown", "umbrella-type", "umbrella-unknown", "model"],
+)
+def test_values_schema_refuses_a_wrong_type_or_unknown_key_naming_it(
+    args: list[str], named: str
+) -> None:
+    refused = helm("template", RELEASE, str(CHART), *args, check=False)
+    assert "don't meet the specifications of the schema" in refused, refused
+    assert named in refused, refused
+    assert "kind:" not in refused
+
+
+def test_every_values_file_of_the_tests_meets_the_schema() -> None:
+    """Upstream's values.yaml (with gpuop's operator image, the one key it must change)
+    and the marketplace samples pass the schema; so do keys only documented in
+    values.yaml (healthRemediation, operator.metrics) and Helm's `global`."""
+    for path in (UPSTREAM_VALUES, *SEED004, *sorted(DATA.glob("values*.yaml"))):
+        template(*OUR_OPERATOR_IMAGE, values=[path])
+    template(
+        *_set(
+            [
+                "healthRemediation.enabled=true",
+                "healthRemediation.maxUnhealthy=2",
+                "operator.metrics.serviceMonitor.interval=30s",
+                "global.imageRegistry=x",
+                "operator.version=1.2",
+                "driver.upgradePolicy.maxUnavailable=3",
+            ]
+        )
+    )
+
+
+# ------------------------------------------------------------ release artefacts
+def test_helm_package_renders_as_the_chart_directory(tmp_path: Path) -> None:
+    """`helm package` makes the release artefact; it holds the schema and renders what the
+    directory does (the plain-file copies under files/ included)."""
+    helm("package", str(CHART), "--destination", str(tmp_path))
+    chart_meta = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    (package,) = tmp_path.glob("*.tgz")
+    assert package.name == f"{chart_meta['name']}-{chart_meta['version']}.tgz"
+    for args in (("--include-crds",), ("--include-crds", *_set(EVERYTHING_ON))):
+        from_package = helm("template", RELEASE, str(package), "--namespace", NAMESPACE, *args)
+        assert from_package == template(*args)
+    refused = helm("template", RELEASE, str(package), "--set", "operator.replicas=two", check=False)
+    assert "/operator/replicas" in refused

@@ -1,11 +1,17 @@
 """The Dockerfile's invariants, read from the file (no container engine needed):
 multi-stage, slim base, the final stage runs as a fixed non-root user, holds no
-build tools, and starts `gpuop`."""
+build tools, starts the `gpuop` console script, and builds from a clean checkout
+(every path it copies is tracked by git)."""
 
 from __future__ import annotations
 
+import fnmatch
+import importlib
+import importlib.metadata
 import json
 import re
+import subprocess
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -118,3 +124,70 @@ def test_the_image_leaves_the_simulator_and_nvml_fake_out() -> None:
     build_runs = " ".join(r for s in stages[:-1] for r in s.all("RUN"))
     assert "find_spec" in build_runs
     assert '"gpuop.cluster", "gpuop.nvml.fake"' in build_runs
+
+
+def _tracked() -> set[str]:
+    """The files of a clean checkout: what git tracks (staged included)."""
+    out = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True, text=True
+    ).stdout
+    return {p for p in out.split("\0") if p}
+
+
+def _copied_sources() -> list[str]:
+    """The build context paths the Dockerfile's COPY instructions read (not --from)."""
+    _, stages = _stages()
+    sources: list[str] = []
+    for stage in stages:
+        for args in stage.all("COPY"):
+            parts = [p for p in args.split() if not p.startswith("--")]
+            if any(p.startswith("--from=") for p in args.split()):
+                continue
+            sources.extend(p.rstrip("/") for p in parts[:-1])
+    return sources
+
+
+def test_every_path_the_dockerfile_copies_is_in_a_clean_checkout() -> None:
+    """`docker build .` from a fresh clone: every COPY source is tracked by git (a file,
+    or a folder with tracked files), the .dockerignore lets it in, and the package data
+    pyproject.toml ships (the CRDs, components/data) is tracked too."""
+    tracked = _tracked()
+    sources = _copied_sources()
+    assert {"pyproject.toml", "gpuop", "statemachine", "components", "crd"} <= set(sources)
+    ignore = [ln.strip() for ln in (ROOT / ".dockerignore").read_text().splitlines()]
+    for source in sources:
+        assert source in tracked or any(p.startswith(f"{source}/") for p in tracked), (
+            f"COPY {source}: not in a clean checkout (git ls-files)"
+        )
+        assert f"!{source}" in ignore or f"!{source}/" in ignore, f"{source}: .dockerignored"
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    packages = project["tool"]["setuptools"]["packages"]["find"]["include"]
+    for package in packages:
+        name = package.rstrip("*")
+        assert name in sources, f"package {name} is not copied into the image"
+        assert f"{name}/__init__.py" in tracked
+    for package, globs in project["tool"]["setuptools"]["package-data"].items():
+        for pattern in globs:
+            matched = [p for p in tracked if fnmatch.fnmatch(p, f"{package}/{pattern}")]
+            assert matched, f"package data {package}/{pattern}: nothing tracked"
+
+
+def test_the_entrypoint_is_the_gpuop_console_script() -> None:
+    """ENTRYPOINT ["gpuop"] is the console script pyproject.toml defines, whose target
+    is tracked and is the CLI's main (the one tests and docs run)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    _, stages = _stages()
+    (entrypoint,) = stages[-1].all("ENTRYPOINT")
+    (script,) = json.loads(entrypoint)
+    target = project["project"]["scripts"][script]
+    module, _, attribute = target.partition(":")
+    assert f"{module.replace('.', '/')}.py" in _tracked()
+    cli = importlib.import_module(module)
+    assert callable(getattr(cli, attribute))
+    # The final stage puts the environment's bin (where pip installs the script) first.
+    assert any("PATH=/opt/gpuop/bin:" in env for env in stages[-1].all("ENV"))
+    # And the installed script here is the same entry point.
+    (installed,) = [
+        ep for ep in importlib.metadata.entry_points(group="console_scripts") if ep.name == script
+    ]
+    assert installed.value == target

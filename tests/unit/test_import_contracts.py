@@ -76,6 +76,7 @@ CLI_MODULES = {
     "gpuop.cli_errors",
     "gpuop._local",
     "gpuop.upgrades_cli",
+    "gpuop.admin_cli",
     "gpuop.__main__",
 }
 

@@ -31,8 +31,15 @@ samples use). Templates read `include "gpuop.values" . | fromYaml`.
 {{- toYaml $values -}}
 {{- end -}}
 
+{{/*
+The app.kubernetes.io/name label of the chart's own objects: nameOverride, else the
+chart's name, as upstream's chart. Object names stay fixed (upstream's do too: its
+templates never use a full name, so fullnameOverride changes nothing there either), and
+so do the operator's selector labels and NFD's labels.
+*/}}
 {{- define "gpuop.name" -}}
-gpu-operator
+{{- $nested := index .Values "gpu-operator" | default dict -}}
+{{- $nested.nameOverride | default .Values.nameOverride | default .Chart.Name | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
 {{- define "gpuop.chart" -}}
@@ -62,15 +69,22 @@ app.kubernetes.io/component: gpu-operator
 gpu-operator
 {{- end -}}
 
-{{/* The operator image: repository/image:version, version defaulting to appVersion. */}}
+{{/*
+The operator image: repository/image:version, version defaulting to appVersion.
+NVIDIA's operator image (what upstream's values.yaml names) is refused: it is not gpuop,
+and with gpuop's appVersion as its tag it does not even exist.
+*/}}
 {{- define "gpuop.operatorImage" -}}
 {{- $op := .operator -}}
 {{- $version := $op.version | default .appVersion -}}
+{{- $name := $op.image -}}
 {{- if $op.repository -}}
-{{ trimSuffix "/" $op.repository }}/{{ $op.image }}:{{ $version }}
-{{- else -}}
-{{ $op.image }}:{{ $version }}
+{{- $name = printf "%s/%s" (trimSuffix "/" $op.repository) $op.image -}}
 {{- end -}}
+{{- if eq $name "nvcr.io/nvidia/gpu-operator" -}}
+{{- fail (printf "operator.repository/operator.image name NVIDIA's operator image (nvcr.io/nvidia/gpu-operator), which gpuop cannot run: set operator.repository=ghcr.io/gpuop and operator.image=gpuop (or your mirror of gpuop's image) and operator.version to its tag (empty: the chart's appVersion %s)" .appVersion) -}}
+{{- end -}}
+{{ $name }}:{{ $version }}
 {{- end -}}
 
 {{/*
