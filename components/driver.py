@@ -206,13 +206,14 @@ def _driver_container(
 
 
 def pod_spec(
-    spec: ClusterPolicySpec, ctx: RenderContext, kernel: str | None = None
+    spec: ClusterPolicySpec, ctx: RenderContext, kernel: str | None = None, *, os_files: bool = True
 ) -> dict[str, Any]:
-    """The driver pod spec (before the pod-wide settings): the site configuration added,
-    then its install digest computed over all of it (as upstream hashes the finished
-    template)."""
+    """The driver pod spec (before the pod-wide settings): the site configuration added
+    (and, with ``os_files``, the host files of the GPU nodes' OS as a ClusterPolicy's
+    driver mounts them: `components.driver_config.apply_site_config`), then its install
+    digest computed over all of it (as upstream hashes the finished template)."""
     pod = _base_pod_spec(spec, ctx, kernel)
-    apply_site_config(pod, spec, ctx)
+    apply_site_config(pod, spec, ctx, os_files=os_files)
     driver_digest.with_digest(pod)
     return pod
 

@@ -16,6 +16,11 @@ ConfigMap's keys, which the controller reads from the cluster and passes in
 `RenderContext.config_map_keys`; a referenced ConfigMap that is not there, or a GPU OS
 with no known directory, is a problem the controller reports, and the driver DaemonSet
 is then left as it is rather than rendered without the configuration.
+
+The GPU nodes' OS adds host files too, as upstream's `SubscriptionPathMap` says: the
+subscription files (RHEL entitlements, SUSE registration) a compiled driver's build
+needs on RHEL and SLES hosts, and the host's `/lib/modules` for a precompiled driver on
+SLES (:func:`subscription_files`, :func:`suse_lib_modules`).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from components.context import RenderContext
+from components.context import CRIO, RenderContext
 from crd import ClusterPolicySpec
 
 REPO_DIRS = {
@@ -51,6 +56,29 @@ CERT_DIRS = {
     "sl-micro": "/etc/pki/trust/anchors",
 }
 """Where each distribution (and Go's TLS stack) looks for extra CA certificates."""
+_RED_HAT_FILES = {
+    "/run/secrets/etc-pki-entitlement": ("/etc/pki/entitlement", "Directory"),
+    "/run/secrets/redhat.repo": ("/etc/yum.repos.d/redhat.repo", "File"),
+    "/run/secrets/rhsm": ("/etc/rhsm", "Directory"),
+}
+_SUSE_FILES = {
+    "/etc/zypp/credentials.d": ("/etc/zypp/credentials.d", "Directory"),
+    "/etc/SUSEConnect": ("/etc/SUSEConnect", "FileOrCreate"),
+}
+SUBSCRIPTION_PATHS: dict[str, dict[str, tuple[str, str]]] = {
+    "rhel": _RED_HAT_FILES,
+    "rhcos": _RED_HAT_FILES,
+    "sles": _SUSE_FILES,
+    "sl-micro": _SUSE_FILES,
+}
+"""The host's subscription files by OS: mount path in the driver container -> (host
+path, hostPath type). The driver build reads them to reach the distribution's licensed
+package repositories (RHEL's entitlement certificates and `redhat.repo`, SUSE's
+registration credentials)."""
+SUBSCRIPTION_VOLUME = "subscription-config"
+LIB_MODULES_VOLUME = "lib-modules"
+LIB_MODULES_MOUNT = "/run/host/lib/modules"
+SUSE_OSES = ("sles", "sl-micro")
 DRIVERS_DIR = "/drivers"
 """The driver container reads `<module>.conf` parameter files and licensing from here."""
 LICENSING_VOLUME = "licensing-config"
@@ -207,8 +235,68 @@ def _secret_env(container: dict[str, Any], secret: str) -> None:
     container.setdefault("envFrom", []).append({"secretRef": {"name": secret}})
 
 
-def apply_site_config(pod: dict[str, Any], spec: ClusterPolicySpec, ctx: RenderContext) -> None:
-    """Add the policy's site configuration to a driver pod spec, in place."""
+@dataclass(frozen=True)
+class HostFiles:
+    """Host files a driver pod mounts read-only by its node's OS: the volumes and the
+    driver container's mounts."""
+
+    mounts: tuple[dict[str, Any], ...] = ()
+    volumes: tuple[dict[str, Any], ...] = ()
+
+    def add_to(self, pod: dict[str, Any], containers: tuple[str, ...]) -> None:
+        """Append the volumes to ``pod`` and the mounts to each of ``containers``."""
+        pod["volumes"].extend(dict(v, hostPath=dict(v["hostPath"])) for v in self.volumes)
+        for c in _containers(pod, containers):
+            c.setdefault("volumeMounts", []).extend(dict(m) for m in self.mounts)
+
+
+def subscription_files(os_id: str | None, runtime: str, *, repo_config: bool) -> HostFiles:
+    """The host's subscription files for a compiled driver on ``os_id``, as upstream
+    mounts them (`controllers/object_controls.go`, `transformDriverContainer` with
+    `SubscriptionPathMap` and `getSubscriptionPathsToVolumeSources`; for an NVIDIADriver
+    pool `internal/state/driver_volumes.go`, `getDriverAdditionalConfigs`): on RHEL
+    unless the cluster's runtime is CRI-O (gpuop never runs on OpenShift, upstream's
+    other exception) and on SLES and SL Micro; none on RHEL when a `repoConfig`
+    ConfigMap supplies the repositories. Volume `subscription-config-<n>` per path,
+    numbered in the mount paths' sorted order, each mounted read-only."""
+    applies = (os_id == "rhel" and runtime != CRIO) or os_id in SUSE_OSES
+    if not os_id or not applies or (repo_config and os_id == "rhel"):
+        return HostFiles()
+    paths = SUBSCRIPTION_PATHS[os_id]
+    mounts, volumes = [], []
+    for number, mount_path in enumerate(sorted(paths)):
+        name = f"{SUBSCRIPTION_VOLUME}-{number}"
+        host, kind = paths[mount_path]
+        mounts.append({"name": name, "mountPath": mount_path, "readOnly": True})
+        volumes.append({"name": name, "hostPath": {"path": host, "type": kind}})
+    return HostFiles(tuple(mounts), tuple(volumes))
+
+
+def suse_lib_modules(os_id: str | None, precompiled: bool) -> HostFiles:
+    """The host's `/lib/modules` for a precompiled driver on SLES or SL Micro, which
+    reads the host's modules at run time (`transformDriverContainer`: mounted read-only
+    at `/run/host/lib/modules`, host path type Directory). A ClusterPolicy's driver
+    only: upstream's NVIDIADriver pools test for it inside the branch for compiled
+    drivers (`getDriverAdditionalConfigs`), so no pool ever gets it."""
+    if not precompiled or os_id not in SUSE_OSES:
+        return HostFiles()
+    return HostFiles(
+        ({"name": LIB_MODULES_VOLUME, "mountPath": LIB_MODULES_MOUNT, "readOnly": True},),
+        ({"name": LIB_MODULES_VOLUME, "hostPath": {"path": "/lib/modules", "type": "Directory"}},),
+    )
+
+
+def _repo_config_named(spec: ClusterPolicySpec) -> bool:
+    return bool(spec.driver.repo_config and spec.driver.repo_config.config_map_name)
+
+
+def apply_site_config(
+    pod: dict[str, Any], spec: ClusterPolicySpec, ctx: RenderContext, *, os_files: bool = True
+) -> None:
+    """Add the policy's site configuration to a driver pod spec, in place; with
+    ``os_files`` (a ClusterPolicy's driver) also the host files of the GPU nodes' OS,
+    where upstream's `transformDriverContainer` adds them (an NVIDIADriver pool adds
+    its own: `components.nvidiadriver`)."""
     driver = spec.driver
     config = site_config(spec, ctx)
     volumes: list[dict[str, Any]] = pod["volumes"]
@@ -270,6 +358,9 @@ def apply_site_config(pod: dict[str, Any], spec: ClusterPolicySpec, ctx: RenderC
         for peermem in _containers(pod, (PEERMEM_CONTAINER,)):
             peermem.setdefault("volumeMounts", []).extend(config.kernel_modules.mounts())
 
+    if os_files:
+        suse_lib_modules(ctx.os_id, driver.use_precompiled).add_to(pod, (DRIVER_CONTAINER,))
+
     if driver.use_precompiled:
         return  # precompiled images build nothing: no repositories, certs or build env
 
@@ -283,3 +374,8 @@ def apply_site_config(pod: dict[str, Any], spec: ClusterPolicySpec, ctx: RenderC
     if driver.secret_env:
         for builder in builders:
             _secret_env(builder, driver.secret_env)
+    if os_files:
+        subscriptions = subscription_files(
+            ctx.os_id, ctx.container_runtime, repo_config=_repo_config_named(spec)
+        )
+        subscriptions.add_to(pod, (DRIVER_CONTAINER,))

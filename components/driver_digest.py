@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from components.driver_config import LICENSING_VOLUME, TOPOLOGY_VOLUME
+from components.driver_config import LICENSING_VOLUME, SUBSCRIPTION_VOLUME, TOPOLOGY_VOLUME
 from crd import EnvVar, NVIDIADriverSpec
 
 DIGEST_ENV = "DRIVER_CONFIG_DIGEST"
@@ -245,11 +245,11 @@ def resource_install_state(
     and the additional volumes and mounts. Upstream's OpenShift fields (cluster
     version, Driver Toolkit, proxy) stay empty: gpuop does not run on OpenShift.
 
-    Not reproduced: the subscription mounts upstream adds for RHEL (off OpenShift, not
-    under CRI-O), SLES and SL Micro pools (`subscription-config-<n>` host paths). Our
-    driver pod does not mount them, so neither does our record, and such a pool's
-    digest differs from upstream's. Upstream's `lib-modules` mount for precompiled SUSE
-    pools sits in a branch only compiled drivers reach, so it never counts there either.
+    The subscription mounts of a compiled driver on RHEL (off CRI-O), SLES and SL Micro
+    pools (`subscription-config-<n>` host paths) count with the additional volumes and
+    mounts, as upstream lists them there; upstream's `lib-modules` mount for
+    precompiled SUSE pools sits in a branch only compiled drivers reach, so neither
+    pod nor record has it.
     Where two of the configs name one ConfigMap, upstream lists its volume twice (a pod
     the API server refuses) and our pod once; no running upstream driver has that digest.
     """
@@ -292,7 +292,11 @@ def resource_install_state(
     if spec.precompiled:
         state["UsePrecompiled"] = True
         state["KernelVersion"] = kernel or ""
-    names = _config_volumes(spec)
+    names = _config_volumes(spec) | {
+        str(v.get("name"))
+        for v in pod_spec.get("volumes") or ()
+        if str(v.get("name")).startswith(f"{SUBSCRIPTION_VOLUME}-")
+    }
     mounts = [
         m
         for c in pod_spec.get("containers") or ()

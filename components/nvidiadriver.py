@@ -3,9 +3,12 @@
 A pool is the resource's nodes of one OS (and, with precompiled drivers, one kernel), as
 upstream partitions them, so each DaemonSet's image tag fits every node it selects. The
 pod is the ClusterPolicy driver's (:mod:`components.driver`), rendered from a policy whose
-driver section is the resource's: one pod definition, two ways to ask for it.
+driver section is the resource's: one pod definition, two ways to ask for it. A pool
+adds the host's subscription files by its own OS, and ``driverType: vgpu-host-manager``
+turns the pod into the vGPU manager's, as upstream's NVIDIADriver template does.
 
-Each DaemonSet selects ``nvidia.com/gpu.deploy.driver=true``, the owner label naming its
+Each DaemonSet selects ``nvidia.com/gpu.deploy.driver=true`` (the vGPU manager's
+``nvidia.com/gpu.deploy.vgpu-manager=true``), the owner label naming its
 resource and the pool's NFD OS labels, so a node moves between resources only by its
 owner label changing. Not the resource's own ``nodeSelector``: the owner label already
 says the resource selected the node, and a node whose labels stop matching must keep
@@ -30,7 +33,13 @@ from components.context import (
     RenderContext,
     node_facts,
 )
-from components.driver_config import site_config
+from components.driver_config import (
+    DRIVER_CONTAINER,
+    GPUDIRECT_CONTAINERS,
+    PEERMEM_CONTAINER,
+    site_config,
+    subscription_files,
+)
 from components.keys import DEPLOY_DRIVER_LABEL, GPU_PRESENT_LABEL, TRUE
 from crd import (
     OWNER_LABEL,
@@ -52,6 +61,8 @@ OS_MAJOR_LABEL = "feature.node.kubernetes.io/system-os_release.VERSION_ID.major"
 OS_VERSION_POD_LABEL = "nvidia.com/node.os-version"
 KERNEL_POD_LABEL = "nvidia.com/precompiled.kernel-version"
 DEPLOY_VGPU_MANAGER_LABEL = "nvidia.com/gpu.deploy.vgpu-manager"
+VGPU_HOST_MANAGER = "vgpu-host-manager"
+"""The driver type that runs the vGPU manager (the vGPU host driver) on its nodes."""
 _SAFE = "bcdfghjklmnpqrstvwxz2456789"
 """Kubernetes' rand.SafeEncodeString alphabet (no vowels, no look-alikes)."""
 
@@ -92,7 +103,7 @@ def app_name(driver_type: str, os_tag: str, uid: str, kernel: str | None = None)
 
 def driver_name(owner: str, driver_type: str, os_tag: str) -> str:
     """upstream's per-pool driver name (the `openshift.io/scc` annotation)."""
-    if driver_type == "vgpu-host-manager":
+    if driver_type == VGPU_HOST_MANAGER:
         return f"nvidia-vgpu-manager-{owner}-{os_tag}"[:253]
     return f"nvidia-{driver_type}-driver-{owner}-{os_tag}"[:253]
 
@@ -132,7 +143,7 @@ def node_pools(
 
 def deploy_label(spec: NVIDIADriverSpec) -> str:
     """The node label (``true``) that the resource's driver DaemonSets select on."""
-    if spec.driver_type == "vgpu-host-manager":
+    if spec.driver_type == VGPU_HOST_MANAGER:
         return DEPLOY_VGPU_MANAGER_LABEL
     return DEPLOY_DRIVER_LABEL
 
@@ -244,6 +255,58 @@ def _as_upstream_pool(pod: dict[str, Any], policy: ClusterPolicySpec) -> dict[st
     return pod
 
 
+RESOURCE_CONFIG_CONTAINERS = (DRIVER_CONTAINER, PEERMEM_CONTAINER, *GPUDIRECT_CONTAINERS)
+"""The containers upstream's NVIDIADriver template gives the resource's additional
+configuration mounts (`.AdditionalConfigs.VolumeMounts`)."""
+VGPU_HOST_MANAGER_GRACE_PERIOD = 120
+"""Seconds a vGPU manager pod gets to unload the host driver (upstream's template)."""
+_VGPU_HOST_FILES = (("cgroup", "/sys/fs/cgroup"), ("vfio", "/dev/vfio"))
+"""What a vGPU manager pod adds to the driver pod (vGPUs are VFIO devices handed to
+VMs, under the host's cgroups): volume name and host path, mounted at the same path."""
+
+
+def _add_pool_os_files(
+    pod: dict[str, Any], policy: ClusterPolicySpec, pool: NodePool, runtime: str
+) -> None:
+    """The host's subscription files for the pool's OS, where upstream's NVIDIADriver
+    adds them (`internal/state/driver_volumes.go`, `getDriverAdditionalConfigs`):
+    compiled drivers only, decided by the pool's OS and the cluster's container runtime
+    (`clusterinfo.GetContainerRuntime`), on every container that gets the resource's
+    additional configuration, after its repository and certificate files."""
+    if policy.driver.use_precompiled:
+        return
+    repo = policy.driver.repo_config
+    files = subscription_files(
+        pool.facts.os_id, runtime, repo_config=bool(repo and repo.config_map_name)
+    )
+    files.add_to(pod, RESOURCE_CONFIG_CONTAINERS)
+
+
+def _insert_after(items: list[dict[str, Any]], name: str, new: list[dict[str, Any]]) -> None:
+    at = next((i + 1 for i, item in enumerate(items) if item["name"] == name), len(items))
+    items[at:at] = new
+
+
+def _as_vgpu_host_manager(pod: dict[str, Any]) -> dict[str, Any]:
+    """The driver pod as upstream's NVIDIADriver template renders it for `driverType:
+    vgpu-host-manager` (`manifests/state-driver/0500_daemonset.yaml`): the host's
+    cgroup tree and `/dev/vfio` mounted after the OS release file, no startup probe and
+    no preStop hook in the driver container, and 120 s to stop (``render_pool``). No
+    readiness probe either: ours tests for the driver-ready file the startup probe
+    writes, which no vGPU manager pod would then ever have (upstream's template has no
+    readiness probe for any driver type)."""
+    volumes = [{"name": name, "hostPath": {"path": path}} for name, path in _VGPU_HOST_FILES]
+    _insert_after(pod["volumes"], "host-os-release", volumes)
+    for container in pod["containers"]:
+        if container["name"] != DRIVER_CONTAINER:
+            continue
+        mounts = [{"name": name, "mountPath": path} for name, path in _VGPU_HOST_FILES]
+        _insert_after(container["volumeMounts"], "host-os-release", mounts)
+        for key in ("startupProbe", "lifecycle", "readinessProbe"):
+            container.pop(key, None)
+    return pod
+
+
 def pool_digest(
     spec: NVIDIADriverSpec, pool: NodePool, base: ClusterPolicySpec, pod: dict[str, Any]
 ) -> str:
@@ -275,7 +338,12 @@ def render_pool(
     problems = site_config(policy, pool_ctx).problems
     if problems:
         raise NVIDIADriverRenderError(f"pool {pool.name}: " + "; ".join(problems))
-    pod = _as_upstream_pool(driver.pod_spec(policy, pool_ctx, pool.kernel), policy)
+    pod = driver.pod_spec(policy, pool_ctx, pool.kernel, os_files=False)
+    _add_pool_os_files(pod, policy, pool, ctx.container_runtime)
+    pod = _as_upstream_pool(pod, policy)
+    vgpu_host = spec.driver_type == VGPU_HOST_MANAGER
+    if vgpu_host:
+        pod = _as_vgpu_host_manager(pod)
     # the ClusterPolicy driver's pod-based digest, replaced by the resource's own
     driver_digest.write_digest(pod, pool_digest(spec, pool, base, pod))
     if spec.node_affinity:
@@ -294,10 +362,9 @@ def render_pool(
         update_strategy={"type": "OnDelete"},
         pod_annotations={"kubectl.kubernetes.io/default-container": driver.CONTAINER_NAME},
         host_network=spec.host_network,
+        grace_period=VGPU_HOST_MANAGER_GRACE_PERIOD if vgpu_host else None,
     )
-    component = (
-        "nvidia-vgpu-host-manager" if spec.driver_type == "vgpu-host-manager" else "nvidia-driver"
-    )
+    component = "nvidia-vgpu-host-manager" if vgpu_host else "nvidia-driver"
     marks = {
         driver.COMPONENT_POD_LABEL: component,
         driver.PRECOMPILED_LABEL: str(spec.precompiled).lower(),

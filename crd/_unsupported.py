@@ -113,23 +113,14 @@ def unsupported_fields(spec: ClusterPolicySpec) -> list[UnsupportedField]:
     return found
 
 
-_VGPU_HOST_MANAGER = (
-    "rendered as the data-centre driver's pod: the vGPU host manager's own differences"
-    " (the /sys/fs/cgroup and /dev/vfio mounts, no startup probe, a 120 s grace period)"
-    " are not applied (an NVIDIADriver of this type is not implemented; the ClusterPolicy's"
-    " vgpuManager is)"
-)
-
-
 def nvidiadriver_unsupported_fields(spec: NVIDIADriverSpec) -> list[UnsupportedField]:
     """The fields of an NVIDIADriver's `spec` that ask for something this operator does
     not do, in a stable order. Every other field reaches the driver DaemonSets through
     `components.nvidiadriver.policy_for` and `render_pool` (the manager's, GDS's and
     GDRCopy's `imagePullSecrets` too: `components.driver.driver_pull_secrets`), or the
-    upgrade policy."""
+    upgrade policy; `driverType: vgpu-host-manager` renders the vGPU manager's pod as
+    upstream's NVIDIADriver template does (`components.nvidiadriver`)."""
     found = []
-    if spec.driver_type == "vgpu-host-manager":
-        found.append(UnsupportedField("spec.driverType", _VGPU_HOST_MANAGER))
     for path, section in _image_specs(spec, "spec"):
         if section.pull_policy_as_written not in PULL_POLICIES:
             found.append(

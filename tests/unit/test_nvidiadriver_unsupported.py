@@ -17,7 +17,6 @@ def paths(spec: dict[str, Any]) -> list[str]:
 
 
 ASKS: dict[str, dict[str, Any]] = {
-    "spec.driverType": {"driverType": "vgpu-host-manager"},
     "spec.manager.imagePullPolicy": {"manager": {"imagePullPolicy": "Sometimes"}},
 }
 
@@ -75,6 +74,14 @@ def test_every_field_acted_on_is_not_named() -> None:
     assert paths({}) == []
 
 
+@pytest.mark.parametrize("driver_type", ["gpu", "vgpu", "vgpu-host-manager"])
+def test_every_driver_type_is_acted_on(driver_type: str) -> None:
+    """`vgpu-host-manager` renders the vGPU manager's pod as upstream's NVIDIADriver
+    template does (tests/unit/test_nvidiadriver_vgpu_host_manager.py), so it is not
+    named."""
+    assert paths({"driverType": driver_type}) == []
+
+
 def raw(spec: dict[str, Any], generation: int = 3) -> dict[str, Any]:
     return {
         "apiVersion": crd.NVD_API_VERSION,
@@ -89,7 +96,7 @@ def conditions(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def test_the_status_reports_a_field_not_acted_on() -> None:
-    resource = raw({"driverType": "vgpu-host-manager", "manager": {"imagePullPolicy": "Often"}})
+    resource = raw({"gds": {"imagePullPolicy": "Now"}, "manager": {"imagePullPolicy": "Often"}})
     status = desired_status(
         "ready",
         (True, "Reconciled", "ok"),
@@ -103,7 +110,7 @@ def test_the_status_reports_a_field_not_acted_on() -> None:
     assert condition["status"] == "True"
     assert condition["reason"] == crd.REASON_FIELDS_NOT_ACTED_ON == "FieldsNotActedOn"
     assert condition["observedGeneration"] == 3
-    assert "spec.driverType (" in condition["message"]
+    assert "spec.gds.imagePullPolicy (" in condition["message"]
     assert "spec.manager.imagePullPolicy (" in condition["message"]
     assert {crd.CONDITION_READY, crd.CONDITION_ERROR} <= set(conditions(status))
 
