@@ -59,6 +59,7 @@ from crd import (
 from crd._status import format_time, set_conditions
 from gpuop.controller._apply import Applier, object_key, owned_by
 from gpuop.controller._gpucluster_objects import gpucluster_owner
+from gpuop.controller._owned import OptionalWatches
 from gpuop.controller._result import Again, Result
 from gpuop.events import EventRecorder
 from gpuop.informer import Handler, Informer, Obj, ResourceSpec
@@ -134,7 +135,15 @@ class GPUClusters:
             ResourceSpec("gpuclusters", rest.lister(GPUCLUSTER), absent_is_empty=True),
             on_cluster,
         )
-        self.owned: dict[str, Informer] = {k.kind: self._owned_informer(k) for k in KINDS}
+        self.owned: dict[str, Informer] = {
+            k.kind: self._owned_informer(k) for k in KINDS if not k.optional
+        }
+        # An optional kind (the Prometheus Operator's ServiceMonitor) is watched only
+        # once discovery finds its API, as on the ClusterPolicy side: a list retried
+        # against an API that is not served would make an idle operator send requests.
+        self.watches = OptionalWatches(
+            self.owned, self._owned_informer, lambda: on_object("LISTED", None, None)
+        )
         #: (generation, served) of the last ServiceMonitor discovery.
         self._monitor_served: tuple[Any, bool] | None = None
         self.applier = Applier(rest, self.owned, self._again.after, events)
@@ -142,14 +151,7 @@ class GPUClusters:
     def _owned_informer(self, kind: Any) -> Informer:
         rest_kind = by_kind(kind.api_version, kind.kind)
         lister = self.rest.lister(rest_kind, self.namespace if kind.namespaced else None)
-        # An optional kind (the Prometheus Operator's ServiceMonitor) that is not served
-        # is an empty cache, never a pass held back (the render then has none of it).
-        spec = ResourceSpec(
-            f"gpucluster-{kind.plural}",
-            lister,
-            label_selector=STATE_LABEL,
-            absent_is_empty=kind.optional,
-        )
+        spec = ResourceSpec(f"gpucluster-{kind.plural}", lister, label_selector=STATE_LABEL)
         return Informer(spec, lambda event, old, new: self._on_owned(rest_kind, event, old, new))
 
     # ------------------------------------------------------------ watching
@@ -165,6 +167,7 @@ class GPUClusters:
         async with asyncio.TaskGroup() as group:
             for informer in self.informers:
                 group.create_task(informer.run(), name=f"watch-{informer.spec.name}")
+            group.create_task(self.watches.run(), name="gpucluster-optional-watches")
             await self.clusters.synced.wait()
             self._on_known()  # node labels may follow whether a GPUCluster exists
             await asyncio.gather(*(i.synced.wait() for i in self.informers))
@@ -358,15 +361,18 @@ class GPUClusters:
         Operator's kind is served (discovery), asked only where the spec wants one and
         once per generation, as the ClusterPolicy side asks (upstream's DRA exporter
         state skips the ServiceMonitor where the kind is not served)."""
-        monitor = spec.dcgm_exporter.service_monitor if spec.dcgm_exporter else None
-        if not spec.exporter_enabled or monitor is None or not monitor.enabled:
-            return False
         generation = raw["metadata"].get("generation")
         if self._monitor_served is None or self._monitor_served[0] != generation:
+            # Asked whatever the spec wants: where the kind is served it is watched, so
+            # a ServiceMonitor switched off is pruned, after a restart too.
             found = await self.rest.api_resource_exists(
                 SERVICE_MONITOR.api_version, SERVICE_MONITOR.plural
             )
             self._monitor_served = (generation, found)
+            self.watches.served(SERVICE_MONITOR, found)
+        monitor = spec.dcgm_exporter.service_monitor if spec.dcgm_exporter else None
+        if not spec.exporter_enabled or monitor is None or not monitor.enabled:
+            return False
         return self._monitor_served[1]
 
     async def _status(

@@ -232,7 +232,9 @@ def test_a_spec_we_honour_whole_has_no_unsupported_condition() -> None:
     (status,) = _status_writes(rest)
     assert "UnsupportedFields" not in [c["type"] for c in status["conditions"]]
     assert events.reasons == []
-    assert rest.asked == 0  # no ServiceMonitor wanted: no discovery
+    # Discovery once per generation even with no ServiceMonitor wanted: where the kind
+    # is served it is watched, so one switched off is pruned (after a restart too).
+    assert rest.asked == 1
 
 
 def test_the_exporter_service_monitor_is_applied_only_where_the_kind_is_served() -> None:
