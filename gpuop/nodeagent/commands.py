@@ -106,7 +106,12 @@ def build_checks(
             )
         elif name == "toolkit":
             checks.append(
-                ToolkitCheck(args.host_root, args.toolkit_runtime_dirs, args.toolkit_config_paths)
+                ToolkitCheck(
+                    args.host_root,
+                    args.toolkit_runtime_dirs,
+                    args.toolkit_config_paths,
+                    fs_root=fs_root,
+                )
             )
         elif name == "cuda" and api is not None:
             checks.append(CudaCheck(api, spec, timeout_s=args.workload_timeout))

@@ -101,7 +101,7 @@ async def test_toolkit_container_install(tmp_path: Path) -> None:
         "/usr/local/nvidia/toolkit",
         "/usr/local/nvidia/toolkit/.config/nvidia-container-runtime/config.toml",
     )
-    result = await ToolkitCheck(tmp_path).run()
+    result = await ToolkitCheck(tmp_path, nvidia_smi_dirs=()).run()  # no nvidia-smi: files
     assert result.ok, result.reason
     assert result.facts["RUNTIME"] == "/usr/local/nvidia/toolkit/nvidia-container-runtime"
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuop.nodeagent import cli, commands
+from gpuop.nodeagent import cli, commands, toolkit
 
 
 def parser() -> argparse.ArgumentParser:
@@ -90,12 +90,16 @@ def _validate_args(tmp_path: Path, *extra: str) -> argparse.Namespace:
     )
 
 
-async def test_validate_once_exit_codes(tmp_path: Path) -> None:
+async def test_validate_once_exit_codes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # No nvidia-smi to run here (even on a machine with one): the file checks run.
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setattr(toolkit, "INJECTED_DIRS", ())
     assert await commands.validate_main(_validate_args(tmp_path)) == 1
     assert not (tmp_path / "validations/toolkit-ready").exists()
     _toolkit_host(tmp_path / "host")
     assert await commands.validate_main(_validate_args(tmp_path)) == 0
-    assert (tmp_path / "validations/toolkit-ready").read_text() == ""  # as upstream's
+    # upstream's file is empty; ours says which check passed
+    assert (tmp_path / "validations/toolkit-ready").read_text() == "TOOLKIT_CHECK=files\n"
 
 
 async def test_validate_needs_a_node_name_for_cluster_checks(
