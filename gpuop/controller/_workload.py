@@ -21,19 +21,21 @@ from typing import Any
 
 from components.driver import COMPONENT_POD_LABEL
 from components.driver import DAEMONSET_NAME as DRIVER_DS
+from components.keys import TRUE
 from components.labels import node_workload
 from components.vfio_manager import DAEMONSET_NAME as VFIO_MANAGER_APP
 from components.vgpu_manager import DAEMONSET_NAME as VGPU_MANAGER_APP
 from crd import ClusterPolicySpec
-from gpuop.controller._eviction import Emptying
+from gpuop.controller._eviction import POD, Emptying
 from gpuop.controller._nodes import labels
-from gpuop.controller._pods import PodRecord, is_driver_pod
+from gpuop.controller._pods import PodRecord, is_driver_pod, trim_pod
 from gpuop.events import EventRecorder
 from gpuop.informer import Informer, Obj
 from gpuop.log import get_logger
 from statemachine.eviction import gpu_workload
 from statemachine.workload_handover import (
     DRIVER,
+    GPU_CLAIMS,
     GPU_PODS_LEAVING,
     VFIO_MANAGER,
     VGPU_MANAGER,
@@ -97,16 +99,26 @@ class WorkloadHandovers:
         self, node: Obj, changes: Mapping[str, str | None], target: str
     ) -> tuple[dict[str, str | None], HandoverStep | None]:
         """The label patch to write this pass, and the hand-over step (None: no claimant
-        label pending)."""
+        label pending).
+
+        Another claimant counts as present while its pod is on the node (or bound for
+        it) and while its own label is still there: its DaemonSet may have placed a pod
+        the pods cache has not shown yet, so the patch that removes one claimant's label
+        never grants another's. A claim the cache would grant is confirmed by reading
+        the node's pods from the API server first (the caches trail each other: a driver
+        pod bound a moment before the node's switch can still be missing)."""
         claim = pending_claim(changes)
         name = node["metadata"]["name"]
         if claim is None:
             self._said_step.pop(name, None)
             return dict(changes), None
-        present = self._claimants_on(name)
+        present = self._claimants_on(name) | _labelled(labels(node), claim)
+        others = present - {claim}
         gpu_pods: tuple[str, ...] = ()
-        if claim != DRIVER and DRIVER not in present:
-            gpu_pods = await self._gpu_pods(name)
+        if not (others if claim == DRIVER else others & {DRIVER}):  # nothing holds it yet
+            claimants, found = await self._on_node_now(name)
+            present |= claimants
+            gpu_pods = found if claim != DRIVER else ()
         step = handover_step(HandoverView(claim, present, gpu_pods))
         await self._report(node, target, claim, step)
         return held(changes, step), step
@@ -122,16 +134,27 @@ class WorkloadHandovers:
             if (claimant := claimant_of(pod)) is not None
         )
 
-    async def _gpu_pods(self, node: str) -> tuple[str, ...]:
+    async def _on_node_now(self, node: str) -> tuple[frozenset[str], tuple[str, ...]]:
+        """The claimants and container GPU pods the API server has on ``node`` now: its
+        pods, and our unbound pods whose node affinity names it (a DaemonSet's pod is
+        created unbound and bound by the scheduler)."""
         pods = await self._emptying.node_pods(node)
         ours = self._emptying.namespace
-        return tuple(
+        unbound = await self._emptying.rest.list(POD, ours, field_selector="spec.nodeName=")
+        claimants = frozenset(
+            claimant
+            for p in [*pods, *(p for p in unbound if _bound_for(p, node))]
+            if p["metadata"].get("namespace") == ours
+            and (claimant := claimant_of(trim_pod(p))) is not None
+        )
+        gpu = tuple(
             sorted(
                 f"{p['metadata'].get('namespace')}/{p['metadata'].get('name')}"
                 for p in pods
                 if gpu_workload(p) and p["metadata"].get("namespace") != ours
             )
         )
+        return claimants, gpu
 
     async def _report(self, node: Obj, target: str, claim: str, step: HandoverStep) -> None:
         """An Event when the hand-over starts waiting for something new, and when it ends."""
@@ -169,6 +192,25 @@ def claimant_of(pod: PodRecord) -> str | None:
     if pod.app == VFIO_MANAGER_APP:
         return VFIO_MANAGER
     return None
+
+
+def _labelled(node_labels: Mapping[str, str], claim: str) -> frozenset[str]:
+    """The other claimants whose deploy label is on the node (``true``)."""
+    return frozenset(
+        c for key, c in GPU_CLAIMS.items() if c != claim and node_labels.get(key) == TRUE
+    )
+
+
+def _bound_for(pod: Obj, node: str) -> bool:
+    """Whether an unbound pod may only go to ``node``: a DaemonSet pod's node affinity
+    names it (``matchFields`` on ``metadata.name``)."""
+    affinity = ((pod.get("spec") or {}).get("affinity") or {}).get("nodeAffinity") or {}
+    required = affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+    return any(
+        field.get("key") == "metadata.name" and node in (field.get("values") or ())
+        for term in required.get("nodeSelectorTerms") or ()
+        for field in term.get("matchFields") or ()
+    )
 
 
 def _node_ref(node: Obj) -> dict[str, Any]:
