@@ -592,15 +592,14 @@ def _value_paths(value: Any, path: str = "") -> set[str]:
 
 def test_every_upstream_values_key_is_in_ours() -> None:
     """Each key of upstream v26.7's values.yaml is a key of ours too (with a value or a
-    sub-tree), so `helm show values` documents everything an upstream values file sets."""
+    sub-tree), so `helm show values` documents everything an upstream values file sets,
+    the `node-feature-discovery.*` ones of its bundled NFD chart included."""
     theirs = _value_paths(yaml.safe_load(UPSTREAM_VALUES.read_text()))
     ours = _value_paths(yaml.safe_load((CHART / "values.yaml").read_text()))
-    node_feature_discovery = ".node-feature-discovery."  # our own NFD bundle, not a subchart
     missing = sorted(
         path
         for path in theirs - ours
-        if not path.startswith(node_feature_discovery)
-        and not any(mine.startswith(f"{path}.") or path.startswith(f"{mine}.") for mine in ours)
+        if not any(mine.startswith(f"{path}.") or path.startswith(f"{mine}.") for mine in ours)
     )
     assert missing == []
 
@@ -798,7 +797,7 @@ def test_crd_hooks_apply_on_upgrade_and_delete_on_uninstall_as_upstream() -> Non
     (`operator.cleanupCRD`, off by default), each with a ServiceAccount whose ClusterRole
     reaches CRDs only. Ours run `gpuop crds apply|delete` from the operator image."""
     default = documents(template())
-    jobs = {d["metadata"]["name"]: d for d in default if d["kind"] == "Job"}
+    jobs = {d["metadata"]["name"]: d for d in default if _crd_hook_job(d)}
     assert set(jobs) == {"gpu-operator-upgrade-crd"}
     job = jobs["gpu-operator-upgrade-crd"]
     assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-upgrade"
@@ -819,7 +818,15 @@ def test_crd_hooks_apply_on_upgrade_and_delete_on_uninstall_as_upstream() -> Non
     assert cleanup["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
     assert cleanup["spec"]["template"]["spec"]["containers"][0]["args"] == ["crds", "delete"]
     none = documents(template(*_set(["operator.upgradeCRD=false"])))
-    assert not [d for d in none if d["kind"] == "Job"]
+    assert not [d for d in none if _crd_hook_job(d)]
+
+
+def _crd_hook_job(doc: dict[str, Any]) -> bool:
+    """A Job of the chart's own hooks (not NFD's post-delete prune, tested with NFD)."""
+    labels = doc["metadata"].get("labels") or {}
+    return doc["kind"] == "Job" and labels.get("app.kubernetes.io/name") != (
+        "node-feature-discovery"
+    )
 
 
 def test_the_chart_installs_the_compute_domain_crds_and_its_hooks_reach_them() -> None:
@@ -1278,3 +1285,55 @@ def test_helm_package_renders_as_the_chart_directory(tmp_path: Path) -> None:
         assert from_package == template(*args)
     refused = helm("template", RELEASE, str(package), "--set", "operator.replicas=two", check=False)
     assert "/operator/replicas" in refused
+
+
+# ------------------------------------------------------------------ NFD parity
+UPSTREAM_RENDERED = DATA / "upstream-helm-release" / "rendered.yaml"
+_NFD_SOURCE = "# Source: gpu-operator/charts/node-feature-discovery/templates/"
+
+
+def _upstream_nfd_docs() -> list[dict[str, Any]]:
+    """The objects of upstream's bundled NFD chart (not its CRDs: ours are in crds/)."""
+    chunks = UPSTREAM_RENDERED.read_text().split("\n---\n")
+    return [yaml.safe_load(c) for c in chunks if c.lstrip().startswith(_NFD_SOURCE)]
+
+
+def _without_documented_differences(doc: Any) -> Any:
+    """The differences kept on purpose: `helm.sh/chart` names our chart (NFD's 0.19.0
+    chart is not a subchart of ours), the pods' `checksum/config` hashes our own
+    ConfigMap text; and fields upstream renders empty (`revisionHistoryLimit:`,
+    `imagePullSecrets:`), which the API server drops, are left out by ours."""
+    if isinstance(doc, dict):
+        return {
+            k: _without_documented_differences(v)
+            for k, v in doc.items()
+            if v is not None and k not in ("helm.sh/chart", "checksum/config")
+        }
+    if isinstance(doc, list):
+        return [_without_documented_differences(v) for v in doc]
+    return doc
+
+
+def test_nfd_objects_are_upstreams() -> None:
+    """Our NFD bundle, given upstream's values file, renders upstream's NFD objects
+    (master, worker, gc, their ConfigMaps and RBAC, the prune hook): same kinds, names,
+    image v0.19.0 and fields, with the documented differences only."""
+    theirs = {(d["kind"], d["metadata"]["name"]): d for d in _upstream_nfd_docs()}
+    ours_all = documents(template(*OUR_OPERATOR_IMAGE, values=[UPSTREAM_VALUES]))
+    ours = {
+        (d["kind"], d["metadata"]["name"]): d
+        for d in ours_all
+        if d["metadata"].get("labels", {}).get("app.kubernetes.io/name") == "node-feature-discovery"
+        and d["kind"] != "CustomResourceDefinition"
+    }
+    assert len(theirs) == 16
+    assert sorted(ours) == sorted(theirs)
+    for key, doc in theirs.items():
+        assert _without_documented_differences(ours[key]) == _without_documented_differences(doc), (
+            key
+        )
+    # The pods restart when their configuration changes, as upstream's.
+    for key in (("DaemonSet", f"{RELEASE}-node-feature-discovery-worker"),
+                ("Deployment", f"{RELEASE}-node-feature-discovery-master")):  # fmt: skip
+        assert "checksum/config" in ours[key]["spec"]["template"]["metadata"]["annotations"]
+    assert ours[key]["metadata"]["labels"]["helm.sh/chart"].startswith("gpu-operator-")

@@ -270,14 +270,18 @@ async def test_install_run_as_the_chart_service_account_upgrade_and_uninstall(
     helm("uninstall", RELEASE, "-n", namespace, kubeconfig=local_cluster.kubeconfig)
     release_objects = (
         (DEPLOYMENT, "gpu-operator", namespace),
-        (DEPLOYMENT, "nfd-master", namespace),
-        (DS, "nfd-worker", namespace),
+        (DEPLOYMENT, f"{RELEASE}-node-feature-discovery-master", namespace),
+        (DEPLOYMENT, f"{RELEASE}-node-feature-discovery-gc", namespace),
+        (DS, f"{RELEASE}-node-feature-discovery-worker", namespace),
         (SA, "gpu-operator", namespace),
         (ROLE, "gpu-operator", namespace),
         (ROLE_BINDING, "gpu-operator", namespace),
         (CLUSTER_ROLE, "gpu-operator", None),
         (CLUSTER_ROLE_BINDING, "gpu-operator", None),
-        (CLUSTER_ROLE, f"{RELEASE}-nfd-master", None),
+        (CLUSTER_ROLE, f"{RELEASE}-node-feature-discovery", None),
+        (CLUSTER_ROLE, f"{RELEASE}-node-feature-discovery-gc", None),
+        # NFD's post-delete prune hook ran and its objects went (hook-succeeded).
+        (CLUSTER_ROLE, f"{RELEASE}-node-feature-discovery-prune", None),
     )
     try:
         # Helm deletes them all at once; the API server removes a CRD only after its

@@ -134,6 +134,25 @@ async def _clean(rest: Rest, kubeconfig: Path) -> None:
     await eventually(gone, timeout=180, what="namespaces deleted")
 
 
+#: NFD's workloads, upstream's names on both sides of the move.
+NFD_WORKLOADS = (
+    (DEPLOYMENT, f"{RELEASE}-node-feature-discovery-master"),
+    (DAEMONSET, f"{RELEASE}-node-feature-discovery-worker"),
+    (DEPLOYMENT, f"{RELEASE}-node-feature-discovery-gc"),
+)
+
+
+async def _nfd_pods(rest: Rest) -> dict[str, str]:
+    """uid -> name of NFD's running (not deleted) pods."""
+    return {
+        p["metadata"]["uid"]: p["metadata"]["name"]
+        for p in await rest.list(POD, NAMESPACE)
+        if (p["metadata"].get("labels") or {}).get("app.kubernetes.io/name")
+        == "node-feature-discovery"
+        and not p["metadata"].get("deletionTimestamp")
+    }
+
+
 def _operand_pods(pods: list[dict[str, Any]]) -> dict[str, str]:
     """uid -> name of the operand pods (not the operator's, not NFD's)."""
     return {
@@ -347,6 +366,9 @@ async def test_helm_upgrade_over_nvidias_release(
     rest = migration.rest
     before = await rest.get(DEPLOYMENT, "gpu-operator", NAMESPACE)
     assert before is not None
+    nfd_before = {(k, name): await rest.get(k, name, NAMESPACE) for k, name in NFD_WORKLOADS}
+    assert all(nfd_before.values()), nfd_before
+    nfd_pods_before = await _nfd_pods(rest)
     config = OperatorConfig(namespace=NAMESPACE, workers=4)
     async with Watcher(api_client, workload_namespace=WORKLOADS) as watcher:
         helm("upgrade", RELEASE, str(CHART), "-n", NAMESPACE, kubeconfig=migration.kubeconfig)
@@ -356,11 +378,25 @@ async def test_helm_upgrade_over_nvidias_release(
     assert after is not None
     assert after["metadata"]["uid"] == before["metadata"]["uid"]
     assert after["spec"]["template"]["spec"]["containers"][0]["args"][2] == "run"
-    # Upstream's NFD objects went with its release; ours came with ours.
-    assert (
-        await rest.get(DEPLOYMENT, "gpu-operator-node-feature-discovery-master", NAMESPACE) is None
-    )
-    assert await rest.get(DAEMONSET, "nfd-worker", NAMESPACE) is not None
+    # Our NFD objects are upstream's (names, selectors): updated in place, same uid, on
+    # NFD v0.19.0 as before. Only the master's and worker's pods roll (their
+    # checksum/config annotation hashes our ConfigMap text; the workers tolerate every
+    # taint by our default); nfd-gc's template is upstream's exactly, its pod stays.
+    for (kind, name), old in nfd_before.items():
+        new = await rest.get(kind, name, NAMESPACE)
+        assert new is not None, name
+        assert new["metadata"]["uid"] == old["metadata"]["uid"], name
+        assert new["spec"]["selector"] == old["spec"]["selector"], name
+        old_spec, new_spec = (
+            {k: v for k, v in o["spec"]["template"]["spec"].items() if k != "tolerations"}
+            for o in (old, new)
+        )
+        assert new_spec == old_spec, name
+    nfd_pods_after = await _nfd_pods(rest)
+    kept = {uid: n for uid, n in nfd_pods_after.items() if uid in nfd_pods_before}
+    print(f"\nNFD pods before: {sorted(nfd_pods_before.values())}; "
+          f"after: {sorted(nfd_pods_after.values())}; kept: {sorted(kept.values())}")  # fmt: skip
+    assert any(n.startswith(f"{RELEASE}-node-feature-discovery-gc-") for n in kept.values())
     await migration.check(watcher.seen, "helm upgrade")
 
 
