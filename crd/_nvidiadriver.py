@@ -32,7 +32,7 @@ from crd._driver_spec import (
 )
 from crd._schema import Schema, model_schema
 from crd._status import Conditions
-from crd._upgrade import DriverUpgradePolicySpec
+from crd._upgrade import ClusterDriverUpgradePolicySpec
 
 NVD_GROUP = "nvidia.com"
 NVD_VERSION = "v1alpha1"
@@ -173,7 +173,7 @@ class NVIDIADriverSpec(K8sModel):
     """Kernel module parameters."""
     secret_env: Annotated[str, Field(pattern=r"^[a-zA-Z0-9\-]+$")] | None = None
     """Secret whose keys become environment variables of the driver container."""
-    upgrade_policy: DriverUpgradePolicySpec | None = None
+    upgrade_policy: ClusterDriverUpgradePolicySpec | None = None
     """How this resource's driver upgrades roll across its nodes (upstream defaults)."""
     node_selector: dict[str, str] | None = None
     """Labels a node must carry to be driven by this resource (not for the default)."""
@@ -196,8 +196,8 @@ class NVIDIADriverSpec(K8sModel):
     def precompiled(self) -> bool:
         return bool(self.use_precompiled)
 
-    def upgrade_policy_with_defaults(self) -> DriverUpgradePolicySpec:
-        return self.upgrade_policy or DriverUpgradePolicySpec()
+    def upgrade_policy_with_defaults(self) -> ClusterDriverUpgradePolicySpec:
+        return self.upgrade_policy or ClusterDriverUpgradePolicySpec()
 
 
 class NVIDIADriverStatus(K8sModel):

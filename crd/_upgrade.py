@@ -77,10 +77,11 @@ class CanarySpec(K8sModel):
 
 
 class ClusterDriverUpgradePolicySpec(DriverUpgradePolicySpec):
-    """The ClusterPolicy's upgrade policy: upstream's fields plus gpuop's rollout gate.
+    """The ClusterPolicy's (and an NVIDIADriver's) upgrade policy: upstream's fields plus
+    gpuop's rollout gate.
 
     Both extensions are optional; absent, upgrades behave as upstream's. Their state
-    lives on the ClusterPolicy (an annotation and a condition), never in memory.
+    lives on the resource (an annotation and a condition), never in memory.
     """
 
     canary: CanarySpec | None = None

@@ -204,6 +204,8 @@ class StatusReport:
     max_unavailable: int
     gate: str = ""
     held: Mapping[str, str] = field(default_factory=dict)
+    nvd_gates: Mapping[str, str] = field(default_factory=dict)
+    """Each NVIDIADriver's own rollout gate (canary, halt), by name."""
 
     @property
     def failed(self) -> tuple[str, ...]:
@@ -261,6 +263,7 @@ def status_report(
     now: float,
     gate: str = "",
     held: Mapping[str, str] | None = None,
+    nvd_gates: Mapping[str, str] | None = None,
 ) -> StatusReport:
     """Per node its state, for how long, driver revision current/target and what it
     waits for; totals per state and the budget, as the operator counts it."""
@@ -293,4 +296,5 @@ def status_report(
         max_unavailable=selection.max_unavailable,
         gate=gate,
         held=dict(held or {}),
+        nvd_gates=dict(sorted((nvd_gates or {}).items())),
     )

@@ -2,7 +2,8 @@
 
 The gate sits in front of the upgrade budget: it says which `upgrade-required` nodes
 may not start now and why. Everything it remembers is one JSON record the controller
-keeps in an annotation on the ClusterPolicy (`GateRecord`), so a restarted operator
+keeps in an annotation on the ClusterPolicy, or on the NVIDIADriver whose nodes it
+gates (`GateRecord`; one gate per driver owner, `plan_owner_gates`), so a restarted operator
 resumes the same canary and stays halted. A rollout is one driver install configuration
 (the driver container's `DRIVER_CONFIG_DIGEST`): a new driver (a fixed version, say)
 starts a new rollout with a clean record, while a template change that installs the
@@ -208,12 +209,14 @@ def plan_gate(
     now: float,
     resume: bool = False,
     digest: str = "",
+    resource: str = "ClusterPolicy",
 ) -> GateDecision:
     """Decide the gate for one fleet pass. Pure: same inputs, same answer.
 
     ``target`` is the newest driver revision (what nodes are compared with, unless a
     node names its own), ``digest`` the config digest of its template (what keys the
-    record; "" when unknown).
+    record; "" when unknown), ``resource`` what carries the record and the resume
+    annotation (named in the halt's message).
     """
     if not policy.enabled:
         return GateDecision(GatePhase.OFF)
@@ -246,7 +249,7 @@ def plan_gate(
         why = (
             f"halted after {len(record.counted_failures)} failed node(s) "
             f"(haltAfterFailures={limit}): {_listing(record.counted_failures)}; "
-            f"set the {RESUME_ANNOTATION}=true annotation on the ClusterPolicy or fix the driver"
+            f"set the {RESUME_ANNOTATION}=true annotation on the {resource} or fix the driver"
         )
         return _decided(GatePhase.HALTED, record, previous, candidates, why, resumed=resumed)
 
@@ -286,6 +289,45 @@ def plan_gate(
         return _decided(GatePhase.IDLE, record, previous, [], "", resumed=resumed)
     why = "proceeding" + (f": canary {_listing(record.canary)} passed" if record.canary else "")
     return _decided(GatePhase.PROCEEDING, record, previous, [], why, resumed=resumed)
+
+
+def gate_resource(owner: str | None) -> str:
+    """What carries the gate of a driver owner: the ClusterPolicy (None) or its
+    NVIDIADriver."""
+    return "ClusterPolicy" if owner is None else f"NVIDIADriver {owner}"
+
+
+@dataclass(frozen=True)
+class OwnerGate:
+    """One driver owner's gate inputs: its own policy, nodes, target and record."""
+
+    policy: GatePolicy
+    nodes: tuple[GateNode, ...]
+    target: str | None
+    previous: GateRecord | None = None
+    resume: bool = False
+    digest: str = ""
+
+
+def plan_owner_gates(
+    owners: Mapping[str | None, OwnerGate], *, now: float
+) -> dict[str | None, GateDecision]:
+    """The gate of each driver owner (None: the ClusterPolicy, else an NVIDIADriver's
+    name), each over its own nodes and record only: one owner's canary or halt never
+    holds another owner's nodes."""
+    return {
+        owner: plan_gate(
+            gate.policy,
+            gate.nodes,
+            gate.target,
+            gate.previous,
+            now=now,
+            resume=gate.resume,
+            digest=gate.digest,
+            resource=gate_resource(owner),
+        )
+        for owner, gate in owners.items()
+    }
 
 
 def _decided(

@@ -115,6 +115,15 @@ class DriverOwners:
             ),
         )
 
+    def owner_pools(self, owner: str) -> list[str]:
+        """The driver DaemonSets of the NVIDIADriver ``owner`` (one per pool): one
+        rollout, which its canary and halt gate."""
+        return sorted(
+            str(ds["metadata"]["name"])
+            for ds in self._daemonsets.values()
+            if nvd_owner(ds) == owner and not ds["metadata"].get("deletionTimestamp")
+        )
+
     def upgrade_policies(self) -> dict[str, UpgradePolicyView] | None:
         """Each resource's own upgradePolicy (upstream defaults when unset); None when the
         ClusterPolicy does not use NVIDIADrivers."""

@@ -23,6 +23,7 @@ from components.labels import (
     node_label_changes,
     node_workload,
 )
+from components.nvidiadriver import policy_for
 from crd import OWNER_LABEL, ClusterPolicySpec
 from gpuop.controller._active import ActivePolicy
 from gpuop.controller._keys import (
@@ -282,13 +283,23 @@ class NodeReconciler:
             if not policy.auto_upgrade:
                 continue
             held = None
-            if owner is None:  # canary and halt: the ClusterPolicy's own rollout
-                # One rollout over all its driver DaemonSets (one per kernel when
-                # precompiled); each node is compared with its own DaemonSet's revision.
-                pools = [p.name for p in self.owners.policy_pools()] or [DRIVER_DS]
+            # Canary and halt: one gate per driver owner, each over its own nodes and
+            # recorded on its own resource (the ClusterPolicy, or the NVIDIADriver).
+            gated = self._gated(raw, spec, owner)
+            if gated is not None:
+                gate_raw, gate_spec, pools = gated
+                # One rollout over all the owner's driver DaemonSets (one per kernel or
+                # pool); each node is compared with its own DaemonSet's revision.
                 newest, digest = self.upgrades.rollout(pools)
                 gate = await self.gate.reconcile(
-                    raw, spec, nodes, newest, self._revision_of, digest, self._target_of
+                    gate_raw,
+                    gate_spec,
+                    nodes,
+                    newest,
+                    self._revision_of,
+                    digest,
+                    self._target_of,
+                    owner=owner,
                 )
                 held = gate.held
                 if gate.requeue_after is not None:
@@ -299,6 +310,20 @@ class NodeReconciler:
             if conflict:  # the cache was behind a node: count again once it caught up
                 again.after(CONFLICT_RETRY_S)
         tally.publish(self.upgrades.metrics)
+
+    def _gated(
+        self, raw: Obj, spec: ClusterPolicySpec, owner: str | None
+    ) -> tuple[Obj, ClusterPolicySpec, list[str]] | None:
+        """What gates ``owner``'s nodes: the resource carrying its record, the policy its
+        canary and halt are read from, and its driver DaemonSets; None when the
+        NVIDIADriver is gone (its nodes then wait for their next owner)."""
+        if owner is None:
+            return raw, spec, [p.name for p in self.owners.policy_pools()] or [DRIVER_DS]
+        found = self.owners.drivers.get(owner)
+        model = self.owners.model(owner)
+        if found is None or model is None:
+            return None
+        return found, policy_for(model.spec, spec), self.owners.owner_pools(owner)
 
     def _target_of(self, node: str) -> str | None:
         """The newest revision of the driver DaemonSet ``node`` runs (its kernel's)."""

@@ -178,7 +178,9 @@ class Operator:
             nodes=self.nodes,
             owners=self.owners,
         )
-        self.gate = RolloutGate(rest, metrics, self.upgrades.events, self.policies)
+        self.gate = RolloutGate(
+            rest, metrics, self.upgrades.events, self.policies, self.owners.drivers
+        )
         self.remediation = Remediation(
             rest,
             metrics,

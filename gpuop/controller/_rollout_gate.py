@@ -1,10 +1,12 @@
 """The rollout gate's imperative side: read and persist its record, report it.
 
 ``statemachine.rollout_gate`` decides which nodes the canary or a halt holds back; this
-module feeds it the fleet, keeps its record in an annotation on the ClusterPolicy,
+module feeds it the fleet, keeps its record in an annotation on the ClusterPolicy (or,
+for an NVIDIADriver's nodes, on that NVIDIADriver: one gate per driver owner),
 consumes the resume annotation, and shows the phase as the ``DriverUpgradeGate``
-condition, an Event per change and ``gpu_operator_driver_upgrade_*`` metrics. Nothing
-is kept in memory, so a restarted operator finds the same canary and the same halt.
+condition, an Event per change and ``gpu_operator_driver_upgrade_*`` metrics (the
+ClusterPolicy's rollout only). Nothing is kept in memory, so a restarted operator finds
+the same canary and the same halt.
 """
 
 from __future__ import annotations
@@ -15,15 +17,21 @@ from datetime import UTC, datetime
 from typing import Any
 
 from components.labels import is_gpu_node
-from crd import ClusterPolicySpec
+from crd import NVD_API_VERSION, NVD_KIND, ClusterPolicySpec, NVIDIADriverStatus
 from gpuop.controller._nodes import is_ready, labels
-from gpuop.controller._status import condition_change, write_policy_conditions
+from gpuop.controller._status import (
+    StatusWrite,
+    condition_change,
+    parse_status,
+    write_policy_conditions,
+    write_status,
+)
 from gpuop.events import EventRecorder
-from gpuop.informer import Obj
+from gpuop.informer import Informer, Obj
 from gpuop.kinds import by_kind
 from gpuop.log import get_logger
 from gpuop.metrics import OperatorMetrics
-from gpuop.rest import Rest
+from gpuop.rest import Kind, Rest
 from statemachine.rollout_gate import (
     RECORD_ANNOTATION,
     RESUME_ANNOTATION,
@@ -32,6 +40,7 @@ from statemachine.rollout_gate import (
     GatePhase,
     GatePolicy,
     GateRecord,
+    gate_resource,
     plan_gate,
     resume_requested,
 )
@@ -45,6 +54,7 @@ from statemachine.upgrade_keys import (
 log = get_logger(__name__)
 
 POLICY = by_kind("nvidia.com/v1", "ClusterPolicy")
+NVD = by_kind(NVD_API_VERSION, NVD_KIND)
 CONDITION_TYPE = "DriverUpgradeGate"
 _REASONS = {
     GatePhase.IDLE: "Idle",
@@ -113,8 +123,14 @@ def _condition_of(raw: Obj) -> dict[str, Any] | None:
     return None
 
 
-def _policy_ref(raw: Obj) -> Obj:
-    return {"apiVersion": POLICY.api_version, "kind": POLICY.kind, "metadata": raw["metadata"]}
+def _nvd_status(raw: Obj) -> NVIDIADriverStatus | None:
+    data = raw.get("status")
+    if not data:
+        return None
+    try:
+        return NVIDIADriverStatus.model_validate(data)
+    except ValueError:
+        return None
 
 
 class RolloutGate:
@@ -126,11 +142,19 @@ class RolloutGate:
         metrics: OperatorMetrics,
         events: EventRecorder,
         policies: Any,
+        drivers: Informer | None = None,
     ) -> None:
         self.rest = rest
         self.metrics = metrics
         self.events = events
         self._policies = policies
+        self._drivers = drivers
+
+    def _kind(self, owner: str | None) -> tuple[Kind, Any]:
+        """What carries the gate of ``owner`` (None: the ClusterPolicy), and its cache."""
+        if owner is None:
+            return POLICY, self._policies
+        return NVD, self._drivers
 
     async def reconcile(
         self,
@@ -141,11 +165,14 @@ class RolloutGate:
         revision_of: Callable[[str], str | None],
         digest: str = "",
         target_of: Callable[[str], str | None] | None = None,
+        owner: str | None = None,
     ) -> GateDecision:
         """One fleet pass of the gate; ``digest`` (the driver template's config digest)
         keys its record, so only a new driver, not a new revision, starts over.
         ``target_of``: a node's own DaemonSet's newest revision, where the driver has
-        several DaemonSets (precompiled: one per kernel)."""
+        several DaemonSets (precompiled: one per kernel). ``owner``: the NVIDIADriver
+        whose nodes these are (``raw`` is that resource, ``spec`` the ClusterPolicy its
+        driver section makes); None: the ClusterPolicy's own rollout."""
         policy = gate_policy(spec)
         annotations = raw["metadata"].get("annotations") or {}
         previous = GateRecord.loads(annotations.get(RECORD_ANNOTATION))
@@ -160,12 +187,14 @@ class RolloutGate:
             now=time.time(),
             resume=resume,
             digest=digest,
+            resource=gate_resource(owner),
         )
-        self._metrics(decision)
+        if owner is None:  # the gauges are the ClusterPolicy's rollout's
+            self._metrics(decision)
         if decision.phase is GatePhase.OFF:
             if resume:
-                raw = await self._patch_annotations(raw, {RESUME_ANNOTATION: None})
-            await self._write_condition(raw, None)
+                raw = await self._patch_annotations(raw, {RESUME_ANNOTATION: None}, owner)
+            await self._write_condition(raw, None, owner)
             return decision
         if decision.record is not None or resume:
             wanted: dict[str, str | None] = {}
@@ -173,13 +202,19 @@ class RolloutGate:
                 wanted[RECORD_ANNOTATION] = decision.record.dumps()
             if resume:
                 wanted[RESUME_ANNOTATION] = None
-            raw = await self._patch_annotations(raw, wanted)
+            raw = await self._patch_annotations(raw, wanted, owner)
         if decision.resumed:
-            log.info("driver rollout resumed by annotation", policy=raw["metadata"]["name"])
-            await self.events.record(
-                _policy_ref(raw), "DriverUpgradeResumed", "driver rollout resumed by annotation"
+            log.info(
+                "driver rollout resumed by annotation",
+                resource=gate_resource(owner),
+                name=raw["metadata"]["name"],
             )
-        await self._report(raw, decision)
+            await self.events.record(
+                self._ref(raw, owner),
+                "DriverUpgradeResumed",
+                "driver rollout resumed by annotation",
+            )
+        await self._report(raw, decision, owner)
         return decision  # its requeue_after: when the fleet pass looks again
 
     def _metrics(self, decision: GateDecision) -> None:
@@ -193,7 +228,11 @@ class RolloutGate:
         if failures is not None:
             self.metrics.upgrade_rollout_failures.set(failures)
 
-    async def _report(self, raw: Obj, decision: GateDecision) -> None:
+    def _ref(self, raw: Obj, owner: str | None) -> Obj:
+        kind, _ = self._kind(owner)
+        return {"apiVersion": kind.api_version, "kind": kind.kind, "metadata": raw["metadata"]}
+
+    async def _report(self, raw: Obj, decision: GateDecision, owner: str | None = None) -> None:
         """The condition, and an Event when the phase changes (the condition's reason is
         the phase persisted, so a restart does not repeat the Event)."""
         reason = _REASONS[decision.phase]
@@ -203,29 +242,55 @@ class RolloutGate:
         if old is None or old.get("reason") != reason:
             event = _EVENTS.get(decision.phase)
             if event is not None:
-                log.info("driver rollout gate", phase=decision.phase.value, why=message)
-                await self.events.record(_policy_ref(raw), event[0], message, warning=event[1])
-        await self._write_condition(raw, (status, reason, message))
+                log.info(
+                    "driver rollout gate",
+                    resource=gate_resource(owner),
+                    phase=decision.phase.value,
+                    why=message,
+                )
+                await self.events.record(self._ref(raw, owner), event[0], message, warning=event[1])
+        await self._write_condition(raw, (status, reason, message), owner)
 
-    async def _patch_annotations(self, raw: Obj, wanted: dict[str, str | None]) -> Obj:
+    async def _patch_annotations(
+        self, raw: Obj, wanted: dict[str, str | None], owner: str | None = None
+    ) -> Obj:
         """Our own keys only (a merge patch leaves the others): the record has a single
         writer, the serial fleet pass, so no resourceVersion guard is needed."""
+        kind, cache = self._kind(owner)
         patched: Obj = await self.rest.merge_patch(
-            POLICY, raw["metadata"]["name"], {"metadata": {"annotations": wanted}}
+            kind, raw["metadata"]["name"], {"metadata": {"annotations": wanted}}
         )
-        self._policies.observe(patched)
+        cache.observe(patched)
         return patched
 
-    async def _write_condition(self, raw: Obj, condition: tuple[str, str, str] | None) -> None:
+    async def _write_condition(
+        self, raw: Obj, condition: tuple[str, str, str] | None, owner: str | None = None
+    ) -> None:
         """Set (or with None remove) the gate's condition, guarded by resourceVersion."""
+        if condition is None and _condition_of(raw) is None:
+            return  # nothing to remove (a gate that is off, every pass)
         if condition is not None:
             condition = (condition[0], condition[1], condition[2][:32768])
-        change = condition_change(raw, CONDITION_TYPE, condition, datetime.now(UTC))
+        parse = parse_status if owner is None else _nvd_status
+        change = condition_change(raw, CONDITION_TYPE, condition, datetime.now(UTC), parse=parse)
         if change is None:
-            log.warning("policy status unreadable; %s not written", CONDITION_TYPE)
+            log.warning(
+                "%s status unreadable; %s not written", gate_resource(owner), CONDITION_TYPE
+            )
             return
         if change.wanted == change.stored:
             return
-        await write_policy_conditions(
-            self.rest, self._policies, raw, change.wanted, owned=CONDITION_TYPE
+        if owner is None:
+            await write_policy_conditions(
+                self.rest, self._policies, raw, change.wanted, owned=CONDITION_TYPE
+            )
+            return
+        kind, cache = self._kind(owner)
+        mine = [
+            c.model_dump(by_alias=True, exclude_none=True, mode="json")
+            for c in change.wanted
+            if c.type == CONDITION_TYPE
+        ]
+        await write_status(
+            self.rest, kind, cache, raw, StatusWrite(frozenset({CONDITION_TYPE}), mine)
         )

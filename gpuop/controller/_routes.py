@@ -191,9 +191,11 @@ def route_nvidiadriver(
 ) -> Wake:
     """An NVIDIADriver changed (not only its status): the NVIDIADriver pass, and the node
     passes of the nodes it owns or takes (its ``autoUpgrade`` decides their driver
-    manager's hand-off annotation)."""
+    manager's hand-off annotation). Its rollout gate's annotations (the resume, the
+    record) wake the fleet pass."""
+    gate = [UPGRADES_KEY] if gate_facts(old) != gate_facts(new) else []
     if not _spec_changed(event, old, new, "deletionTimestamp"):
-        return Wake()
+        return wake(*gate)
     obj = new or old
     assert obj is not None
     name = obj["metadata"]["name"]
@@ -202,7 +204,7 @@ def route_nvidiadriver(
         for n, node in nodes
         if name in (labels(node).get(OWNER_LABEL), labels(node).get(NEXT_OWNER_LABEL))
     ]
-    return wake(NVD_KEY, *owned)
+    return wake(NVD_KEY, *gate, *owned)
 
 
 def route_nvidiadrivers_listed(nodes: Iterable[tuple[str, Obj]]) -> Wake:

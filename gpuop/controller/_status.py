@@ -7,9 +7,10 @@ and the ``reconciliation_status`` metric out, so every branch is a unit test.
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -172,12 +173,18 @@ class ConditionChange:
 
 
 def condition_change(
-    raw: Obj, kind: str, condition: tuple[str, str, str] | None, now: datetime
+    raw: Obj,
+    kind: str,
+    condition: tuple[str, str, str] | None,
+    now: datetime,
+    *,
+    parse: Callable[[Obj], Any] | None = None,
 ) -> ConditionChange | None:
     """Set the condition ``kind`` to (status, reason, message), or with None remove it;
     None when the stored status cannot be read (writing ours alone would drop Ready and
-    Error). A condition that does not change keeps its transition time."""
-    previous = parse_status(raw)
+    Error). A condition that does not change keeps its transition time. ``parse``: how
+    the stored status is read (a ClusterPolicy's unless told; it has ``conditions``)."""
+    previous = (parse or parse_status)(raw)
     if previous is None and (raw.get("status") or {}).get("conditions"):
         return None
     conditions = list(previous.conditions or []) if previous is not None else []

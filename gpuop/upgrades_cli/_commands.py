@@ -28,6 +28,7 @@ from gpuop.upgrades_cli._render import (
 from gpuop.upgrades_cli._snapshot import (
     DAEMONSET,
     NODE,
+    NVD,
     PDB,
     POD,
     POLICY,
@@ -84,6 +85,7 @@ def _status(snap: Snapshot) -> StatusReport:
         now=time.time(),
         gate=snap.gate,
         held=snap.held,
+        nvd_gates=snap.nvd_gates,
     )
 
 
@@ -111,6 +113,7 @@ async def _watch(rest: Rest, args: argparse.Namespace) -> int:
             ("daemonsets", DAEMONSET, ns),
             ("revisions", REVISION, ns),
             ("policies", POLICY, None),
+            ("drivers", NVD, None),
         )
     ]
     tasks = [asyncio.create_task(i.run()) for i in informers]
@@ -171,9 +174,12 @@ async def _plan_main(args: argparse.Namespace) -> int:
         proposed=bool(args.set),
     )
     if args.output == "json":
-        print(json.dumps(plan_json(plan), indent=2, sort_keys=True))
+        data = {**plan_json(plan), "nvidiaDriverGates": dict(snap.nvd_gates)}
+        print(json.dumps(data, indent=2, sort_keys=True))
     else:
-        sys.stdout.write(render_plan(plan, proposal=", ".join(args.set or ())))
+        sys.stdout.write(
+            render_plan(plan, proposal=", ".join(args.set or ()), nvd_gates=snap.nvd_gates)
+        )
     return 0
 
 

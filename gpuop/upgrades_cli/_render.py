@@ -8,7 +8,7 @@ people lives here, in the CLI.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from statemachine.fleet_plan import UpgradePlan
@@ -27,6 +27,7 @@ def status_json(report: StatusReport) -> dict[str, Any]:
             "maxUnavailable": report.max_unavailable,
         },
         "gate": report.gate,
+        "nvidiaDriverGates": dict(report.nvd_gates),
         "failed": list(report.failed),
     }
 
@@ -73,9 +74,15 @@ def render_status(report: StatusReport, wide: bool = False) -> str:
     )
     if report.gate:
         lines.append(f"rollout gate: {report.gate}")
+    lines += nvd_gate_lines(report.nvd_gates)
     if report.failed:
         lines.append(f"FAILED: {', '.join(report.failed)}")
     return "\n".join(lines) + "\n"
+
+
+def nvd_gate_lines(gates: Mapping[str, str]) -> list[str]:
+    """One line per NVIDIADriver whose own canary or halt is configured."""
+    return [f"rollout gate (NVIDIADriver {name}): {text}" for name, text in gates.items()]
 
 
 def plan_json(plan: UpgradePlan) -> dict[str, Any]:
@@ -96,7 +103,9 @@ def _duration(seconds: int) -> str:
     return f"{minutes}m" if minutes < 120 else f"{minutes / 60:.1f}h"
 
 
-def render_plan(plan: UpgradePlan, *, proposal: str = "") -> str:
+def render_plan(
+    plan: UpgradePlan, *, proposal: str = "", nvd_gates: Mapping[str, str] | None = None
+) -> str:
     lines = [f"proposed: {proposal}" if proposal else "pending driver rollout (no change proposed)"]
     nodes = sum(len(w) for w in plan.waves)
     lines.append(f"{nodes} node(s) to upgrade in {len(plan.waves)} wave(s)")
@@ -123,4 +132,5 @@ def render_plan(plan: UpgradePlan, *, proposal: str = "") -> str:
     else:
         per_wave = _duration(plan.wave_seconds or 0)
         lines.append(f"duration: at most {_duration(estimate)} ({per_wave} per wave from timeouts)")
+    lines += nvd_gate_lines(nvd_gates or {})
     return "\n".join(lines) + "\n"

@@ -9,23 +9,36 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from components.driver import DAEMONSET_NAME as DRIVER_DS
 from components.driver import DriverPool, digest_in, pool_for, rollout_key
 from components.labels import is_gpu_node
-from crd import ClusterPolicySpec, parse_policy
+from components.nvidiadriver import policy_for
+from crd import (
+    NVD_API_VERSION,
+    NVD_KIND,
+    OWNER_LABEL,
+    ClusterPolicySpec,
+    NVIDIADriver,
+    parse_nvidiadriver,
+    parse_policy,
+)
 from gpuop.controller._eviction import drain_rules, gpu_pod_rules
 from gpuop.controller._nvidiadriver_status import is_policy_driver, nvd_owner
 from gpuop.controller._rollout_gate import gate_policy
 from gpuop.controller._upgrade_inputs import newest_revision, policy_view
 from gpuop.kinds import by_kind
 from gpuop.rest import Rest
+from statemachine.driver_owner import NEXT_OWNER_LABEL
 from statemachine.fleet_report import NodeFacts, Rules
 from statemachine.rollout_gate import (
     RECORD_ANNOTATION,
     GateNode,
     GatePhase,
+    GatePolicy,
     GateRecord,
+    gate_resource,
     phase_of,
     plan_gate,
 )
@@ -39,6 +52,7 @@ PDB = by_kind("policy/v1", "PodDisruptionBudget")
 DAEMONSET = by_kind("apps/v1", "DaemonSet")
 REVISION = by_kind("apps/v1", "ControllerRevision")
 POLICY = by_kind("nvidia.com/v1", "ClusterPolicy")
+NVD = by_kind(NVD_API_VERSION, NVD_KIND)
 
 
 class PlanError(ValueError):
@@ -55,9 +69,17 @@ class Objects:
     daemonsets: list[Obj] = field(default_factory=list)
     revisions: list[Obj] = field(default_factory=list)
     policies: list[Obj] = field(default_factory=list)
+    drivers: list[Obj] = field(default_factory=list)
+    """NVIDIADrivers: each gates its own nodes' rollout (canary, halt)."""
 
 
 async def list_objects(rest: Rest, namespace: str) -> Objects:
+    try:
+        drivers = await rest.list(NVD)
+    except ApiException as err:
+        if err.status != 404:  # no NVIDIADriver CRD: no NVIDIADrivers
+            raise
+        drivers = []
     return Objects(
         nodes=await rest.list(NODE),
         pods=await rest.list(POD),
@@ -65,6 +87,7 @@ async def list_objects(rest: Rest, namespace: str) -> Objects:
         daemonsets=await rest.list(DAEMONSET, namespace),
         revisions=await rest.list(REVISION, namespace),
         policies=await rest.list(POLICY),
+        drivers=drivers,
     )
 
 
@@ -103,6 +126,8 @@ class Snapshot:
     gate: str
     namespace: str
     held: Mapping[str, str] = field(default_factory=dict)
+    nvd_gates: Mapping[str, str] = field(default_factory=dict)
+    """Per NVIDIADriver with a canary or halt: its gate's phase and message."""
 
 
 def _active(policies: Iterable[Obj]) -> Obj | None:
@@ -149,13 +174,31 @@ def snapshot(
         )
         for name, ds in daemonsets.items()
     ]
-    targets = {name: newest_revision(ds, objects.revisions) for name, ds in daemonsets.items()}
+    # Each NVIDIADriver's driver DaemonSets (one per pool): its nodes run these.
+    nvd_daemonsets = {
+        d["metadata"]["name"]: d
+        for d in objects.daemonsets
+        if nvd_owner(d) is not None and not d["metadata"].get("deletionTimestamp")
+    }
+    targets = {
+        name: newest_revision(ds, objects.revisions)
+        for name, ds in {**daemonsets, **nvd_daemonsets}.items()
+    }
     facts = []
+    owners: dict[str, str] = {}
     for node in objects.nodes:
         node_labels = node["metadata"].get("labels") or {}
         if not is_gpu_node(node_labels):
             continue
-        app = pool_for(node_labels, pools) or DRIVER_DS
+        owner = node_labels.get(OWNER_LABEL)
+        # The gate a node is under: the NVIDIADriver it moves to, else its owner's.
+        gated_by = node_labels.get(NEXT_OWNER_LABEL) or owner
+        if gated_by:
+            owners[node["metadata"]["name"]] = gated_by
+        if owner:
+            app = _nvd_app(node_labels, owner, nvd_daemonsets)
+        else:
+            app = pool_for(node_labels, pools) or DRIVER_DS
         pods = by_node.get(node["metadata"]["name"], [])
         drivers = [
             p
@@ -178,42 +221,58 @@ def snapshot(
                 pods=tuple(pods),
                 validator_ready=False,
                 target=targets.get(app),
-                template_digest=digest_in(_template(daemonsets[app])) if app in daemonsets else "",
+                template_digest=_digest(daemonsets.get(app) or nvd_daemonsets.get(app)),
             )
         )
-    gate = gate_policy(spec)
-    record = GateRecord.loads((raw["metadata"].get("annotations") or {}).get(RECORD_ANNOTATION))
     now = time.time() if now is None else now
-    phase = phase_of(record, gate, now)
-    target = ",".join(sorted(t for t in targets.values() if t)) or None
+    target = ",".join(sorted(t for n, t in targets.items() if t and n in daemonsets)) or None
     digest = rollout_key(
         (_template(d).get("nodeSelector") or {}, _template(d)) for d in daemonsets.values()
     )
-    # What the operator's gate holds back now (computed the same way, nothing written).
-    held = plan_gate(
-        gate,
-        [
-            GateNode(
-                name=f.name,
-                state=f.state,
-                revision=f.driver_revision,
-                target=f.target,
-                failed_revision=f.annotations.get(FAILED_REVISION_ANNOTATION),
-                unschedulable=f.unschedulable,
-                ready=f.ready,
-                skip=f.skip,
+    # What the operator's gates hold back now (computed the same way, nothing written):
+    # the ClusterPolicy's over its nodes, each NVIDIADriver's over its own.
+    gated: dict[str | None, tuple[Obj, GatePolicy, list[Obj]]] = {
+        None: (raw, gate_policy(spec), list(daemonsets.values()))
+    }
+    for driver in objects.drivers:
+        nvd = _nvd_or_none(driver)
+        if nvd is not None:
+            mine = [d for d in nvd_daemonsets.values() if nvd_owner(d) == nvd.name]
+            gated[nvd.name] = (driver, gate_policy(policy_for(nvd.spec, spec)), mine)
+    held: dict[str, str] = {}
+    gate_text = ""
+    nvd_gates: dict[str, str] = {}
+    for owner, (carrier, gate, owned_ds) in gated.items():
+        annotations = carrier["metadata"].get("annotations") or {}
+        record = GateRecord.loads(annotations.get(RECORD_ANNOTATION))
+        phase = phase_of(record, gate, now)
+        if owner is None:
+            owner_target, owner_digest = target, digest
+        else:
+            names = {d["metadata"]["name"] for d in owned_ds}
+            owner_target = ",".join(sorted(t for n, t in targets.items() if t and n in names))
+            owner_digest = rollout_key(
+                (_template(d).get("nodeSelector") or {}, _template(d)) for d in owned_ds
             )
-            for f in facts
-        ],
-        target,
-        record,
-        now=now,
-        digest=digest,
-    ).held
-    gate_text = "" if phase is GatePhase.OFF else phase.value
-    for cond in (raw.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == "DriverUpgradeGate" and cond.get("message"):
-            gate_text = f"{phase.value}: {cond['message']}"
+        held.update(
+            plan_gate(
+                gate,
+                [_gate_node(f) for f in facts if owners.get(f.name) == owner],
+                owner_target or None,
+                record,
+                now=now,
+                digest=owner_digest,
+                resource=gate_resource(owner),
+            ).held
+        )
+        text = "" if phase is GatePhase.OFF else phase.value
+        for cond in (carrier.get("status") or {}).get("conditions") or []:
+            if cond.get("type") == "DriverUpgradeGate" and cond.get("message"):
+                text = f"{phase.value}: {cond['message']}"
+        if owner is None:
+            gate_text = text
+        elif text:
+            nvd_gates[owner] = text
     rules = Rules(
         gpu_pods=gpu_pod_rules(view) if view.pod_deletion is not None else None,
         drain=drain_rules(view) if view.drain.enable else None,
@@ -229,7 +288,45 @@ def snapshot(
         gate=gate_text,
         namespace=namespace,
         held=held,
+        nvd_gates=nvd_gates,
     )
+
+
+def _gate_node(f: NodeFacts) -> GateNode:
+    return GateNode(
+        name=f.name,
+        state=f.state,
+        revision=f.driver_revision,
+        target=f.target,
+        failed_revision=f.annotations.get(FAILED_REVISION_ANNOTATION),
+        unschedulable=f.unschedulable,
+        ready=f.ready,
+        skip=f.skip,
+    )
+
+
+def _nvd_or_none(raw: Obj) -> NVIDIADriver | None:
+    if raw["metadata"].get("deletionTimestamp"):
+        return None
+    try:
+        return parse_nvidiadriver(raw)
+    except ValueError:
+        return None
+
+
+def _nvd_app(node_labels: Mapping[str, str], owner: str, daemonsets: Mapping[str, Obj]) -> str:
+    """The NVIDIADriver ``owner``'s driver DaemonSet whose pool selects the node."""
+    for name, ds in sorted(daemonsets.items()):
+        if nvd_owner(ds) != owner:
+            continue
+        selector = _template(ds).get("nodeSelector") or {}
+        if all(node_labels.get(k) == v for k, v in selector.items()):
+            return name
+    return ""
+
+
+def _digest(ds: Obj | None) -> str:
+    return digest_in(_template(ds)) if ds is not None else ""
 
 
 def _template(ds: Obj) -> Obj:

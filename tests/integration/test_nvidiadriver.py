@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections import Counter
 from typing import Any
 
@@ -339,13 +340,15 @@ async def test_a_field_not_acted_on_is_named_in_status_and_an_event(
     spec = {"default": True, "version": "580.95.05"}
     try:
         async with Running(api_client):
-            await rest.apply(_nvd("named", **spec, manager={"imagePullSecrets": ["regcred"]}))
+            # The manager's pull secrets act now (they reach the driver pod); a pull
+            # policy Kubernetes does not know is still named (IfNotPresent is used).
+            await rest.apply(_nvd("named", **spec, manager={"imagePullPolicy": "Sometimes"}))
             cond = await eventually(
                 lambda: _unsupported_condition(rest, "named"), timeout=60, what="condition"
             )
             assert cond["status"] == "True"
             assert cond["reason"] == "FieldsNotActedOn"
-            assert "spec.manager.imagePullSecrets (" in cond["message"]
+            assert "spec.manager.imagePullPolicy (" in cond["message"]
 
             async def warned() -> list[dict[str, Any]]:
                 return [
@@ -850,3 +853,58 @@ async def test_nodes_move_between_nvidiadrivers_one_at_a_time_cordoned_and_drain
         else:
             assert back[node][1].endswith(":580.95.05-ubuntu22.04")
             assert watch.states[node].count("cordon-required") == 2, watch.states[node]
+
+
+async def test_an_nvidiadriver_rollout_starts_with_its_own_canary(
+    rest: Rest, api_client: client.ApiClient
+) -> None:
+    """canary and haltAfterFailures on an NVIDIADriver: kept by the API server, and its
+    rollout's record and DriverUpgradeGate condition are on the NVIDIADriver itself."""
+    await _cleanup(rest)
+    policy = crd.sample_policy()
+    policy["spec"]["driver"]["useNvidiaDriverCRD"] = True
+    await rest.apply(policy)
+    gated = {
+        "autoUpgrade": True,
+        "maxParallelUpgrades": 0,
+        "maxUnavailable": "100%",
+        "canary": {"nodes": 1, "soakSeconds": 3600},
+        "haltAfterFailures": 1,
+    }
+    stored = await rest.apply(
+        _nvd("default", default=True, version="580.95.05", upgradePolicy=gated)
+    )
+    assert stored["spec"]["upgradePolicy"]["canary"] == {"nodes": 1, "soakSeconds": 3600}
+    assert stored["spec"]["upgradePolicy"]["haltAfterFailures"] == 1
+    try:
+        async with Running(api_client):
+            gpu = await _gpu_nodes(rest)
+
+            async def all_running() -> bool:
+                pods = await _driver_pods_by_ds(rest)
+                state = await _nvd_state(rest, "default")
+                return bool(set().union(*pods.values()) >= set(gpu) and state == ("ready", None))
+
+            assert await eventually(all_running, timeout=120)
+            await rest.merge_patch(NVD, "default", {"spec": {"version": "580.105.08"}})
+
+            async def gate() -> tuple[Any, dict[str, Any]] | None:
+                got = await rest.get(NVD, "default") or {}
+                raw = (got["metadata"].get("annotations") or {}).get("gpuop.io/driver-rollout")
+                conds = (got.get("status") or {}).get("conditions") or []
+                cond = next((c for c in conds if c["type"] == "DriverUpgradeGate"), None)
+                if not raw or cond is None or cond["reason"] != "CanarySoaking":
+                    return None
+                return raw, cond
+
+            found = await eventually(gate, timeout=240)
+            assert found is not None
+            record = json.loads(found[0])
+            assert len(record["canary"]) == 1  # one node first, the rest soak-held
+            labels = await _labels(rest)
+            held = [n for n in gpu if n not in record["canary"]]
+            assert all(labels[n].get(STATE_LABEL) != "upgrade-done" for n in held)
+            cp = await rest.get(POLICY, "cluster-policy") or {}
+            assert "gpuop.io/driver-rollout" not in (cp["metadata"].get("annotations") or {})
+    finally:
+        await _cleanup(rest)
