@@ -8,9 +8,9 @@ write at all, so a reconcile that changes nothing writes nothing (no status flap
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -303,3 +303,22 @@ def with_unsupported_condition(
         last_transition_time=format_time(now),
     )
     return set_condition(conditions, condition)
+
+
+def unsupported_fields_news(
+    stored: Iterable[Mapping[str, Any]], written: Iterable[Mapping[str, Any]]
+) -> str | None:
+    """The message of the UnsupportedFields condition just `written` when it differs
+    (message or observed generation) from the `stored` one, else None: the Warning
+    Event is due once per change of it, so once per generation that sets such fields.
+    Both are conditions as the API serves them (camelCase dicts)."""
+    new = next((c for c in written if c.get("type") == CONDITION_UNSUPPORTED_FIELDS), None)
+    if new is None:
+        return None
+    old = next((c for c in stored if c.get("type") == CONDITION_UNSUPPORTED_FIELDS), {})
+    if (old.get("message"), old.get("observedGeneration")) == (
+        new.get("message"),
+        new.get("observedGeneration"),
+    ):
+        return None
+    return str(new["message"])

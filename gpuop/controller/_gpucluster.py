@@ -40,7 +40,6 @@ from components.kinds import SERVICE_MONITOR
 from crd import (
     CONDITION_ERROR,
     CONDITION_READY,
-    CONDITION_UNSUPPORTED_FIELDS,
     GC_API_VERSION,
     GC_KIND,
     REASON_FIELDS_NOT_ACTED_ON,
@@ -56,7 +55,7 @@ from crd import (
     parse_gpucluster,
     with_unsupported_condition,
 )
-from crd._status import format_time, set_conditions
+from crd._status import format_time, set_conditions, unsupported_fields_news
 from gpuop.controller._apply import Applier, object_key, owned_by
 from gpuop.controller._gpucluster_objects import gpucluster_owner
 from gpuop.controller._owned import OptionalWatches
@@ -429,20 +428,12 @@ class GPUClusters:
     async def _record_unsupported(self, raw: Obj, written: list[Obj]) -> None:
         """A Warning Event naming the fields set but not acted on, once per change of the
         UnsupportedFields condition (so once per generation that sets them)."""
-        new = next((c for c in written if c["type"] == CONDITION_UNSUPPORTED_FIELDS), None)
-        if new is None:
+        message = unsupported_fields_news(_stored(raw).get("conditions") or [], written)
+        if message is None:
             return
-        stored = _stored(raw).get("conditions") or []
-        old: Obj = next((c for c in stored if c.get("type") == CONDITION_UNSUPPORTED_FIELDS), {})
-        if (old.get("message"), old.get("observedGeneration")) == (
-            new.get("message"),
-            new.get("observedGeneration"),
-        ):
-            return
-        meta = raw["metadata"]
-        involved = {"apiVersion": GC_API_VERSION, "kind": GC_KIND, "metadata": meta}
-        await self.events.record(involved, REASON_FIELDS_NOT_ACTED_ON, new["message"], warning=True)
-        log.warning("GPUCluster sets fields gpuop does not act on", message=new["message"])
+        involved = {"apiVersion": GC_API_VERSION, "kind": GC_KIND, "metadata": raw["metadata"]}
+        await self.events.record(involved, REASON_FIELDS_NOT_ACTED_ON, message, warning=True)
+        log.warning("GPUCluster sets fields gpuop does not act on", message=message)
 
 
 def _stored(raw: Obj) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from crd import (
     set_conditions,
     with_unsupported_condition,
 )
+from crd._status import unsupported_fields_news
 from gpuop.controller._status import StatusWrite, status_patch, write_status
 from gpuop.informer import Informer, Obj
 from gpuop.kinds import by_kind
@@ -165,23 +166,15 @@ class StatusWriter:
     async def _record_unsupported(self, raw: Obj, written: list[Obj]) -> None:
         """A Warning Event naming the fields set but not acted on, once per change of the
         UnsupportedFields condition (so once per generation that sets them)."""
-        new = next((c for c in written if c["type"] == CONDITION_UNSUPPORTED_FIELDS), None)
-        if new is None:
-            return
         stored = (raw.get("status") or {}).get("conditions") or []
-        old: Obj = next((c for c in stored if c.get("type") == CONDITION_UNSUPPORTED_FIELDS), {})
-        if (old.get("message"), old.get("observedGeneration")) == (
-            new.get("message"),
-            new.get("observedGeneration"),
-        ):
+        message = unsupported_fields_news(stored, written)
+        if message is None:
             return
         meta = raw["metadata"]
         involved = {"apiVersion": NVD_API_VERSION, "kind": NVD_KIND, "metadata": meta}
-        await self._events.record(
-            involved, REASON_FIELDS_NOT_ACTED_ON, new["message"], warning=True
-        )
+        await self._events.record(involved, REASON_FIELDS_NOT_ACTED_ON, message, warning=True)
         log.warning(
             "NVIDIADriver sets fields gpuop does not act on",
             nvidiadriver=meta["name"],
-            message=new["message"],
+            message=message,
         )
