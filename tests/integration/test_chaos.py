@@ -266,8 +266,15 @@ def _free_port() -> int:
 
 @dataclass
 class OperatorProcess:
+    """`gpuop run` as a process of its own, so a test can SIGKILL it. Ports 0: free
+    ones picked at each start (a scraped operator keeps fixed ones)."""
+
     kubeconfig: Path
     logs: Path
+    namespace: str = OPERATOR_NS
+    workers: int = 4
+    metrics_port: int = 0
+    probe_port: int = 0
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
 
@@ -283,10 +290,10 @@ class OperatorProcess:
                 "--log-format=json",
                 "run",
                 f"--kubeconfig={self.kubeconfig}",
-                f"--namespace={OPERATOR_NS}",
-                "--workers=4",
-                f"--metrics-port={_free_port()}",
-                f"--probe-port={_free_port()}",
+                f"--namespace={self.namespace}",
+                f"--workers={self.workers}",
+                f"--metrics-port={self.metrics_port or _free_port()}",
+                f"--probe-port={self.probe_port or _free_port()}",
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -296,8 +303,9 @@ class OperatorProcess:
 
     def kill(self) -> None:
         assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=30)
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=30)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -20,12 +20,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import os
 import re
-import signal
-import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
@@ -48,6 +44,7 @@ from gpuop.nvml.fake import A100_SXM4_80GB, FakeNvml, make_gpus
 from gpuop.rest import Rest
 from tests.integration.harness import NAMESPACE, NODE, POLICY, eventually, policy_state_is
 from tests.integration.helm_chart import documents, one, template
+from tests.integration.test_chaos import OperatorProcess, _free_port
 
 pytestmark = pytest.mark.integration
 
@@ -61,12 +58,6 @@ UPGRADE_ALERTS = {
 }
 _DURATION = re.compile(r"(\d+)([smh])")
 _SECONDS = {"s": 1, "m": 60, "h": 3600}
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _scaled(duration: str) -> str:
@@ -209,56 +200,29 @@ def prometheus(
             proc.wait()
 
 
-class OperatorProcess:
+class ScrapedOperator(OperatorProcess):
     """`gpuop run` as a process serving /metrics where Prometheus scrapes it."""
-
-    def __init__(self, kubeconfig: Path, ports: Ports, logs: Path) -> None:
-        self.kubeconfig = kubeconfig
-        self.ports = ports
-        self.logs = logs
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.starts = 0
-
-    def start(self) -> None:
-        self.starts += 1
-        env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
-        with (self.logs / f"operator-{self.starts}.log").open("wb") as log:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable, "-m", "gpuop", "--log-format=json", "run",
-                    f"--kubeconfig={self.kubeconfig}", f"--namespace={NAMESPACE}", "--workers=2",
-                    f"--metrics-port={self.ports.operator_metrics}",
-                    f"--probe-port={self.ports.operator_probes}",
-                ],
-                stdout=log, stderr=subprocess.STDOUT, env=env,
-            )  # fmt: skip
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(timeout=30)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.kill()
 
     async def serving(self) -> bool:
         with contextlib.suppress(aiohttp.ClientError):
             async with (
                 aiohttp.ClientSession() as http,
-                http.get(f"http://127.0.0.1:{self.ports.operator_metrics}/metrics") as resp,
+                http.get(f"http://127.0.0.1:{self.metrics_port}/metrics") as resp,
             ):
                 return resp.status == 200
         return False
 
 
 @pytest.fixture
-def operator(local_cluster: ClusterInfo, ports: Ports, tmp_path: Path) -> Iterator[OperatorProcess]:
-    process = OperatorProcess(local_cluster.kubeconfig, ports, tmp_path)
+def operator(local_cluster: ClusterInfo, ports: Ports, tmp_path: Path) -> Iterator[ScrapedOperator]:
+    process = ScrapedOperator(
+        local_cluster.kubeconfig,
+        tmp_path,
+        namespace=NAMESPACE,
+        workers=2,
+        metrics_port=ports.operator_metrics,
+        probe_port=ports.operator_probes,
+    )
     try:
         yield process
     finally:
@@ -357,7 +321,7 @@ async def test_a_simulated_xid_79_fires_gpu_lost_once_and_it_resolves(
 
 
 async def test_the_operator_killed_fires_the_absent_rule_and_it_resolves(
-    prometheus: PrometheusServer, operator: OperatorProcess, rest: Rest
+    prometheus: PrometheusServer, operator: ScrapedOperator, rest: Rest
 ) -> None:
     operator.start()
     await eventually(operator.serving, timeout=60, what="operator serving /metrics")
@@ -404,7 +368,7 @@ def _upgrade_policy(version: str, nodes: int) -> dict[str, Any]:
 
 
 async def test_a_failed_driver_upgrade_fires_exactly_one_upgrade_alert(
-    prometheus: PrometheusServer, operator: OperatorProcess, rest: Rest
+    prometheus: PrometheusServer, operator: ScrapedOperator, rest: Rest
 ) -> None:
     gpu = await _gpu_nodes(rest)
     failing = gpu[0]
