@@ -34,6 +34,8 @@ from statemachine.upgrade_keys import (
     STATE_LABEL,
     UpgradeState,
 )
+from tests.unit.test_resume_value import _Server as _PatchingServer
+from tests.unit.test_status_owners import _Cache
 
 Obj = dict[str, Any]
 OLD, NEW = "rev-old", "rev-new"
@@ -132,36 +134,16 @@ def test_an_nvidiadriver_takes_the_clusterpolicys_canary_and_halt_fields() -> No
     assert gate_policy(spec) == GatePolicy(canary_nodes=2, soak_seconds=60, halt_after_failures=1)
 
 
-class _Server:
+class _Server(_PatchingServer):
+    """test_resume_value's server, also noting the kind of each object written."""
+
     def __init__(self, obj: Obj) -> None:
-        self.obj = obj
+        super().__init__(obj)
         self.kinds: list[str] = []
 
     async def merge_patch(self, kind: Any, name: str, patch: Obj, **kw: Any) -> Obj:
         self.kinds.append(kind.kind)
-        if kw.get("subresource") == "status":
-            self.obj["status"] = {**(self.obj.get("status") or {}), **patch["status"]}
-        else:
-            annotations = self.obj["metadata"].setdefault("annotations", {})
-            for key, value in patch["metadata"]["annotations"].items():
-                if value is None:
-                    annotations.pop(key, None)
-                else:
-                    annotations[key] = value
-        rv = int(self.obj["metadata"]["resourceVersion"]) + 1
-        self.obj["metadata"]["resourceVersion"] = str(rv)
-        return copy.deepcopy(self.obj)
-
-    async def get(self, kind: Any, name: str, namespace: str | None = None) -> Obj:
-        return copy.deepcopy(self.obj)
-
-
-class _Cache:
-    def __init__(self) -> None:
-        self.seen: list[Obj] = []
-
-    def observe(self, raw: Obj) -> None:
-        self.seen.append(raw)
+        return await super().merge_patch(kind, name, patch, **kw)
 
 
 class _Events:
