@@ -55,21 +55,25 @@ def rule_groups(*, node: bool) -> list[dict[str, Any]]:
     ]
 
 
-def _endpoint(port: str, settings: ServiceMonitorSpec | None) -> dict[str, Any]:
-    endpoint: dict[str, Any] = {"port": port, "path": "/metrics"}
+def endpoint(
+    port: str, settings: ServiceMonitorSpec | None, *, always_honor_labels: bool = False
+) -> dict[str, Any]:
+    """One ServiceMonitor endpoint tuned by ``settings``. ``always_honor_labels``: write
+    `honorLabels` even when false, as upstream's DRA exporter manifest does."""
+    out: dict[str, Any] = {"port": port, "path": "/metrics"}
     if settings is None:
-        return endpoint
-    if settings.honor_labels:
+        return out
+    if settings.honor_labels or always_honor_labels:
         # Only when set, as upstream's: the Prometheus Operator's Endpoint omits a false
         # honorLabels (`omitempty`), which is also its default.
-        endpoint["honorLabels"] = True
+        out["honorLabels"] = settings.honor_labels
     if settings.interval:
-        endpoint["interval"] = settings.interval
+        out["interval"] = settings.interval
     if settings.scrape_timeout:
-        endpoint["scrapeTimeout"] = settings.scrape_timeout
+        out["scrapeTimeout"] = settings.scrape_timeout
     if settings.relabelings:
-        endpoint["relabelings"] = settings.relabelings
-    return endpoint
+        out["relabelings"] = settings.relabelings
+    return out
 
 
 def service_monitor(
@@ -96,7 +100,7 @@ def service_monitor(
             "jobLabel": job_label,
             "selector": {"matchLabels": {APP_LABEL: app}},
             "namespaceSelector": {"matchNames": [ctx.namespace]},
-            "endpoints": [_endpoint(port, settings)],
+            "endpoints": [endpoint(port, settings)],
         },
     }
 

@@ -18,6 +18,7 @@ its driver until the hand-over (``statemachine.driver_owner``) takes it away.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -210,6 +211,16 @@ def policy_for(spec: NVIDIADriverSpec, base: ClusterPolicySpec) -> ClusterPolicy
             "gdrcopy": spec.gdrcopy or GDRCopySpec(),
         }
     )
+
+
+@functools.cache
+def gpucluster_base() -> ClusterPolicySpec:
+    """The policy an NVIDIADriver renders over beside a GPUCluster, where no ClusterPolicy
+    exists: upstream's defaults, drivers delegated to NVIDIADrivers, the host's root at
+    `/`. Upstream's NVIDIADriver controller reads a ClusterPolicy only for
+    `hostPaths.rootFS` and uses `/` beside a GPUCluster (`nvidiadriver_controller.go`).
+    Shared and never changed: every reader copies what it alters (``policy_for``)."""
+    return ClusterPolicySpec.model_validate({"driver": {"useNvidiaDriverCRD": True}})
 
 
 def check(spec: NVIDIADriverSpec, base: ClusterPolicySpec) -> None:

@@ -11,7 +11,6 @@ also writes `driver-ready` for the operands after it.
 from __future__ import annotations
 
 import posixpath
-import shlex
 from typing import Any
 
 from components._accounts import SCC_RULE, operand_account
@@ -48,7 +47,7 @@ from components.component import Component, Permissions
 from components.context import CONTAINERD, CRIO, DOCKER, Manifest, RenderContext
 from components.keys import DEPLOY_TOOLKIT_LABEL, TRUE
 from components.kinds import CONFIG_MAP, DAEMONSET, NAMESPACED_RBAC
-from components.validator import driver_check_args
+from components.validator import driver_check_script
 from crd import ClusterPolicySpec, component_image
 
 NAME = "container-toolkit"
@@ -89,15 +88,12 @@ def driver_wait(spec: ClusterPolicySpec, ctx: RenderContext) -> dict[str, Any]:
     """Init container: retry our driver check until it passes (writes `driver-ready`).
     It gets `validator.driver.env` (e.g. DISABLE_DEV_CHAR_SYMLINK_CREATION), as
     upstream's driver-validation init containers do."""
-    check = shlex.join(
-        ["gpuop", "node-agent", "validate", "--checks", "driver", *driver_check_args(spec)]
-    )
     section = spec.validator.driver
     return {
         "name": "driver-validation",
         "image": ctx.operator_image,
         "command": ["sh", "-c"],
-        "args": [f"until {check}; do sleep 5; done"],
+        "args": [driver_check_script(spec)],
         "env": merge_env(
             [field_env("NODE_NAME", "spec.nodeName")], dump_env(section.env if section else None)
         ),

@@ -1,6 +1,16 @@
 """operator-validation: our node agent checks driver, toolkit, CUDA and device plugin in
 order and writes the `*-ready` status files that later operands wait for.
 
+As upstream's `nvidia-operator-validator`, the pod runs the driver and toolkit checks
+in init containers: `driver-validation` retries the driver check until it passes, then
+`toolkit-validation` is created, asking the runtime for every GPU
+(`NVIDIA_VISIBLE_DEVICES=all` under the `nvidia` RuntimeClass, or the NRI plugin's
+annotation), so the runtime's hook injects the now-ready driver and `nvidia-smi` runs
+in it: that proves a GPU container can start (the file checks remain its fallback,
+and `toolkit-ready` says which ran). Asking for GPUs in a container started before the
+driver works would fail its start and back the pod off for minutes, hence the order.
+The main container then runs the CUDA and plugin checks and stays up.
+
 The pod turns Ready only at `plugin-ready`, i.e. after the device plugin (a later rollout
 state) advertises GPUs: the component therefore does not gate the rollout, but its pods'
 readiness is what the driver upgrade's validation step waits for.
@@ -8,6 +18,7 @@ readiness is what the driver upgrade's validation step waits for.
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 from components._accounts import (
@@ -29,9 +40,11 @@ from components._k8s import (
     container,
     daemonset,
     dump_env,
+    env,
     field_env,
     gpu_access,
     merge_env,
+    security_context,
 )
 from components.component import Component, Permissions
 from components.context import Manifest, RenderContext
@@ -43,6 +56,8 @@ NAME = "operator-validation"
 DAEMONSET_NAME = "nvidia-operator-validator"
 SERVICE_ACCOUNT = "nvidia-operator-validator"
 CONTAINER_NAME = "nvidia-operator-validator"
+DRIVER_VALIDATION = "driver-validation"
+TOOLKIT_VALIDATION = "toolkit-validation"
 CUDA_IMAGE_ENV = "CUDA_SAMPLE_IMAGE"
 """Set in `validator.cuda.env` to replace the CUDA sample image (private registries)."""
 WITH_WORKLOAD_ENV = "WITH_WORKLOAD"
@@ -102,27 +117,33 @@ def driver_check_args(spec: ClusterPolicySpec) -> list[str]:
     return args
 
 
-def command(spec: ClusterPolicySpec) -> list[str]:
-    """`gpuop node-agent validate --wait ...` with this policy's settings."""
-    validator = spec.validator
+def driver_command(spec: ClusterPolicySpec) -> list[str]:
+    """One run of our driver check: `gpuop node-agent validate --checks driver ...`."""
+    return ["gpuop", "node-agent", "validate", "--checks", "driver", *driver_check_args(spec)]
+
+
+def driver_check_script(spec: ClusterPolicySpec) -> str:
+    """The driver check retried every 5 s until it passes (upstream's WITH_WAIT=true): a
+    `sh -c` script for the driver-validation init containers (this pod's, the
+    toolkit's)."""
+    return f"until {shlex.join(driver_command(spec))}; do sleep 5; done"
+
+
+def toolkit_command(spec: ClusterPolicySpec) -> list[str]:
+    """One run of our toolkit check (upstream's WITH_WAIT=false: a failure exits, and the
+    kubelet re-creates the container, so the runtime injects the driver afresh). It runs
+    `nvidia-smi`; where none was injected, it looks for the runtime's files under /host."""
     cmd = [
         "gpuop",
         "node-agent",
         "validate",
-        "--wait",
-        *driver_check_args(spec),
+        "--checks",
+        "toolkit",
+        "--host-root",
+        HOST_ROOT_MOUNT,
         "--validations-dir",
         VALIDATIONS_DIR,
-        "--cuda-image",
-        cuda_image(spec),
-        "--runtime-class",
-        # workload pods ask for the validator pod's own class, none with the NRI plugin
-        gpu_access(spec, CONTAINER_NAME)[0].get("runtimeClassName", ""),
     ]
-    for secret in validator.image_pull_secrets or ():
-        cmd += ["--image-pull-secret", secret]
-    if (_env_value(validator.plugin, WITH_WORKLOAD_ENV) or "").lower() == TRUE:
-        cmd.append("--plugin-workload")
     install_dir = spec.toolkit.install_dir.rstrip("/")
     if install_dir != DEFAULT_TOOLKIT_DIR:
         toolkit = f"{install_dir}/toolkit"
@@ -136,9 +157,105 @@ def command(spec: ClusterPolicySpec) -> list[str]:
     return cmd
 
 
+def command(spec: ClusterPolicySpec) -> list[str]:
+    """The main container: `gpuop node-agent validate --wait --checks cuda,plugin ...`
+    with this policy's settings; it stays up and rechecks the plugin."""
+    validator = spec.validator
+    cmd = [
+        "gpuop",
+        "node-agent",
+        "validate",
+        "--wait",
+        "--checks",
+        "cuda,plugin",
+        "--validations-dir",
+        VALIDATIONS_DIR,
+        "--cuda-image",
+        cuda_image(spec),
+        "--runtime-class",
+        # workload pods ask for the validator pod's own class, none with the NRI plugin
+        gpu_access(spec, TOOLKIT_VALIDATION)[0].get("runtimeClassName", ""),
+    ]
+    for secret in validator.image_pull_secrets or ():
+        cmd += ["--image-pull-secret", secret]
+    if (_env_value(validator.plugin, WITH_WORKLOAD_ENV) or "").lower() == TRUE:
+        cmd.append("--plugin-workload")
+    return cmd
+
+
+def steps(spec: ClusterPolicySpec) -> list[list[str]]:
+    """What the pod runs on a node, in order: driver-validation's check (one attempt),
+    toolkit-validation's, then the main container's."""
+    return [driver_command(spec), toolkit_command(spec), command(spec)]
+
+
+def _resources(spec: ClusterPolicySpec) -> dict[str, Any]:
+    """`validator.resources`, which upstream gives every container of the pod."""
+    resources = spec.validator.resources
+    if resources is None:
+        return {}
+    return {"resources": resources.model_dump(mode="json", exclude_none=True)}
+
+
+def _step_env(section: ValidatorComponentSpec | None) -> list[dict[str, Any]]:
+    return dump_env(section.env if section else None)
+
+
+def driver_validation(spec: ClusterPolicySpec, ctx: RenderContext) -> dict[str, Any]:
+    """Init container: wait until the node's driver works, write `driver-ready` (and
+    link /dev/char: SELinux level s0, as upstream's). Upstream's env, then
+    `validator.driver.env` (DISABLE_DEV_CHAR_SYMLINK_CREATION reaches the check)."""
+    return {
+        "name": DRIVER_VALIDATION,
+        "image": ctx.operator_image,
+        "command": ["sh", "-c"],
+        "args": [driver_check_script(spec)],
+        "env": merge_env(
+            [
+                env("WITH_WAIT", TRUE),
+                env("COMPONENT", "driver"),
+                field_env("OPERATOR_NAMESPACE", "metadata.namespace"),
+            ],
+            _step_env(spec.validator.driver),
+        ),
+        **_resources(spec),
+        "securityContext": security_context(privileged=True, root=True, selinux_s0=True),
+        "volumeMounts": [
+            mount("host-root", HOST_ROOT_MOUNT, read_only=True, propagation="HostToContainer"),
+            mount("driver-install-dir", DRIVER_ROOT, propagation="HostToContainer"),
+            mount("run-nvidia-validations", VALIDATIONS_DIR, propagation="Bidirectional"),
+            mount("host-dev-char", "/host-dev-char"),
+        ],
+    }
+
+
+def toolkit_validation(spec: ClusterPolicySpec, ctx: RenderContext) -> dict[str, Any]:
+    """Init container, created once driver-validation finished: it asks the runtime for
+    every GPU and runs the toolkit check once, writing `toolkit-ready`. Beyond
+    upstream's validations mount it has the host's / read-only, for the file fallback."""
+    return {
+        "name": TOOLKIT_VALIDATION,
+        "image": ctx.operator_image,
+        "command": toolkit_command(spec),
+        "env": merge_env(
+            [
+                env("NVIDIA_VISIBLE_DEVICES", "all"),
+                env("WITH_WAIT", "false"),
+                env("COMPONENT", "toolkit"),
+            ],
+            _step_env(spec.validator.toolkit),
+        ),
+        **_resources(spec),
+        "securityContext": security_context(privileged=True, root=True),
+        "volumeMounts": [
+            mount("run-nvidia-validations", VALIDATIONS_DIR, propagation="Bidirectional"),
+            mount("host-root", HOST_ROOT_MOUNT, read_only=True, propagation="HostToContainer"),
+        ],
+    }
+
+
 def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
     validator = spec.validator
-    steps = (validator.driver, validator.toolkit, validator.cuda, validator.plugin)
     main = container(
         CONTAINER_NAME,
         ctx.operator_image,
@@ -151,20 +268,12 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
                 field_env("POD_NAMESPACE", "metadata.namespace"),
                 field_env("POD_UID", "metadata.uid"),
             ],
-            *(dump_env(step.env) for step in steps if step is not None),
+            *(_step_env(step) for step in (validator.cuda, validator.plugin)),
         ),
-        # One container does what upstream's four validation init containers do, so it
-        # carries their mounts: validations shared back to the host, the driver root,
-        # the host's root and /dev/char.
-        mounts=[
-            mount("run-nvidia-validations", VALIDATIONS_DIR, propagation="Bidirectional"),
-            mount("driver-install-dir", DRIVER_ROOT, propagation="HostToContainer"),
-            mount("host-root", HOST_ROOT_MOUNT, read_only=True, propagation="HostToContainer"),
-            mount("host-dev-char", "/host-dev-char"),
-        ],
+        # the CUDA and plugin checks only talk to the API server and write their files
+        mounts=[mount("run-nvidia-validations", VALIDATIONS_DIR, propagation="Bidirectional")],
         privileged=True,
         root=True,
-        selinux_s0=True,  # as upstream's driver-validation: it links /dev/char
         extra={
             "readinessProbe": {
                 "exec": {"command": ["test", "-f", f"{VALIDATIONS_DIR}/plugin-ready"]},
@@ -176,11 +285,12 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
             },
         },
     )
-    # our one container runs upstream's toolkit-validation, the one it annotates
-    runtime, nri = gpu_access(spec, CONTAINER_NAME)
+    # upstream annotates toolkit-validation for the NRI plugin: the one asking for GPUs
+    runtime, nri = gpu_access(spec, TOOLKIT_VALIDATION)
     pod: dict[str, Any] = {
         "serviceAccountName": SERVICE_ACCOUNT,
         **runtime,
+        "initContainers": [driver_validation(spec, ctx), toolkit_validation(spec, ctx)],
         "containers": [main],
         "volumes": [
             validations_volume(),

@@ -90,3 +90,8 @@ class ClusterDriverUpgradePolicySpec(DriverUpgradePolicySpec):
     """gpuop extension: start no new node upgrades once this many nodes reached
     upgrade-failed in this rollout; resume with the gpuop.io/driver-upgrade-resume
     annotation on the ClusterPolicy, or by changing the driver again."""
+    rollback_on_halt: bool | None = None
+    """gpuop extension: once a halt stops the rollout, put the canary and failed nodes
+    back on the driver revision the rest of the fleet still runs, through the same
+    cordon, drain, restart and validation; the resume annotation retries the new
+    driver."""

@@ -15,6 +15,7 @@ from gpuop._local import local_cluster, require_local_cluster
 from gpuop.cli_errors import EXPECTED, Parser, report
 from gpuop.controller._config import DEFAULT_NAMESPACE, DEFAULT_OPERATOR_IMAGE
 from gpuop.log import LEVELS
+from statemachine.preflight import Mode
 
 if TYPE_CHECKING:
     from gpuop.cluster import LocalCluster
@@ -108,6 +109,10 @@ def _cmd_cluster_build(args: argparse.Namespace) -> int:
     if args.promtool:
         built.append(ensure_promtool())  # the alert rule tests run it
         built.append(ensure_prometheus())  # and the alert integration test this
+    if args.registry:
+        from gpuop.cluster._build_registry import ensure_registry
+
+        built.append(ensure_registry())  # the upgrade pre-flight tests run it
     print(f"cache: {cache_dir()}")
     for path in built:
         print(f"  {path}")
@@ -154,6 +159,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         probe_port=args.probe_port,
         leader_elect=args.leader_elect,
         node_stuck_seconds=args.node_stuck_seconds,
+        upgrade_preflight=Mode(args.upgrade_preflight),
     )
     return asyncio.run(
         run_operator(config, kubeconfig, install=install, status_line=sys.stderr.isatty())
@@ -327,6 +333,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="name a GPU node as stuck once it has waited this long for an operand pod",
     )
     run.add_argument(
+        "--upgrade-preflight",
+        choices=[m.value for m in Mode],
+        default=os.environ.get("GPUOP_UPGRADE_PREFLIGHT", "off"),
+        help="before a driver upgrade wave, ask the registry for the pool's images: hold"
+        " the pool when one is missing or the registry is unreachable (hold), only when one"
+        " is missing (proceed), or ask nothing (off; default: $GPUOP_UPGRADE_PREFLIGHT, else"
+        " off; the chart sets hold)",
+    )
+    run.add_argument(
         "--leader-elect",
         action="store_true",
         help="hold a Lease before acting (needed with more than one replica)",
@@ -434,6 +449,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="skip promtool and the Prometheus server (built by default: the alert rule "
         "tests need them)",
     )
+    build.add_argument(
+        "--no-registry",
+        dest="registry",
+        action="store_false",
+        help="skip the OCI registry (built by default: the upgrade pre-flight tests need it)",
+    )
     build.set_defaults(func=_cmd_cluster_build)
 
     from gpuop.upgrades_cli import add_subcommands as add_upgrade
@@ -442,6 +463,9 @@ def build_parser() -> argparse.ArgumentParser:
     from gpuop.admin_cli import add_subcommands as add_admin
 
     add_admin(sub)
+    from gpuop.admin_cli.plan import add_subcommand as add_plan
+
+    add_plan(sub)
     diagrams = sub.add_parser(
         "diagrams", help="print the state machines as Mermaid (docs/state-machines.md)"
     )

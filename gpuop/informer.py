@@ -6,7 +6,10 @@ stream silent for longer than the bookmark interval is reconnected. Objects are
 kept as plain dicts, trimmed by a per-resource transform (``managedFields`` and
 whatever the operator never reads), or, for the most numerous kind (operand pods),
 as a slotted :class:`Record` of the fields read, so memory stays flat as the fleet
-grows.
+grows. A kind with a codec (operand pods, :mod:`gpuop._pb_wire`) is listed and watched
+as Kubernetes protobuf, decoding only those fields, with JSON where the server has no
+protobuf; and an event that changes nothing the record keeps (``ResourceSpec.
+unchanged``) updates the cache without reaching the handler, so it wakes no pass.
 
 The cache is monotonic per object. Two sources write it: the watch, and
 ``observe()`` with what our own writes returned; without ordering, a watch event
@@ -43,6 +46,7 @@ import aiohttp
 from kubernetes_asyncio.client.exceptions import ApiException
 from typing_extensions import TypeVar
 
+from gpuop._pb_wire import ACCEPT, Codec, error_text, is_protobuf, read_frame
 from gpuop.backoff import Backoff, Retry
 from gpuop.log import get_logger
 from gpuop.shapes import Decoder
@@ -134,6 +138,16 @@ class ResourceSpec(Generic[T]):
     #: it waits for ever. The list is still retried with the capped backoff, so a CRD
     #: installed later is picked up. Off: a 404 is a failure like any other.
     absent_is_empty: bool = False
+    #: Decodes the kind's Kubernetes protobuf (:mod:`gpuop._pb_wire`): lists and
+    #: watches then ask for protobuf, and take JSON where the server answers that.
+    #: None: JSON only.
+    codec: Codec | None = None
+    #: Is the new version of an object the same as the cached one for every reader?
+    #: A MODIFIED event (or a relist) that changes nothing they read then replaces the
+    #: cached object without telling the handler, so it wakes no pass (the cache still
+    #: holds the newest version, so resourceVersion order is kept). None: every change
+    #: is told.
+    unchanged: Callable[[T, T], bool] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -172,6 +186,10 @@ class Informer(Generic[T]):
         self._stream: aiohttp.ClientResponse | None = None
         #: The kind is not served (``absent_is_empty``): said once in the log, until it is.
         self._not_served = False
+        #: Watch events received (bookmarks not counted), and those of them that the
+        #: cache took without telling the handler (``ResourceSpec.unchanged``).
+        self.events = 0
+        self.unchanged = 0
 
     # ----------------------------------------------------------- public
     def get(self, key: str) -> T | None:
@@ -274,6 +292,23 @@ class Informer(Generic[T]):
                     del self._index[ikey]
         return old
 
+    def _same(self, before: T, after: T) -> bool:
+        """Does ``after`` change nothing a reader reads of ``before`` (same object)?"""
+        same = self.spec.unchanged
+        return same is not None and _uid(before) == _uid(after) and same(before, after)
+
+    def _swap(self, key: str, old: T, new: T) -> None:
+        """Hold ``new`` instead of ``old``, silently: readers see no change (no
+        ``version`` bump, no index change); only its resourceVersion is newer. It moves
+        to the end of the store and of its index bucket, as ``_put`` would move it."""
+        del self.store[key]
+        self.store[key] = new
+        if self.spec.index is not None:
+            bucket = self._index.get(self.spec.index(old))
+            if bucket is not None:
+                bucket[:] = [o for o in bucket if o is not old]
+                bucket.append(new)
+
     def _bury(self, key: str, uid: str, rv: str) -> None:
         """Remember that ``key`` was gone at ``rv``; forget tombstones older than
         ``TOMBSTONE_SECONDS``."""
@@ -326,8 +361,12 @@ class Informer(Generic[T]):
             kwargs["limit"] = self.spec.page_size
             if cont:
                 kwargs["_continue"] = cont
+            if self.spec.codec is not None:
+                kwargs["_accept"] = ACCEPT
             resp = await self.spec.list_call(_preload_content=False, **kwargs)
-            body = self._decode.page(await _read_body(resp))
+            data = await _read_body(resp)
+            codec = self._codec(resp)
+            body = codec.page(data) if codec is not None else self._decode.page(data)
             for raw in body.get("items") or []:
                 obj = self.spec.transform(raw)
                 items[key_of(obj)] = obj
@@ -384,7 +423,7 @@ class Informer(Generic[T]):
             before = old.get(key)
             if before is None:
                 self.handler("ADDED", None, obj)
-            elif _rv(before) != _rv(obj) or before != obj:
+            elif (_rv(before) != _rv(obj) or before != obj) and not self._same(before, obj):
                 # The same version kept differently is news too: a relist asked for
                 # because the transform now keeps more (``request_relist``).
                 self.handler("MODIFIED", before, obj)
@@ -407,6 +446,8 @@ class Informer(Generic[T]):
                 self._relist_wanted = False
                 raise RelistRequested()
             kwargs = self._selectors()
+            if self.spec.codec is not None:
+                kwargs["_accept"] = ACCEPT
             kwargs.update(
                 watch=True,
                 resource_version=self.resource_version,
@@ -426,9 +467,16 @@ class Informer(Generic[T]):
                 answered = True
                 self._ok()
                 self._stream = resp
+                codec = self._codec(resp)
                 try:
                     async with resp:
                         while not self._relist_wanted:
+                            if codec is not None:
+                                frame = await read_frame(resp.content)
+                                if frame is None:
+                                    break  # server ended the watch: reconnect from our version
+                                self._on_event(codec.event(frame))
+                                continue
                             line = await resp.content.readline()
                             if not line:
                                 break  # server ended the watch: reconnect from our version
@@ -451,8 +499,16 @@ class Informer(Generic[T]):
                 )
                 await asyncio.sleep(delay)
 
+    def _codec(self, resp: Any) -> Codec | None:
+        """The spec's codec when the server answered protobuf; None for JSON."""
+        if self.spec.codec is None:
+            return None
+        return self.spec.codec if is_protobuf(resp.headers.get("Content-Type")) else None
+
     def _on_line(self, line: bytes) -> None:
-        event = self._decode.event(line)
+        self._on_event(self._decode.event(line))
+
+    def _on_event(self, event: Obj) -> None:
         kind = event.get("type")
         raw: Obj = event.get("object") or {}
         if kind == "ERROR":
@@ -465,6 +521,7 @@ class Informer(Generic[T]):
             if rv:
                 self.resource_version = str(rv)
             return
+        self.events += 1
         obj = self.spec.transform(raw)
         key = key_of(obj)
         if rv:
@@ -480,6 +537,10 @@ class Informer(Generic[T]):
         # The watch is ordered: after a DELETED, an ADDED is a newer object.
         if before is not None and (_rv(before) == _rv(obj) or _older(obj, before)):
             return  # our own write already put this version, or a newer one, here
+        if before is not None and self._same(before, obj):
+            self._swap(key, before, obj)
+            self.unchanged += 1
+            return
         self._put(key, obj)
         self.handler("ADDED" if before is None else "MODIFIED", before, obj)
 
@@ -520,7 +581,9 @@ async def _read_body(resp: Any) -> bytes:
     if resp.status == 410:
         raise GoneError()
     if not 200 <= resp.status <= 299:
-        raise ApiException(status=resp.status, reason=data.decode(errors="replace")[:500])
+        protobuf = is_protobuf(getattr(resp, "headers", {}).get("Content-Type"))
+        reason = error_text(data) if protobuf else data.decode(errors="replace")
+        raise ApiException(status=resp.status, reason=reason[:500])
     return data
 
 

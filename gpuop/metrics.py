@@ -51,6 +51,14 @@ class OperatorMetrics:
             buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
             registry=r,
         )
+        self.pod_events_total = Counter(
+            f"{PREFIX}pod_events",
+            "Operand pod watch events by what became of them: unchanged (nothing the pods"
+            " cache keeps changed: taken at intake, no pass), woke (queued a pass), idle"
+            " (told, woke none)",
+            ["outcome"],
+            registry=r,
+        )
         self.api_requests_total = Counter(
             f"{PREFIX}api_requests",
             "Requests the operator made to the API server, by verb and resource"
@@ -99,6 +107,11 @@ class OperatorMetrics:
         self.upgrade_halted = Gauge(
             f"{PREFIX}driver_upgrade_halted",
             "1 while the driver rollout is halted after haltAfterFailures failed nodes",
+            registry=r,
+        )
+        self.upgrade_rolled_back = Gauge(
+            f"{PREFIX}driver_upgrade_rolled_back",
+            "1 while the driver is rolled back after a halt (upgradePolicy.rollbackOnHalt)",
             registry=r,
         )
         self.upgrade_canary = Gauge(

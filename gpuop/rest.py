@@ -119,6 +119,7 @@ class Rest:
         preload: bool = True,
         timeout: Any = None,
         retry_429: bool = True,
+        accept: str = "application/json",
     ) -> Any:
         """One request; a 429 with Retry-After (API priority and fairness, storage
         still initialising) is retried a few times, except where 429 means an answer
@@ -126,7 +127,16 @@ class Rest:
         for attempt in range(_MAX_429_RETRIES + 1):
             try:
                 return await self._once(
-                    verb, method, path, resource, query, body, content_type, preload, timeout
+                    verb,
+                    method,
+                    path,
+                    resource,
+                    query,
+                    body,
+                    content_type,
+                    preload,
+                    timeout,
+                    accept,
                 )
             except ApiException as err:
                 if not retry_429 or err.status != 429 or attempt == _MAX_429_RETRIES:
@@ -147,11 +157,12 @@ class Rest:
         content_type: str | None,
         preload: bool,
         timeout: Any,
+        accept: str = "application/json",
     ) -> Any:
         self.counts[(verb, resource)] += 1
         if self.observer is not None:
             self.observer(verb, resource)
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": accept}
         if content_type:
             headers["Content-Type"] = content_type
         resp = await self.api.call_api(
@@ -175,7 +186,8 @@ class Rest:
 
     # ------------------------------------------------------------- reads
     def lister(self, kind: Kind, namespace: str | None = None) -> Any:
-        """A list/watch call in the shape ``Informer`` expects (keyword names of the SDK)."""
+        """A list/watch call in the shape ``Informer`` expects (keyword names of the SDK;
+        ``_accept``: the media types asked for, JSON when not given)."""
         path = collection_path(kind, namespace)
 
         async def call(**kwargs: Any) -> Any:
@@ -204,6 +216,7 @@ class Rest:
                 query,
                 preload=False,
                 timeout=kwargs.get("_request_timeout"),
+                accept=kwargs.get("_accept") or "application/json",
             )
 
         return call

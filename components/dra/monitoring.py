@@ -30,6 +30,7 @@ from components.dra._common import (
     tolerations,
     workload_meta,
 )
+from components.monitoring import endpoint
 from crd import DEFAULT_IMAGES, DCGMExporterSpec, DCGMSpec, GPUClusterSpec, image_ref
 
 EXPORTER = "nvidia-dcgm-exporter-dra"
@@ -296,17 +297,6 @@ def _service_monitor(section: DCGMExporterSpec, ctx: RenderContext) -> Manifest 
     settings = section.service_monitor
     if settings is None or not settings.enabled or not ctx.service_monitor_crd:
         return None
-    endpoint: dict[str, Any] = {
-        "port": "gpu-metrics",
-        "path": "/metrics",
-        "honorLabels": settings.honor_labels,
-    }
-    if settings.interval:
-        endpoint["interval"] = settings.interval
-    if settings.scrape_timeout:
-        endpoint["scrapeTimeout"] = settings.scrape_timeout
-    if settings.relabelings:
-        endpoint["relabelings"] = settings.relabelings
     app = {"app": EXPORTER}
     labels = {**app, **(settings.additional_labels or {})}
     return {
@@ -317,7 +307,7 @@ def _service_monitor(section: DCGMExporterSpec, ctx: RenderContext) -> Manifest 
             "jobLabel": "app",
             "namespaceSelector": {"matchNames": [ctx.namespace]},
             "selector": {"matchLabels": app},
-            "endpoints": [endpoint],
+            "endpoints": [endpoint("gpu-metrics", settings, always_honor_labels=True)],
         },
     }
 

@@ -1,5 +1,6 @@
-"""`gpuop validate` (offline checks of files) and `gpuop support-bundle` (one archive of
-what a bug report needs): commands for administrators, outside the operator."""
+"""`gpuop validate` (offline checks of files), `gpuop support-bundle` (one archive of
+what a bug report needs) and `gpuop doctor` (known problems, with their fixes): commands
+for administrators, outside the operator."""
 
 from __future__ import annotations
 
@@ -85,3 +86,48 @@ def add_subcommands(sub: Any) -> None:
         help="logs of this recent past, e.g. 30m, 2h, 1h30m, 90s",
     )
     bundle.set_defaults(func=cmd_support_bundle)
+    _add_doctor(sub)
+
+
+def _add_doctor(sub: Any) -> None:
+    from gpuop.admin_cli.doctor import cmd_doctor
+
+    doctor = sub.add_parser(
+        "doctor",
+        help="known problems of the cluster (or of a support bundle), one line each with"
+        " cause, objects and fix; exit code 1 when there is one",
+    )
+    doctor.add_argument(
+        "--bundle",
+        default=None,
+        metavar="PATH",
+        help="read a support bundle (the archive, or the directory it was unpacked into)"
+        " instead of the cluster; only a bundle of a real cluster has the nodes' logs",
+    )
+    doctor.add_argument(
+        "--kubeconfig",
+        default=None,
+        help="kubeconfig (default: as kubectl: $KUBECONFIG, else in-cluster, else the"
+        " local cluster's)",
+    )
+    doctor.add_argument(
+        "--dir",
+        default=None,
+        help="local cluster directory, read when no other kubeconfig is found (default:"
+        " $GPUOP_CLUSTER_DIR, else ~/.local/state/gpuop/cluster)",
+    )
+    doctor.add_argument(
+        "-n",
+        "--namespace",
+        default=os.environ.get("OPERATOR_NAMESPACE", DEFAULT_NAMESPACE),
+        help="namespace of the operator and operands (default: $OPERATOR_NAMESPACE, else"
+        " gpu-operator)",
+    )
+    doctor.add_argument(
+        "--since",
+        type=_parse_since,
+        default="1h",
+        metavar="DURATION",
+        help="logs of this recent past, e.g. 30m, 2h, 1h30m, 90s",
+    )
+    doctor.set_defaults(func=cmd_doctor)

@@ -4,7 +4,8 @@ The policies (ClusterPolicies, NVIDIADrivers, GPUClusters, status included), the
 operator namespace's DaemonSets, Deployments and pods, its ConfigMaps by name only (no
 Secret is read), every node's labels, annotations, taints and conditions, the Events of
 the operator namespace and those about nodes and policies, and the logs of every pod of
-the operator namespace (the operator's and the operands'). What cannot be read (a CRD
+the operator namespace (the operator's and the operands'), and cluster-wide the pods
+asking for GPUs (a summary each) and the PrometheusRules. What cannot be read (a CRD
 not installed, a node without a kubelet to serve logs, no right to a kind) becomes a
 note in the archive, never a failure; only a cluster that cannot be reached at all is.
 ``manifest.json`` indexes the archive.
@@ -49,7 +50,9 @@ NAMESPACE_KINDS = (
 )
 CONFIG_MAP = by_kind("v1", "ConfigMap")
 NODE = by_kind("v1", "Node")
+POD = by_kind("v1", "Pod")
 EVENT = by_kind("v1", "Event")
+PROMETHEUS_RULE = by_kind("monitoring.coreos.com/v1", "PrometheusRule")
 EVENT_SUBJECTS = ("Node", "ClusterPolicy", "NVIDIADriver", "GPUCluster")
 """Cluster-scoped kinds whose Events (in whatever namespace) the bundle keeps."""
 
@@ -90,6 +93,38 @@ def _lean(obj: Obj) -> Obj:
     meta = dict(obj.get("metadata") or {})
     meta.pop("managedFields", None)
     return {**obj, "metadata": meta}
+
+
+GPU_RESOURCE_PREFIXES = ("nvidia.com/gpu", "nvidia.com/mig-")
+"""Resources that make a pod a GPU user (as the driver manager's ``podUsesGPU``)."""
+
+
+def gpu_pod_facts(pod: Obj) -> Obj | None:
+    """What a pod asking for GPUs (a ``nvidia.com/gpu*`` or ``nvidia.com/mig-*`` request
+    or limit, or a ResourceClaim) is and where it runs; None for any other pod. These
+    are what keeps a driver from unloading (``gpuop doctor``'s driver-in-use)."""
+    spec = pod.get("spec") or {}
+    gpus: dict[str, str] = {}
+    for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+        resources = c.get("resources") or {}
+        for section in ("limits", "requests"):
+            for name, value in (resources.get(section) or {}).items():
+                if str(name).startswith(GPU_RESOURCE_PREFIXES):
+                    gpus.setdefault(str(name), str(value))
+    claims = [str(r.get("name")) for r in spec.get("resourceClaims") or []]
+    if not gpus and not claims:
+        return None
+    meta = pod.get("metadata") or {}
+    owner = next((r for r in meta.get("ownerReferences") or [] if r.get("controller")), None)
+    return {
+        "namespace": meta.get("namespace"),
+        "name": meta.get("name"),
+        "node": spec.get("nodeName"),
+        "phase": (pod.get("status") or {}).get("phase"),
+        "gpus": gpus,
+        "claims": claims,
+        "owner": f"{owner.get('kind')}/{owner.get('name')}" if owner else None,
+    }
 
 
 def _node_facts(node: Obj) -> Obj:
@@ -204,12 +239,18 @@ def _containers(pod: Obj) -> list[tuple[str, bool]]:
 
 
 async def collect(
-    api: client.ApiClient, namespace: str, since: float, bundle: Bundle, progress: Progress
+    api: client.ApiClient,
+    namespace: str,
+    since: float,
+    bundle: Bundle,
+    progress: Progress,
+    logs_of: Callable[[Obj, str], bool] | None = None,
 ) -> Obj:
-    """Everything into `bundle`; returns what manifest.json says of the cluster."""
+    """Everything into `bundle`; returns what manifest.json says of the cluster.
+    ``logs_of(pod, container)`` picks the logs to read (default: every container's)."""
     rest = Rest(api, KINDS)
     version = await client.VersionApi(api).get_code()  # unreachable: the one error line
-    progress.total = len(POLICY_KINDS) + len(NAMESPACE_KINDS) + 3
+    progress.total = len(POLICY_KINDS) + len(NAMESPACE_KINDS) + 4
 
     for name, kind in POLICY_KINDS:
         path = f"cluster/{name}.json"
@@ -241,6 +282,20 @@ async def collect(
         bundle.json(path, [_node_facts(n) for n in nodes], items=len(nodes))
     progress.advance(detail="nodes")
 
+    # Cluster-wide: the pods holding GPUs (whatever their namespace) and the alert
+    # rules (wherever a Prometheus reads them); a CRD not installed is a note.
+    path = "cluster/gpu-pods.json"
+    live = "status.phase!=Succeeded,status.phase!=Failed"
+    every_pod = await _list(bundle, path, lambda: rest.list(POD, field_selector=live))
+    if every_pod is not None:
+        users = [f for f in map(gpu_pod_facts, every_pod) if f is not None]
+        bundle.json(path, users, items=len(users), content="pods asking for GPUs")
+    path = "cluster/prometheusrules.json"
+    rules = await _list(bundle, path, lambda: rest.list(PROMETHEUS_RULE))
+    if rules is not None:
+        bundle.json(path, [_lean(r) for r in rules], items=len(rules))
+    progress.advance(detail="gpu pods, alert rules")
+
     events: dict[str, Obj] = {}
     path = "events.json"
     readers: list[Callable[[], Awaitable[list[Obj]]]] = [lambda: rest.list(EVENT, namespace)]
@@ -257,7 +312,12 @@ async def collect(
     bundle.json(path, ordered, items=len(ordered))
     progress.advance(detail="events")
 
-    logs = [(pod, c, prev) for pod in pods for c, prev in _containers(pod)]
+    logs = [
+        (pod, c, prev)
+        for pod in pods
+        for c, prev in _containers(pod)
+        if logs_of is None or logs_of(pod, c)
+    ]
     progress.total += len(logs)
     core = client.CoreV1Api(api)
     gate = asyncio.Semaphore(LOG_CONCURRENCY)

@@ -10,14 +10,17 @@ node contract (``components/driver.py``, ``components/toolkit.py``,
 
 - ``.driver-ctr-ready``: the driver container's startup probe, once its driver pod is
   Ready; its preStop removes it (a driver restart takes it away).
-- ``driver-ready``: the driver check (the toolkit's ``driver-validation`` init
-  container, or the validator), once the driver works: with ``--driver-container``,
+- ``driver-ready``: the driver check (the ``driver-validation`` init container of the
+  toolkit or of the validator), once the driver works: with ``--driver-container``,
   once ``.driver-ctr-ready`` exists, else at once (a host driver).
-- ``toolkit-ready``, ``cuda-ready``, ``plugin-ready``: the validator, in that order,
-  while it runs: the toolkit check passes once the node's toolkit pod is Ready (or
-  there is none: a toolkit on the host), the CUDA check right after (kwok completes
-  its workload), the plugin check once the node advertises GPUs. A failing check takes
-  its file and every later one away; its preStop removes every ``*-ready``.
+- ``toolkit-ready``: the validator's ``toolkit-validation`` init container, after its
+  driver check passed, once the node's toolkit pod is Ready (or there is none: a
+  toolkit on the host); an init container runs once, so the file then stays.
+- ``cuda-ready``, ``plugin-ready``: the validator's main container after its init
+  containers: the CUDA check at once (kwok completes its workload; not rechecked), the
+  plugin check while the node advertises GPUs (rechecked: a failure takes its file).
+  The validator's preStop removes every ``*-ready``; a driver restart stops the
+  validator (the driver manager pauses it), which is what takes the chain away.
 
 Readiness: a held pod is released once every file its init containers wait for (or
 its readiness probe tests) exists; the validator's probe tests ``plugin-ready``.
@@ -60,7 +63,6 @@ DRIVER_READY = "driver-ready"
 TOOLKIT_READY = "toolkit-ready"
 CUDA_READY = "cuda-ready"
 PLUGIN_READY = "plugin-ready"
-VALIDATOR_CHAIN = (DRIVER_READY, TOOLKIT_READY, CUDA_READY, PLUGIN_READY)
 DRIVER_CHECK = "node-agent validate --checks driver"
 DRIVER_CONTAINER_FLAG = "--driver-container"
 GPU_RESOURCES = ("nvidia.com/gpu", "nvidia.com/mig-")
@@ -186,8 +188,9 @@ def releasable(pod: Pod, files: Iterable[str]) -> bool:
 
 # ----------------------------------------------------------------- who writes what
 def _validator_driver_container(pod: Pod) -> bool:
-    """Whether the validator checks a driver container (its command has the flag)."""
-    for container in pod.get("spec", {}).get("containers") or ():
+    """Whether the validator checks a driver container (its driver check has the flag)."""
+    spec = pod.get("spec", {})
+    for container in (*(spec.get("initContainers") or ()), *(spec.get("containers") or ())):
         argv = [*(container.get("command") or ()), *(container.get("args") or ())]
         text = " ".join(shlex.quote(str(a)) for a in argv)
         if DRIVER_CONTAINER_FLAG in text:
@@ -248,15 +251,14 @@ def advance(files: Iterable[str], pods: Iterable[Pod], gpus: bool) -> set[str]:
     toolkits = [p for p in live if _app(p) == TOOLKIT_APP]
     toolkit_ok = all(_ready(p) for p in toolkits)
     for validator in (p for p in live if _app(p) == VALIDATOR_APP):
-        passing = (
-            driver_ok(_validator_driver_container(validator)),
-            toolkit_ok,
-            True,  # the CUDA workload: kwok completes it
-            gpus,
-        )
-        for index, (name, ok) in enumerate(zip(VALIDATOR_CHAIN, passing, strict=True)):
-            if not ok:
-                result -= set(VALIDATOR_CHAIN[index:])
-                break
-            result.add(name)
+        # its init containers: the driver check, then the toolkit check, once each
+        if TOOLKIT_READY not in result:
+            if not (driver_ok(_validator_driver_container(validator)) and toolkit_ok):
+                continue
+            result.add(TOOLKIT_READY)
+        result.add(CUDA_READY)  # the CUDA workload: kwok completes it
+        if gpus:
+            result.add(PLUGIN_READY)
+        else:
+            result.discard(PLUGIN_READY)
     return result

@@ -18,6 +18,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from components._k8s import COMPONENT_LABEL
 from components.hashing import applied_hash, needs_apply
+from gpuop.controller._gpucluster_objects import gpucluster_owned
 from gpuop.controller._nvidiadriver_status import nvd_owner
 from gpuop.controller._owned import OWNED_BY_NAME
 from gpuop.controller._replace import event_subject, replace_orphaning, selector_refused
@@ -220,12 +221,13 @@ class Applier:
 
     async def prune(self, wanted: Iterable[Obj]) -> None:
         """Delete our objects that no enabled component wants any more (NVIDIADriver
-        objects are pruned by their own controller)."""
+        objects are pruned by their own controller; the driver accounts applied beside a
+        GPUCluster go with it)."""
         keep = {object_key(o) for o in wanted}
         for kind_name, informer in self.owned.items():
             for obj in informer.values():
                 key = object_key(obj, kind_name)  # the cached object is never changed
-                if key in keep or nvd_owner(obj) is not None:
+                if key in keep or nvd_owner(obj) is not None or gpucluster_owned(obj):
                     continue
                 meta = obj["metadata"]
                 if meta.get("deletionTimestamp"):

@@ -32,6 +32,7 @@ from gpuop.controller._pace import LEAST_WAIT_S
 from gpuop.controller._policy_status import PolicyStatusWriter, generation, now
 from gpuop.controller._psa import PodSecurityLabels
 from gpuop.controller._result import Again, Result
+from gpuop.controller._rollback import RollbackTemplates
 from gpuop.controller._rollout_status import RolloutReports, Timers
 from gpuop.controller._rollout_view import NodeRollouts, RolloutView
 from gpuop.controller._site_config import SiteConfigMaps
@@ -103,6 +104,8 @@ class ClusterReconciler:
     label_gate: LabelGate = field(default_factory=LabelGate)
     gpucluster_conflict: Callable[[], str | None] = field(default=lambda: None)
     """Set by the operator: the name of a GPUCluster that exists, if one does."""
+    rollback: RollbackTemplates | None = None
+    """Set by the operator: the driver's templates while a rollback stands."""
     gpucluster_known: Callable[[], bool] = field(default=lambda: True)
     """Set by the operator: whether the GPUCluster cache has listed, so that
     ``gpucluster_conflict``'s None means "none exists" (its listing wakes this pass)."""
@@ -200,6 +203,8 @@ class ClusterReconciler:
             1 if spec.driver.enabled and spec.driver.upgrade_policy.auto_upgrade else 0
         )
         desired = await self._render(raw, spec, gpu_nodes, fleet)
+        if self.rollback is not None and desired.get(DRIVER_COMPONENT):
+            desired[DRIVER_COMPONENT] = await self.rollback.apply(raw, desired[DRIVER_COMPONENT])
         held = self.nvd.holds_policy_driver()
         if held:
             # NVIDIADriver pods still run: the ClusterPolicy's driver waits until they left.

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpuop.leader import DEFAULT_LEASES
+from statemachine.preflight import Mode
 
 DEFAULT_NAMESPACE = "gpu-operator"
 DEFAULT_OPERATOR_IMAGE = "ghcr.io/gpuop/gpuop:0.1.0"
@@ -30,3 +31,7 @@ class OperatorConfig:
     node_stuck_seconds: float = 600.0
     """A GPU node waiting this long for a missing or unready operand pod is named as
     stuck (status message, NodesNotReady Event, gpu_operator_nodes_not_ready)."""
+    upgrade_preflight: Mode = Mode.OFF
+    """Ask the registry for a driver pool's images before its upgrade wave
+    (``statemachine.preflight.Mode``; the chart's ``operator.upgradePreflight``, default
+    ``hold``). Off here: the local simulated cluster's images are in no registry."""

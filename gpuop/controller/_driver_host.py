@@ -14,8 +14,9 @@ if TYPE_CHECKING:
     from crd import ClusterPolicySpec
     from gpuop.controller._apply import Applier
     from gpuop.controller._config import OperatorConfig
+    from gpuop.controller._rollback import RollbackTemplates
     from gpuop.controller._site_config import SiteConfigMaps
-    from gpuop.informer import Informer
+    from gpuop.informer import Informer, Obj
     from gpuop.rest import Rest
 
 
@@ -34,5 +35,8 @@ class DriverHost(Protocol):
     def applier(self) -> Applier: ...
     @property
     def site_config(self) -> SiteConfigMaps: ...
+    @property
+    def rollback(self) -> RollbackTemplates: ...
 
     def active_spec(self) -> ClusterPolicySpec | None: ...
+    def gpucluster_object(self) -> Obj | None: ...

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from components.driver import DAEMONSET_NAME as POLICY_DRIVER_DS
 from components.driver import DriverPool, pool_for
-from components.nvidiadriver import policy_for
+from components.nvidiadriver import gpucluster_base, policy_for
 from crd import OWNER_LABEL, ClusterPolicySpec, NVIDIADriver, parse_nvidiadriver
 from gpuop.controller._memo import VersionMemo
 from gpuop.controller._nodes import labels
@@ -35,11 +35,13 @@ class DriverOwners:
         nodes: Informer,
         daemonsets: Informer,
         active_spec: Callable[[], ClusterPolicySpec | None],
+        gpucluster_mode: Callable[[], bool] = lambda: False,
     ) -> None:
         self.drivers = drivers
         self._nodes = nodes
         self._daemonsets = daemonsets
         self._active_spec = active_spec
+        self._gpucluster_mode = gpucluster_mode
         self._parsed: VersionMemo[str, NVIDIADriver | None] = VersionMemo()
         #: Fleet-wide answers read by every cluster pass and every NVIDIADriver pass,
         #: worked out again only after their cache changed (a rollout's passes would
@@ -52,9 +54,24 @@ class DriverOwners:
         node and under which upgradePolicy is unknown, and no pass may act on it."""
         return self.drivers.synced.is_set()
 
-    def enabled(self) -> bool:
-        """Whether the active ClusterPolicy hands its driver to NVIDIADrivers."""
+    def base_spec(self) -> ClusterPolicySpec | None:
+        """The policy NVIDIADrivers render and upgrade over: the active ClusterPolicy's,
+        or beside a GPUCluster (no ClusterPolicy: ``gpucluster_mode``) upstream's
+        defaults (:func:`components.nvidiadriver.gpucluster_base`); None with neither."""
         spec = self._active_spec()
+        if spec is None and self._gpucluster_mode():
+            return gpucluster_base()
+        return spec
+
+    def gpucluster_mode(self) -> bool:
+        """Whether NVIDIADrivers run beside a GPUCluster (no ClusterPolicy), as upstream's
+        DRA stack wants its drivers installed (`resolveActiveConfig`)."""
+        return self._active_spec() is None and self._gpucluster_mode()
+
+    def enabled(self) -> bool:
+        """Whether NVIDIADrivers drive: the active ClusterPolicy hands its driver to them,
+        or a GPUCluster runs without a ClusterPolicy."""
+        spec = self.base_spec()
         return spec is not None and spec.driver.enabled and spec.driver.use_nvidia_driver_crd
 
     def owned_nodes(self) -> frozenset[str]:
@@ -127,7 +144,7 @@ class DriverOwners:
     def upgrade_policies(self) -> dict[str, UpgradePolicyView] | None:
         """Each resource's own upgradePolicy (upstream defaults when unset); None when the
         ClusterPolicy does not use NVIDIADrivers."""
-        spec = self._active_spec()
+        spec = self.base_spec()
         if spec is None or not self.enabled() or not self.has_listed():
             return None
         result = {}

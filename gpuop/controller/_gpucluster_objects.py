@@ -19,3 +19,12 @@ def gpucluster_owner(meta: Obj) -> Obj:
         "controller": True,
         "blockOwnerDeletion": True,
     }
+
+
+def gpucluster_owned(obj: Obj) -> bool:
+    """Whether a GPUCluster controls ``obj``: the ClusterPolicy's prune leaves it to
+    garbage collection (the NVIDIADriver accounts applied beside a GPUCluster)."""
+    return any(
+        ref.get("kind") == GC_KIND and ref.get("controller")
+        for ref in obj["metadata"].get("ownerReferences") or ()
+    )

@@ -8,6 +8,7 @@ budget (the ClusterPolicy's, and each NVIDIADriver's under its own upgradePolicy
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -54,6 +55,8 @@ from statemachine.workload_handover import GPU_PODS_LEAVING
 if TYPE_CHECKING:
     from gpuop.controller._driver_owners import DriverOwners
     from gpuop.controller._gpucluster import GPUClusters
+    from gpuop.controller._preflight import Preflight
+    from gpuop.controller._upgrade_window import UpgradeWindows
     from gpuop.workqueue import WorkQueue
 
 log = get_logger(__name__)
@@ -82,6 +85,10 @@ class NodeReconciler:
     """Set by the operator: with no ClusterPolicy, a GPUCluster's labels hold."""
     progress: Callable[[], None] = field(default=lambda: None)
     """Set by the operator: the paced cluster pass (``Operator._progress``)."""
+    preflight: Preflight | None = None
+    """Set by the operator: holds a driver pool whose images its registry lacks."""
+    windows: UpgradeWindows | None = None
+    """Set by the operator: holds upgrade starts outside the maintenance windows."""
     _fleet_cpu_s: float = field(default=0.0, init=False)
     _queued: VersionMemo[str, bool] = field(default_factory=VersionMemo, init=False)
 
@@ -213,7 +220,10 @@ class NodeReconciler:
         after = apply_label_changes(labels(node), changes)
         policies = self.owners.upgrade_policies()
         auto = {k: v.auto_upgrade for k, v in policies.items()} if policies is not None else None
-        return handoff_patch(node_annotations(node), handoff_wanted(after, spec, auto))
+        # Beside a GPUCluster the NVIDIADrivers' policy applies (upstream's labelling
+        # controller counts a GPUCluster as using NVIDIADrivers).
+        base = spec if spec is not None else self.owners.base_spec()
+        return handoff_patch(node_annotations(node), handoff_wanted(after, base, auto))
 
     def _nvd_unknown(self, spec: ClusterPolicySpec | None, owned: bool) -> bool:
         """Whether upgrade decisions would read NVIDIADrivers before their cache listed:
@@ -264,9 +274,12 @@ class NodeReconciler:
 
     async def _reconcile_upgrades(self, again: Again) -> None:
         raw, model, problems = self.active_policy()
-        if raw is None or model is None or problems:
+        if raw is not None and (model is None or problems):
             return
-        spec = model.spec
+        # Beside a GPUCluster (no ClusterPolicy) only NVIDIADrivers' nodes upgrade.
+        spec = model.spec if model is not None else self.owners.base_spec()
+        if spec is None:
+            return
         if self._nvd_unknown(spec, bool(self.owners.owned_nodes())):
             return  # the listed NVIDIADriver cache queues this pass again
         # One budget per driver owner: the ClusterPolicy's nodes, and each
@@ -274,7 +287,9 @@ class NodeReconciler:
         groups: dict[str | None, list[Obj]] = {}
         for node in self.nodes.values():
             groups.setdefault(target_owner(labels(node)), []).append(node)
-        policies: dict[str | None, UpgradePolicyView] = {None: policy_view(spec)}
+        policies: dict[str | None, UpgradePolicyView] = {}
+        if model is not None:
+            policies[None] = policy_view(spec)
         policies.update(self.owners.upgrade_policies() or {})
         # The gauges count every owner's nodes, published once all are counted.
         tally = UpgradeTally()
@@ -300,10 +315,21 @@ class NodeReconciler:
                     digest,
                     self._target_of,
                     owner=owner,
+                    restore=functools.partial(self.upgrades.restore_revisions, pools),
                 )
                 held = gate.held
                 if gate.requeue_after is not None:
                     again.after(gate.requeue_after)
+            if self.preflight is not None:  # images missing: that pool cordons nothing
+                checked = await self.preflight.hold(nodes)
+                held = {**(held or {}), **checked.held}
+                if checked.requeue_after is not None:
+                    again.after(checked.requeue_after)
+            if self.windows is not None:  # outside a maintenance window nothing starts
+                window = await self.windows.reconcile(raw, owner, nodes)
+                held = window.merged(held)
+                if window.requeue_after is not None:
+                    again.after(window.requeue_after)  # the next window opens
             started, conflict = await self.upgrades.grant(nodes, policy, held, tally)
             for name in started:
                 self.queue.add(node_key(name))
@@ -312,12 +338,14 @@ class NodeReconciler:
         tally.publish(self.upgrades.metrics)
 
     def _gated(
-        self, raw: Obj, spec: ClusterPolicySpec, owner: str | None
+        self, raw: Obj | None, spec: ClusterPolicySpec, owner: str | None
     ) -> tuple[Obj, ClusterPolicySpec, list[str]] | None:
         """What gates ``owner``'s nodes: the resource carrying its record, the policy its
         canary and halt are read from, and its driver DaemonSets; None when the
         NVIDIADriver is gone (its nodes then wait for their next owner)."""
         if owner is None:
+            if raw is None:
+                return None  # no ClusterPolicy: its nodes have no policy to wait under
             return raw, spec, [p.name for p in self.owners.policy_pools()] or [DRIVER_DS]
         found = self.owners.drivers.get(owner)
         model = self.owners.model(owner)

@@ -28,9 +28,16 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from components import RenderContext, daemonset_ready, is_gpu_node, with_hash
+from components import driver as driver_component
 from components.driver_config import referenced_config_maps
 from components.keys import TRUE
-from components.nvidiadriver import NVIDIADriverRenderError, deploy_label, policy_for, render
+from components.nvidiadriver import (
+    NVIDIADriverRenderError,
+    deploy_label,
+    gpucluster_base,
+    policy_for,
+    render,
+)
 from crd import (
     NVD_API_VERSION,
     NVD_KIND,
@@ -43,6 +50,7 @@ from crd import (
     parse_nvidiadriver,
 )
 from gpuop.controller._apply import owned_by, owner_reference
+from gpuop.controller._gpucluster_objects import gpucluster_owner
 from gpuop.controller._keys import CLUSTER_KEY, node_key
 from gpuop.controller._memo import VersionMemo
 from gpuop.controller._nodes import labels
@@ -215,6 +223,8 @@ class NVIDIADrivers:
                 if gone:
                     changes[name] = gone
         await self._label(changes)
+        if self.owners.gpucluster_mode() and models:
+            await self._apply_driver_accounts()
 
         for name, model in models.items():
             current = self.drivers.get(name)
@@ -229,10 +239,31 @@ class NVIDIADrivers:
             )
             await self._reconcile_one(current, model, waiting)
 
+    async def _apply_driver_accounts(self) -> None:
+        """Beside a GPUCluster no ClusterPolicy renders what the pools' pods run as (the
+        driver's service account and RBAC) and mount (its startup-probe ConfigMap): they
+        are applied here, as the ClusterPolicy's driver renders them, and owned by the
+        GPUCluster, so garbage collection removes them with it (the ClusterPolicy's prune
+        leaves them alone)."""
+        cluster = self.op.gpucluster_object()
+        if cluster is None:
+            return
+        ctx = RenderContext(
+            namespace=self.op.config.namespace,
+            operator_image=self.op.config.operator_image,
+            operator_image_pull_policy=self.op.config.operator_image_pull_policy,
+            operator_image_pull_secrets=self.op.config.operator_image_pull_secrets,
+        )
+        owner = gpucluster_owner(cluster["metadata"])
+        for obj in driver_component.render(gpucluster_base(), ctx):
+            owned = with_hash(owned_by(obj, owner))
+            if self.op.applier.needs_apply(owned):
+                await self.op.applier.apply(owned)
+
     async def _reconcile_one(self, raw: Obj, model: NVIDIADriver, waiting: list[str]) -> None:
         """Apply and prune one resource's DaemonSets; ``waiting`` are the nodes it will
         own once their current driver pod has left (it is not ready before)."""
-        spec = self.op.active_spec()
+        spec = self.owners.base_spec()
         assert spec is not None
         meta = raw["metadata"]
         names = referenced_config_maps(policy_for(model.spec, spec))
@@ -252,6 +283,8 @@ class NVIDIADrivers:
             return
         owner = owner_reference(NVD_API_VERSION, NVD_KIND, meta)
         objs = [with_hash(owned_by(o, owner)) for o in desired]
+        # After a halt with rollbackOnHalt, its pools go back (statemachine.rollback).
+        objs = await self.op.rollback.apply(raw, objs, owner=meta["name"])
         for obj in objs:
             if self.op.applier.needs_apply(obj):
                 await self.op.applier.apply(obj)

@@ -15,6 +15,7 @@ from typing import Any
 
 from components._k8s import MANAGED_BY, MANAGED_BY_LABEL
 from crd import ClusterPolicy, ClusterPolicySpec
+from gpuop._pb_wire import POD_CODEC
 from gpuop.controller._active import ActivePolicies
 from gpuop.controller._apply import Applier, object_key
 from gpuop.controller._cluster import ClusterReconciler
@@ -41,12 +42,15 @@ from gpuop.controller._pods import (
     PodRecord,
     PodShape,
     pod_index,
+    same_pod,
     trim_pod,
     trim_revision,
 )
 from gpuop.controller._policy_status import PolicyStatusWriter
+from gpuop.controller._preflight import Preflight
 from gpuop.controller._remediation import Remediation, upgrade_drain
 from gpuop.controller._result import DONE, Again, Result
+from gpuop.controller._rollback import RollbackTemplates
 from gpuop.controller._rollout_gate import RolloutGate
 from gpuop.controller._rollout_status import RolloutReports
 from gpuop.controller._rollout_view import NodeRollouts
@@ -66,6 +70,7 @@ from gpuop.controller._routes import (
 )
 from gpuop.controller._site_config import SiteConfigMaps
 from gpuop.controller._upgrade import Upgrades
+from gpuop.controller._upgrade_window import UpgradeWindows
 from gpuop.controller._workload import WorkloadHandovers
 from gpuop.informer import Informer, Obj, ResourceSpec
 from gpuop.kinds import by_kind
@@ -78,6 +83,8 @@ log = get_logger(__name__)
 MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
 UPSTREAM_MANAGED_BY = "gpu-operator"
 """What NVIDIA's operator's operand pods carry (its chart's `daemonsets.labels`)."""
+DRA_VALIDATOR_SELECTOR = "app.kubernetes.io/name=nvidia-dra-validator"
+"""The DRA validator's pods (`components.dra.monitoring.VALIDATOR`'s own label)."""
 OPERAND_SELECTOR = MANAGED_BY_LABEL
 """Operand pods and revisions: every one with a `managed-by` label, whatever its value.
 The policy's `daemonsets.labels` win on pods (as upstream), so ours may say `gpuop`,
@@ -141,11 +148,29 @@ class Operator:
                 label_selector=OPERAND_SELECTOR,
                 transform=trim_pod,
                 shape=PodShape,
+                # As protobuf: the API server encodes it far cheaper than JSON, which
+                # it builds for this one watch on the cluster (issue 49).
+                codec=POD_CODEC,
+                unchanged=self._pod_unchanged,
                 index=pod_index,
                 page_size=100,
                 track_index_changes=True,  # the per-node view redoes only changed nodes
             ),
             self._on_pod,
+        )
+        #: The DRA validator's pods: beside a GPUCluster an NVIDIADriver upgrade's
+        #: validation waits for them (they carry upstream's labels only, so the operand
+        #: pods cache, selected on managed-by, does not hold them).
+        self.dra_validators: Informer[PodRecord] = Informer(
+            ResourceSpec(
+                "dra-validator-pods",
+                rest.lister(POD, ns),
+                label_selector=DRA_VALIDATOR_SELECTOR,
+                transform=trim_pod,
+                shape=PodShape,
+                index=pod_index,
+            ),
+            self._on_dra_validator,
         )
         self.revisions = Informer(
             ResourceSpec(
@@ -167,6 +192,7 @@ class Operator:
             self.nodes,
             self.owned["DaemonSet"],
             self.active_spec,
+            gpucluster_mode=self._gpucluster_drives,
         )
         self.upgrades = Upgrades(
             rest,
@@ -177,6 +203,7 @@ class Operator:
             daemonsets=self.owned["DaemonSet"],
             nodes=self.nodes,
             owners=self.owners,
+            dra_validators=self.dra_validators,
         )
         self.gate = RolloutGate(
             rest, metrics, self.upgrades.events, self.policies, self.owners.drivers
@@ -245,6 +272,11 @@ class Operator:
             site_config=self.site_config,
         )
         self.cluster.gpucluster_conflict = self.gpuclusters.conflict
+        self.rollback = RollbackTemplates(
+            rest, ns, self.revisions, self.policies, self.owners.drivers
+        )
+        self.cluster.rollback = self.rollback
+        self.gate.on_rollback = lambda: self._wake(Wake(keys=(CLUSTER_KEY, NVD_KEY)))
         self.cluster.gpucluster_known = self.gpuclusters.knows_whether_one_exists
         self.node_passes = NodeReconciler(
             rest=rest,
@@ -257,6 +289,17 @@ class Operator:
             workloads=WorkloadHandovers(self.pods, self.upgrades.emptying, self.upgrades.events),
         )
         self.node_passes.gpuclusters = self.gpuclusters
+        self.node_passes.preflight = Preflight(
+            rest,
+            ns,
+            self.owned["DaemonSet"],
+            self.owners.driver_app,
+            self.upgrades.events,
+            config.upgrade_preflight,
+        )
+        self.node_passes.windows = UpgradeWindows(
+            rest, self.upgrades.events, self.policies, self.owners.drivers
+        )
         self.node_passes.progress = self._progress
 
     # ------------------------------------------------------------- informers
@@ -266,6 +309,7 @@ class Operator:
             self.nodes,
             self.policies,
             self.pods,
+            self.dra_validators,
             self.revisions,
             self.site_config.cache,
             *self.owned.values(),
@@ -360,14 +404,29 @@ class Operator:
             )
         )
 
+    def _pod_unchanged(self, old: PodRecord, new: PodRecord) -> bool:
+        """A pod event that changes nothing the pods cache keeps (another condition's
+        time, an annotation, the pod's IP) is taken at intake and wakes nothing."""
+        same = same_pod(old, new)
+        if same:
+            self.metrics.pod_events_total.labels("unchanged").inc()
+        return same
+
     def _on_pod(self, event: str, old: PodRecord | None, new: PodRecord | None) -> None:
         """Routed once (`_routes.route_pod`); NVIDIADrivers only follows its driver pods."""
         driver = self.nvd.follow_pod(old, new)
-        self._wake(
-            route_pod(
-                event, old, new, driver=driver, upgrades_queued=self.node_passes.upgrades_queued
-            )
+        wake = route_pod(
+            event, old, new, driver=driver, upgrades_queued=self.node_passes.upgrades_queued
         )
+        woke = bool(wake.keys or wake.fleet or wake.progress)
+        self.metrics.pod_events_total.labels("woke" if woke else "idle").inc()
+        self._wake(wake)
+
+    def _on_dra_validator(self, event: str, old: PodRecord | None, new: PodRecord | None) -> None:
+        """A DRA validator pod's news: its node's upgrade step may be waiting for it."""
+        pod = new or old
+        if pod is not None and pod.node:
+            self._wake(Wake(keys=(node_key(pod.node),)))
 
     def _progress(self) -> None:
         """Something the cluster pass only counts moved: run it soon, coalescing the
@@ -431,6 +490,14 @@ class Operator:
 
     def active_spec(self) -> ClusterPolicySpec | None:
         return self._active.spec()
+
+    def gpucluster_object(self) -> Obj | None:
+        """The GPUCluster, while one exists (it owns the driver accounts beside it)."""
+        return self.gpuclusters.current()
+
+    def _gpucluster_drives(self) -> bool:
+        """A GPUCluster and no ClusterPolicy: NVIDIADrivers install its drivers."""
+        return self.active_policy()[0] is None and self.gpuclusters.active()
 
 
 def _pass_name(key: str) -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from typing_extensions import TypedDict
@@ -183,6 +183,12 @@ def trim_pod(pod: Obj) -> PodRecord:
         waiting=next((w for w in map(_waiting, containers) if w), ""),
         config_digest=sys.intern(digest_in(spec)),
     )
+
+
+def same_pod(old: PodRecord, new: PodRecord) -> bool:
+    """Are two versions of a pod the same record but for their resourceVersion? Then
+    no reader can decide anything differently on the newer one."""
+    return old == replace(new, packed_resource_version=old.packed_resource_version)
 
 
 def _pack_uid(uid: str) -> int | str:

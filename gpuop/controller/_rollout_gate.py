@@ -13,25 +13,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any
 
 from components.labels import is_gpu_node
-from crd import NVD_API_VERSION, NVD_KIND, ClusterPolicySpec, NVIDIADriverStatus
+from crd import NVD_API_VERSION, NVD_KIND, ClusterPolicySpec
 from gpuop.controller._nodes import is_ready, labels
-from gpuop.controller._status import (
-    StatusWrite,
-    condition_change,
-    parse_status,
-    write_policy_conditions,
-    write_status,
-)
+from gpuop.controller._owner_condition import write_owner_condition
 from gpuop.events import EventRecorder
 from gpuop.informer import Informer, Obj
 from gpuop.kinds import by_kind
 from gpuop.log import get_logger
 from gpuop.metrics import OperatorMetrics
 from gpuop.rest import Kind, Rest
+from statemachine.rollback import ROLLBACK_ANNOTATION, RollbackRecord
 from statemachine.rollout_gate import (
     RECORD_ANNOTATION,
     RESUME_ANNOTATION,
@@ -86,7 +80,11 @@ def gate_facts(policy: Obj | None) -> Any:
     if policy is None:
         return None
     annotations = policy["metadata"].get("annotations") or {}
-    return annotations.get(RESUME_ANNOTATION), annotations.get(RECORD_ANNOTATION)
+    return (
+        annotations.get(RESUME_ANNOTATION),
+        annotations.get(RECORD_ANNOTATION),
+        annotations.get(ROLLBACK_ANNOTATION),
+    )
 
 
 def gate_nodes(
@@ -123,16 +121,6 @@ def _condition_of(raw: Obj) -> dict[str, Any] | None:
     return None
 
 
-def _nvd_status(raw: Obj) -> NVIDIADriverStatus | None:
-    data = raw.get("status")
-    if not data:
-        return None
-    try:
-        return NVIDIADriverStatus.model_validate(data)
-    except ValueError:
-        return None
-
-
 class RolloutGate:
     """Runs inside the serial ``upgrades`` pass (so its record has one writer)."""
 
@@ -149,6 +137,8 @@ class RolloutGate:
         self.events = events
         self._policies = policies
         self._drivers = drivers
+        #: Set by the operator: a rollback started or ended (the cluster pass writes it).
+        self.on_rollback: Callable[[], None] = lambda: None
 
     def _kind(self, owner: str | None) -> tuple[Kind, Any]:
         """What carries the gate of ``owner`` (None: the ClusterPolicy), and its cache."""
@@ -166,17 +156,20 @@ class RolloutGate:
         digest: str = "",
         target_of: Callable[[str], str | None] | None = None,
         owner: str | None = None,
+        restore: Callable[[], dict[str, str]] | None = None,
     ) -> GateDecision:
         """One fleet pass of the gate; ``digest`` (the driver template's config digest)
         keys its record, so only a new driver, not a new revision, starts over.
         ``target_of``: a node's own DaemonSet's newest revision, where the driver has
         several DaemonSets (precompiled: one per kernel). ``owner``: the NVIDIADriver
         whose nodes these are (``raw`` is that resource, ``spec`` the ClusterPolicy its
-        driver section makes); None: the ClusterPolicy's own rollout."""
+        driver section makes); None: the ClusterPolicy's own rollout. ``restore``: per
+        driver DaemonSet, the revision a rollback after a halt returns it to."""
         policy = gate_policy(spec)
         annotations = raw["metadata"].get("annotations") or {}
         previous = GateRecord.loads(annotations.get(RECORD_ANNOTATION))
         resume = resume_requested(annotations)
+        rollback = RollbackRecord.loads(annotations.get(ROLLBACK_ANNOTATION))
         decision = plan_gate(
             policy,
             # Only a gate that is on reads the fleet: skipping it keeps a rollout's
@@ -196,13 +189,29 @@ class RolloutGate:
                 raw = await self._patch_annotations(raw, {RESUME_ANNOTATION: None}, owner)
             await self._write_condition(raw, None, owner)
             return decision
-        if decision.record is not None or resume:
+        started = None
+        if (
+            restore is not None
+            and rollback is None
+            and decision.phase is GatePhase.HALTED
+            and spec.driver.upgrade_policy.rollback_on_halt
+        ):
+            started = RollbackRecord(key=digest, revisions=restore())
+        if decision.record is not None or resume or started is not None:
             wanted: dict[str, str | None] = {}
             if decision.record is not None:
                 wanted[RECORD_ANNOTATION] = decision.record.dumps()
             if resume:
                 wanted[RESUME_ANNOTATION] = None
+                if rollback is not None:  # the administrator retries the new driver
+                    wanted[ROLLBACK_ANNOTATION] = None
+            if started is not None:  # with no revision too: said once, not every pass
+                wanted[ROLLBACK_ANNOTATION] = started.dumps()
             raw = await self._patch_annotations(raw, wanted, owner)
+            if ROLLBACK_ANNOTATION in wanted:
+                self.on_rollback()  # the passes that write the driver's templates
+        if started is not None:
+            await self._report_rollback(raw, started, owner)
         if decision.resumed:
             log.info(
                 "driver rollout resumed by annotation",
@@ -214,8 +223,43 @@ class RolloutGate:
                 "DriverUpgradeResumed",
                 "driver rollout resumed by annotation",
             )
+        standing = RollbackRecord.loads(
+            (raw["metadata"].get("annotations") or {}).get(ROLLBACK_ANNOTATION)
+        )
+        if standing is not None and not standing.revisions:
+            standing = None  # nothing to go back to: the halt holds as it is
+        if owner is None:
+            self.metrics.upgrade_rolled_back.set(1 if standing is not None else 0)
+        if standing is not None:
+            if started is not None:
+                await self._report(raw, decision, owner)  # the halt's own Event, once
+                _, cache = self._kind(owner)
+                raw = cache.get(raw["metadata"]["name"]) or raw
+            # The driver went back: the gate now runs the way back (a rollout of its
+            # own); the condition says why the policy's driver is not what runs.
+            why = (
+                f"rolled back after a halt: {standing.describe()}; change the driver, or set"
+                f" {RESUME_ANNOTATION}=true to retry it"
+            )
+            if decision.message:
+                why += f" ({decision.message})"
+            await self._write_condition(raw, ("True", "RolledBack", why), owner)
+            return decision
         await self._report(raw, decision, owner)
         return decision  # its requeue_after: when the fleet pass looks again
+
+    async def _report_rollback(self, raw: Obj, started: RollbackRecord, owner: str | None) -> None:
+        if started.revisions:
+            message = f"driver rollout halted: rolling back {started.describe()}"
+            log.warning("driver rollback", reverted=started.describe())
+            await self.events.record(
+                self._ref(raw, owner), "DriverUpgradeRolledBack", message, warning=True
+            )
+        else:
+            message = "driver rollout halted: no earlier revision runs anywhere to return to"
+            await self.events.record(
+                self._ref(raw, owner), "DriverUpgradeRollbackImpossible", message, warning=True
+            )
 
     def _metrics(self, decision: GateDecision) -> None:
         record = decision.record
@@ -267,30 +311,5 @@ class RolloutGate:
         self, raw: Obj, condition: tuple[str, str, str] | None, owner: str | None = None
     ) -> None:
         """Set (or with None remove) the gate's condition, guarded by resourceVersion."""
-        if condition is None and _condition_of(raw) is None:
-            return  # nothing to remove (a gate that is off, every pass)
-        if condition is not None:
-            condition = (condition[0], condition[1], condition[2][:32768])
-        parse = parse_status if owner is None else _nvd_status
-        change = condition_change(raw, CONDITION_TYPE, condition, datetime.now(UTC), parse=parse)
-        if change is None:
-            log.warning(
-                "%s status unreadable; %s not written", gate_resource(owner), CONDITION_TYPE
-            )
-            return
-        if change.wanted == change.stored:
-            return
-        if owner is None:
-            await write_policy_conditions(
-                self.rest, self._policies, raw, change.wanted, owned=CONDITION_TYPE
-            )
-            return
-        kind, cache = self._kind(owner)
-        mine = [
-            c.model_dump(by_alias=True, exclude_none=True, mode="json")
-            for c in change.wanted
-            if c.type == CONDITION_TYPE
-        ]
-        await write_status(
-            self.rest, kind, cache, raw, StatusWrite(frozenset({CONDITION_TYPE}), mine)
-        )
+        _, cache = self._kind(owner)
+        await write_owner_condition(self.rest, cache, raw, owner, CONDITION_TYPE, condition)

@@ -346,7 +346,9 @@ def _pod_state(pods: list[PodRecord], revision: str | None) -> tuple[PodState, f
 
 
 def pod_facts(pod: PodRecord | None) -> Any:
-    """What the per-node view reads of a pod: a change of anything else wakes nothing."""
-    if pod is None:
+    """What the per-node view reads of a pod: a change of anything else wakes nothing.
+    A pod bound to no node yet is in no node's view (``pod_index``): its creation, and
+    its deletion before the scheduler placed it, are nothing to count."""
+    if pod is None or not pod.node:
         return None
     return (pod.node, pod.deleting, pod.labels.get(_HASH_LABEL), pod.ready)

@@ -31,8 +31,10 @@ from gpuop.controller._nvidiadriver_status import is_policy_driver
 from gpuop.controller._pods import WATCHED_APPS, PodRecord, pod_app
 from gpuop.controller._policy_status import generation
 from gpuop.controller._remediation_views import policy_facts
+from gpuop.controller._rollback import rollback_facts
 from gpuop.controller._rollout_gate import gate_facts
 from gpuop.controller._rollout_view import pod_facts
+from gpuop.controller._upgrade_window import window_facts
 from gpuop.controller._workload import HANDOVER_APPS
 from gpuop.informer import Obj
 from statemachine.driver_owner import NEXT_OWNER_LABEL
@@ -162,8 +164,10 @@ def route_policy(
     keys: list[str] = []
     if policy_facts(old) != policy_facts(new):
         keys.append(REMEDIATION_KEY)
-    if gate_facts(old) != gate_facts(new):
-        keys.append(UPGRADES_KEY)  # the resume annotation, or the gate's record
+    if gate_facts(old) != gate_facts(new) or window_facts(old) != window_facts(new):
+        keys.append(UPGRADES_KEY)  # the resume annotation, the gate's record, the windows
+    if rollback_facts(old) != rollback_facts(new):
+        keys.append(CLUSTER_KEY)  # a rollback record the driver's templates follow
     if (
         event == "MODIFIED"
         and old is not None
@@ -192,8 +196,11 @@ def route_nvidiadriver(
     """An NVIDIADriver changed (not only its status): the NVIDIADriver pass, and the node
     passes of the nodes it owns or takes (its ``autoUpgrade`` decides their driver
     manager's hand-off annotation). Its rollout gate's annotations (the resume, the
-    record) wake the fleet pass."""
-    gate = [UPGRADES_KEY] if gate_facts(old) != gate_facts(new) else []
+    record) and its maintenance windows wake the fleet pass."""
+    gated = gate_facts(old) != gate_facts(new) or window_facts(old) != window_facts(new)
+    gate = [UPGRADES_KEY] if gated else []
+    if rollback_facts(old) != rollback_facts(new):
+        gate.append(NVD_KEY)  # a rollback record its pools' templates follow
     if not _spec_changed(event, old, new, "deletionTimestamp"):
         return wake(*gate)
     obj = new or old
@@ -215,9 +222,9 @@ def route_nvidiadrivers_listed(nodes: Iterable[tuple[str, Obj]]) -> Wake:
 
 def route_gpucluster_presence(nodes: Iterable[tuple[str, Obj]]) -> Wake:
     """A GPUCluster came, went or is deleting (or its cache listed, which the cluster
-    pass and the node labels wait for): the ClusterPolicy's conflict and every node's
-    labels."""
-    return wake(CLUSTER_KEY, *(node_key(name) for name, _ in nodes))
+    pass and the node labels wait for): the ClusterPolicy's conflict, every node's
+    labels, and the NVIDIADrivers (beside a GPUCluster they install its drivers)."""
+    return wake(CLUSTER_KEY, NVD_KEY, *(node_key(name) for name, _ in nodes))
 
 
 def route_gpucluster(
@@ -254,7 +261,10 @@ def route_owned(
         keys.append(CLUSTER_KEY)
     if driver_object:
         keys.append(NVD_KEY)
-    return wake(*keys, progress=event != "DELETED")
+    # A driver DaemonSet's new template keys the rollout gate (its install digest): the
+    # fleet pass reads it, and its revision's event may have been routed before it.
+    fleet = driver_object and event != "DELETED" and _generation(old) != _generation(new)
+    return wake(*keys, progress=event != "DELETED", fleet=fleet)
 
 
 def route_revision(
@@ -271,6 +281,10 @@ def route_revision(
 def route_site_config() -> Wake:
     """A ConfigMap the driver's site configuration names changed: both driver renders."""
     return wake(CLUSTER_KEY, NVD_KEY)
+
+
+def _generation(obj: Obj | None) -> Any:
+    return None if obj is None else obj["metadata"].get("generation")
 
 
 def budget_facts(node: Obj | None) -> Any:

@@ -57,7 +57,8 @@ from statemachine import (
     start_step,
 )
 from statemachine.eviction import RemovalPlan
-from statemachine.upgrade_keys import STATE_LABEL, parse_state
+from statemachine.rollback import revisions_to_restore
+from statemachine.upgrade_keys import DRIVER_REVISION_LABEL, STATE_LABEL, parse_state
 
 log = get_logger(__name__)
 
@@ -140,11 +141,15 @@ class Upgrades:
         daemonsets: Any,
         nodes: Any,
         owners: DriverApps | None = None,
+        dra_validators: Informer[PodRecord] | None = None,
     ) -> None:
         self.rest = rest
         self.metrics = metrics
         self.namespace = namespace
         self._pods = pods
+        #: The DRA validator's pods (beside a GPUCluster): upstream's validation gate
+        #: selects `app=nvidia-operator-validator`, which they carry as ours do.
+        self._dra_validators = dra_validators
         self._revisions = revisions
         self._daemonsets = daemonsets
         self._nodes = nodes
@@ -190,6 +195,17 @@ class Upgrades:
                 newest.append(revision)
         return (",".join(newest) or None), rollout_key(templates)
 
+    def restore_revisions(self, apps: Iterable[str]) -> dict[str, str]:
+        """Per driver DaemonSet of ``apps``, the revision a rollback returns it to: the
+        one most of its live pods still run that is not its newest."""
+        wanted = set(apps)
+        pods: dict[str, list[str | None]] = {app: [] for app in wanted}
+        for pod in self._pods.values():
+            if pod.app in wanted and not pod.deleting:
+                pods[pod.app].append(pod.labels.get(DRIVER_REVISION_LABEL))
+        newest = {app: self.newest_driver_revision(app) for app in wanted}
+        return revisions_to_restore(pods, newest)
+
     def _driver_pods_on(self, node: str, app: str | None = None) -> list[PodRecord]:
         """The pods of ``app`` (asked of the owners when not given) on ``node``."""
         app = self._owners.driver_app(node) if app is None else app
@@ -214,6 +230,8 @@ class Upgrades:
 
     def validators_ready(self, node: str) -> bool:
         pods = pods_on(self._pods, node, VALIDATOR_DS)
+        if self._dra_validators is not None:
+            pods += pods_on(self._dra_validators, node, VALIDATOR_DS)
         return bool(pods) and all(pod_ready(p) for p in pods)
 
     async def drain(self, node: str, policy: UpgradePolicyView) -> RemovalPlan:

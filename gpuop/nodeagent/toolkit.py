@@ -4,10 +4,10 @@ Upstream's validator (``Toolkit.validate`` in cmd/nvidia-validator/main.go) runs
 ``nvidia-smi`` in its toolkit-validation init container, which asks for the ``nvidia``
 RuntimeClass and ``NVIDIA_VISIBLE_DEVICES=all``: the binary is there and works only when
 the toolkit injected the driver. This check runs the ``nvidia-smi`` it finds on ``PATH``
-(or where the runtime injects it) and passes on exit status 0. Our validator is still
-one container started before the driver may be ready, so it does not ask the runtime
-for GPUs yet (a container the hook cannot set up fails to start and backs off for
-minutes; upstream orders it after driver validation in an init container of its own).
+(or where the runtime injects it) and passes on exit status 0. Our validator runs it
+as upstream's does, in its ``toolkit-validation`` init container, created only after
+``driver-validation`` passed (``components/validator.py``): asking the runtime for GPUs
+before the driver works would fail the container's start and back it off for minutes.
 
 Where no ``nvidia-smi`` can be run (no GPUs given to the container, a test tree), the
 check falls back to looking for the files: the runtime

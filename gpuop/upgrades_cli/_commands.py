@@ -19,12 +19,9 @@ from gpuop.informer import Informer, ResourceSpec
 from gpuop.kinds import KINDS
 from gpuop.kube import KubeconfigError, api_client
 from gpuop.rest import Rest
-from gpuop.upgrades_cli._render import (
-    plan_json,
-    render_plan,
-    render_status,
-    status_json,
-)
+from gpuop.upgrades_cli._owners import owner_plans, plans_json, render_plans
+from gpuop.upgrades_cli._preflight import preflight_lines
+from gpuop.upgrades_cli._render import nvd_gate_lines, render_status, status_json
 from gpuop.upgrades_cli._snapshot import (
     DAEMONSET,
     NODE,
@@ -39,9 +36,8 @@ from gpuop.upgrades_cli._snapshot import (
     list_objects,
     snapshot,
 )
-from statemachine.fleet_plan import plan_upgrade
+from gpuop.upgrades_cli._windows import status_window_lines, windows_json
 from statemachine.fleet_report import StatusReport, status_report
-from statemachine.rollout_gate import GatePolicy
 
 #: A burst of watch events (a node moving through several states) redraws once.
 REDRAW_DEBOUNCE_SECONDS = 0.3
@@ -89,11 +85,17 @@ def _status(snap: Snapshot) -> StatusReport:
     )
 
 
-def _print_status(report: StatusReport, output: str) -> None:
+def _print_status(report: StatusReport, output: str, snap: Snapshot) -> None:
     if output == "json":
-        print(json.dumps(status_json(report), indent=2, sort_keys=True))
+        data = {**status_json(report), "windows": windows_json(snap.windows, snap.policy_name)}
+        data["preflight"] = dict(snap.preflight)
+        print(json.dumps(data, indent=2, sort_keys=True))
     else:
         sys.stdout.write(render_status(report, wide=output == "wide"))
+        for line in status_window_lines(snap.windows, snap.policy_name):
+            print(line)
+        for line in preflight_lines(snap.preflight):
+            print(line)
 
 
 async def _watch(rest: Rest, args: argparse.Namespace) -> int:
@@ -123,11 +125,12 @@ async def _watch(rest: Rest, args: argparse.Namespace) -> int:
         while True:
             changed.clear()
             objects = Objects(*(list(i.store.values()) for i in informers))
-            report = _status(snapshot(objects, ns))
+            snap = snapshot(objects, ns)
+            report = _status(snap)
             if sys.stdout.isatty():
                 sys.stdout.write("\x1b[H\x1b[2J")
             print(time.strftime("%H:%M:%S"), "gpuop upgrade status --watch (Ctrl-C ends)")
-            _print_status(report, args.output)
+            _print_status(report, args.output, snap)
             sys.stdout.flush()
             await changed.wait()
             await asyncio.sleep(REDRAW_DEBOUNCE_SECONDS)
@@ -147,8 +150,9 @@ async def _status_main(args: argparse.Namespace) -> int:
         rest = Rest(api, KINDS)
         if args.watch:
             return await _watch(rest, args)
-        report = _status(snapshot(await list_objects(rest, args.namespace), args.namespace))
-    _print_status(report, args.output)
+        snap = snapshot(await list_objects(rest, args.namespace), args.namespace)
+        report = _status(snap)
+    _print_status(report, args.output, snap)
     return 1 if report.failed else 0
 
 
@@ -157,29 +161,16 @@ async def _plan_main(args: argparse.Namespace) -> int:
     async with api_client(kubeconfig_for(args)) as api:
         objects = await list_objects(Rest(api, KINDS), args.namespace)
     snap = snapshot(objects, args.namespace, args.set or ())
-    canary = snap.spec.driver.upgrade_policy.canary
-    gate = GatePolicy(
-        canary_nodes=canary.nodes if canary else 0,
-        soak_seconds=canary.soak_seconds if canary else 0,
-    )
-    plan = plan_upgrade(
-        snap.nodes,
-        snap.policy,
-        gate,
-        snap.rules,
-        snap.pdbs,
-        namespace=snap.namespace,
-        target=snap.target,
-        template_digest=snap.template_digest,
-        proposed=bool(args.set),
-    )
+    # One plan per driver owner: each has its own budget, gate and windows.
+    plans = owner_plans(snap, proposed=bool(args.set))
     if args.output == "json":
-        data = {**plan_json(plan), "nvidiaDriverGates": dict(snap.nvd_gates)}
+        data = {**plans_json(plans), "nvidiaDriverGates": dict(snap.nvd_gates)}
+        data["preflight"] = dict(snap.preflight)  # the current driver templates' holds
         print(json.dumps(data, indent=2, sort_keys=True))
     else:
-        sys.stdout.write(
-            render_plan(plan, proposal=", ".join(args.set or ()), nvd_gates=snap.nvd_gates)
-        )
+        text = render_plans(plans, ", ".join(args.set or ()))
+        sys.stdout.write(text + "".join(f"{line}\n" for line in nvd_gate_lines(snap.nvd_gates)))
+        sys.stdout.write("".join(f"{line}\n" for line in preflight_lines(snap.preflight)))
     return 0
 
 

@@ -30,6 +30,8 @@ from gpuop.controller._rollout_gate import gate_policy
 from gpuop.controller._upgrade_inputs import newest_revision, policy_view
 from gpuop.kinds import by_kind
 from gpuop.rest import Rest
+from gpuop.upgrades_cli._preflight import pool_holds, preflight_held
+from gpuop.upgrades_cli._windows import owner_windows
 from statemachine.driver_owner import NEXT_OWNER_LABEL
 from statemachine.fleet_report import NodeFacts, Rules
 from statemachine.rollout_gate import (
@@ -128,6 +130,16 @@ class Snapshot:
     held: Mapping[str, str] = field(default_factory=dict)
     nvd_gates: Mapping[str, str] = field(default_factory=dict)
     """Per NVIDIADriver with a canary or halt: its gate's phase and message."""
+    owners: Mapping[str, str] = field(default_factory=dict)
+    """GPU node -> the NVIDIADriver whose budget and gate it is under (absent: the
+    ClusterPolicy's)."""
+    nvd_specs: Mapping[str, ClusterPolicySpec] = field(default_factory=dict)
+    """Per NVIDIADriver: the policy its own upgradePolicy makes."""
+    windows: Mapping[str | None, Mapping[str, object]] = field(default_factory=dict)
+    """Per owner (None: the ClusterPolicy) with maintenance windows: where they stand."""
+    policy_name: str = ""
+    preflight: Mapping[str, str] = field(default_factory=dict)
+    """Driver DaemonSet -> why the operator's upgrade pre-flight holds its pool."""
 
 
 def _active(policies: Iterable[Obj]) -> Obj | None:
@@ -186,6 +198,7 @@ def snapshot(
     }
     facts = []
     owners: dict[str, str] = {}
+    apps: dict[str, str] = {}  # GPU node -> its driver DaemonSet
     for node in objects.nodes:
         node_labels = node["metadata"].get("labels") or {}
         if not is_gpu_node(node_labels):
@@ -199,6 +212,7 @@ def snapshot(
             app = _nvd_app(node_labels, owner, nvd_daemonsets)
         else:
             app = pool_for(node_labels, pools) or DRIVER_DS
+        apps[node["metadata"]["name"]] = app
         pods = by_node.get(node["metadata"]["name"], [])
         drivers = [
             p
@@ -234,9 +248,11 @@ def snapshot(
     gated: dict[str | None, tuple[Obj, GatePolicy, list[Obj]]] = {
         None: (raw, gate_policy(spec), list(daemonsets.values()))
     }
+    nvds: dict[str, NVIDIADriver] = {}
     for driver in objects.drivers:
         nvd = _nvd_or_none(driver)
         if nvd is not None:
+            nvds[nvd.name] = nvd
             mine = [d for d in nvd_daemonsets.values() if nvd_owner(d) == nvd.name]
             gated[nvd.name] = (driver, gate_policy(policy_for(nvd.spec, spec)), mine)
     held: dict[str, str] = {}
@@ -273,6 +289,13 @@ def snapshot(
             gate_text = text
         elif text:
             nvd_gates[owner] = text
+    # The maintenance windows each owner's resource declares, as the operator reads them.
+    windows, window_held = owner_windows(
+        {o: c for o, (c, _, _) in gated.items()}, facts, owners, now
+    )
+    held.update(window_held)
+    preflight = pool_holds({**daemonsets, **nvd_daemonsets}.values())
+    held.update(preflight_held(preflight, apps, facts))
     rules = Rules(
         gpu_pods=gpu_pod_rules(view) if view.pod_deletion is not None else None,
         drain=drain_rules(view) if view.drain.enable else None,
@@ -289,6 +312,11 @@ def snapshot(
         namespace=namespace,
         held=held,
         nvd_gates=nvd_gates,
+        owners=owners,
+        nvd_specs={o: policy_for(nvd.spec, spec) for o, nvd in nvds.items()},
+        windows=windows,
+        policy_name=raw["metadata"]["name"],
+        preflight=preflight,
     )
 
 

@@ -302,6 +302,23 @@ def _by_size(runs: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
     return dict(sorted(out.items()))
 
 
+def _pod_event_rows(size: str, runs: list[dict[str, Any]]) -> list[Row]:
+    """Operand pod events over the rollout: received by the pods watch, told to the
+    operator (not taken at intake as unchanged), and those that woke a pass."""
+    counted = [r["rollout_pod_events"] for r in runs if r.get("rollout_pod_events")]
+    if not counted:
+        return []
+    ways = {
+        "received": lambda c: sum(c.values()),
+        "told (changed a pod record)": lambda c: c.get("idle", 0) + c.get("woke", 0),
+        "woke a pass": lambda c: c.get("woke", 0),
+    }
+    return [
+        Row("1", size, f"pod events {name}", "events", Summary.of([float(way(c)) for c in counted]))
+        for name, way in ways.items()
+    ]
+
+
 def _sum_verbs(table: dict[str, int] | None) -> dict[str, int]:
     out: dict[str, int] = {}
     for key, n in (table or {}).items():
@@ -432,6 +449,7 @@ def _policy_rows(
         cpu = Summary.of([r["rollout_cpu_s"] for r in runs if "rollout_cpu_s" in r])
         if cpu:
             rows.append(Row("1", at(size), "operator CPU during rollout", "s", cpu))
+        rows.extend(_pod_event_rows(at(size), runs))
         nodes = Summary.of(
             [
                 r["rollout_spans_s"]["patch nodes"][1]

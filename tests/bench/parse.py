@@ -5,21 +5,30 @@ a 1,000-node benchmark cluster, managedFields and all) are wrapped as watch even
 and turned into cache entries both ways: ``json.loads`` then ``trim_pod``, and
 :class:`gpuop.shapes.Decoder` with :class:`PodShape` then ``trim_pod``. Prints
 microseconds per event for each (best of ``--rounds``).
+
+Then the same for the pods watch as the API server sent it both ways (recorded by
+``python -m tests.bench.record_wire``: the same events of ten operand pods in JSON
+and in Kubernetes protobuf): JSON through the shape, and protobuf through
+:data:`gpuop._pb_wire.POD_CODEC`, each then ``trim_pod``; and how many of those events
+the pods cache takes at intake because they change no record (``same_pod``).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import gpuop  # noqa: F401  (installs the lazy kubernetes-asyncio packages first)
-from gpuop.controller._pods import PodShape, trim_pod
+from gpuop._pb_wire import POD_CODEC, read_frame
+from gpuop.controller._pods import PodRecord, PodShape, same_pod, trim_pod
 from gpuop.shapes import Decoder
 
-FIXTURE = Path(__file__).parent.parent / "data" / "operand_pods.json"
+DATA = Path(__file__).parent.parent / "data"
+FIXTURE = DATA / "operand_pods.json"
 
 
 def _per_event(lines: list[bytes], decode: Callable[[bytes], object], repeat: int) -> float:
@@ -47,6 +56,60 @@ def main() -> None:
     for name, decode in ways.items():
         best = min(_per_event(lines, decode, args.repeat) for _ in range(args.rounds))
         print(f"{name:32s} {best * 1e6:8.1f} us per event")
+    _recorded(args.repeat // 10 or 1, args.rounds)
+
+
+def _frames(stream: bytes) -> list[bytes]:
+    async def read() -> list[bytes]:
+        reader = asyncio.StreamReader()
+        reader.feed_data(stream)
+        reader.feed_eof()
+        frames = []
+        while (frame := await read_frame(reader)) is not None:
+            frames.append(frame)
+        return frames
+
+    return asyncio.run(read())
+
+
+def _recorded(repeat: int, rounds: int) -> None:
+    """JSON and protobuf of the same recorded watch events, decoded into records."""
+    lines = (DATA / "operand_pods.watch.jsonl").read_bytes().splitlines()
+    frames = _frames((DATA / "operand_pods.watch.pb").read_bytes())
+    shaped = Decoder(PodShape)
+    ways: dict[str, tuple[list[bytes], Callable[[bytes], object]]] = {
+        "JSON: json.loads + trim_pod": (lines, lambda b: trim_pod(json.loads(b)["object"])),
+        "JSON: Decoder(PodShape) + trim_pod": (
+            lines,
+            lambda b: trim_pod(shaped.event(b)["object"]),
+        ),
+        "protobuf: POD_CODEC + trim_pod": (
+            frames,
+            lambda b: trim_pod(POD_CODEC.event(b)["object"]),
+        ),
+        "protobuf: POD_CODEC alone": (frames, POD_CODEC.event),
+    }
+    print(
+        f"\nrecorded pods watch: {len(lines)} events, "
+        f"{sum(map(len, lines)) / len(lines) / 1024:.1f} KiB per event as JSON, "
+        f"{sum(map(len, frames)) / len(frames) / 1024:.1f} KiB as protobuf"
+    )
+    for name, (data, decode) in ways.items():
+        best = min(_per_event(data, decode, repeat) for _ in range(rounds))
+        print(f"{name:38s} {best * 1e6:8.1f} us per event")
+    held: dict[str, PodRecord] = {}
+    told = 0
+    for frame in frames:
+        event = POD_CODEC.event(frame)
+        record = trim_pod(event["object"])
+        before = held.get(record.key)
+        if event["type"] == "DELETED":
+            held.pop(record.key, None)
+        else:
+            held[record.key] = record
+        if event["type"] != "MODIFIED" or before is None or not same_pod(before, record):
+            told += 1
+    print(f"events that change a pod record (reach the operator): {told} of {len(frames)}")
 
 
 if __name__ == "__main__":

@@ -48,6 +48,11 @@ class RolloutRun:
     """ClusterPolicy reconciles over the rollout, and the CPU seconds they took
     (the operator's own counters): what the pacing of the cluster pass let through."""
     rollout_pass_cpu_s: float | None = None
+    rollout_pod_events: dict[str, int] = field(default_factory=dict)
+    """Operand pod watch events over the rollout by what became of them (the operator's
+    ``gpu_operator_pod_events_total``): ``unchanged`` taken at intake (no record
+    changed), ``idle`` told but woke nothing, ``woke`` queued a pass; their sum is what
+    the pods watch received. Empty for an operator without the counter."""
     cluster_cpu_s: dict[str, float] = field(default_factory=dict)
     """CPU seconds of each control-plane process over the rollout."""
     apiserver: dict[str, Any] = field(default_factory=dict)
@@ -164,6 +169,7 @@ async def run_once(
             cpu_before = first.cpu_seconds()
             passes_before = first.metric("gpu_operator_reconciliation_total") or 0.0
             pass_cpu_before = first.metric("gpu_operator_reconciliation_cpu_seconds_total") or 0.0
+            pod_events_before = _pod_events(first)
             cluster_cpu = ClusterCpu(bench)
             counted = ApiserverCounters(rest)
             await counted.start()
@@ -185,6 +191,10 @@ async def run_once(
             if passes is not None and pass_cpu is not None:
                 result.rollout_passes = int(passes - passes_before)
                 result.rollout_pass_cpu_s = round(pass_cpu - pass_cpu_before, 2)
+            pod_events = _pod_events(first)
+            result.rollout_pod_events = {
+                k: int(n - pod_events_before.get(k, 0.0)) for k, n in pod_events.items()
+            }  # empty: an operator without the counters (--operator-src of an older tree)
             result.cluster_cpu_s = cluster_cpu.take()
             result.apiserver = await counted.take()
             progress.finish(
@@ -243,6 +253,19 @@ async def run_once(
         finally:
             again.stop()
     return result
+
+
+POD_EVENTS = "gpu_operator_pod_events_total"
+POD_EVENT_OUTCOMES = ("unchanged", "idle", "woke")
+
+
+def _pod_events(op: OperatorProcess) -> dict[str, float]:
+    """The operator's pod event counters by outcome (none before the first event, or
+    from an operator without them)."""
+    counts = {k: op.metric(f'{POD_EVENTS}{{outcome="{k}"}}') for k in POD_EVENT_OUTCOMES}
+    if all(n is None for n in counts.values()):
+        return {}
+    return {k: n or 0.0 for k, n in counts.items()}
 
 
 async def _idle(

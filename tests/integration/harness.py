@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import os
+import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -51,6 +52,13 @@ def own_cluster(
         yield info
     finally:
         cluster.down()
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now (the operator's and exporters' test servers)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 async def eventually(

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-import socket
 from pathlib import Path
 
 import aiohttp
@@ -18,16 +17,10 @@ from gpuop.cluster import ClusterInfo
 from gpuop.controller import OperatorConfig
 from gpuop.rest import Rest
 from tests.integration.harness import NAMESPACE, eventually
+from tests.integration.harness import free_port as _free_port
 from tests.integration.proxy import Proxy
 
 pytestmark = pytest.mark.integration
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 async def _get(port: int, path: str) -> tuple[int, str]:

@@ -18,7 +18,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -44,6 +43,7 @@ from statemachine.upgrade_keys import (
     UpgradeState,
 )
 from tests.integration.harness import eventually, own_cluster, watch_from
+from tests.integration.harness import free_port as _free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
@@ -258,12 +258,6 @@ class Watcher:
 
 
 # --------------------------------------------------------------- operator
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @dataclass
 class OperatorProcess:
     """`gpuop run` as a process of its own, so a test can SIGKILL it. Ports 0: free

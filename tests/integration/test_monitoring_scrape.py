@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import socket
 from pathlib import Path
 
 import aiohttp
@@ -31,18 +30,12 @@ from gpuop.nvml import DriverNotLoaded
 from gpuop.nvml.fake import A100_SXM4_80GB, TESLA_T4, FakeNvml, make_gpus
 from gpuop.rest import Rest
 from tests.integration.harness import NAMESPACE, POLICY, eventually, policy_state_is
+from tests.integration.harness import free_port as _free_port
 from tests.monitoring_queries import queried, served_in_text
 
 pytestmark = pytest.mark.integration
 
 NODE = "gpu-node-0000"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 async def _scrape(port: int) -> str:

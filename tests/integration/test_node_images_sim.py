@@ -438,21 +438,27 @@ async def test_upgrade_policy_node_is_never_cordoned_and_files_gate_operands(
             assert driver_at is not None
             assert toolkit_at > driver_at
 
-            # The validator writes toolkit-ready, cuda-ready, plugin-ready in turn.
+            # The validator's init containers write driver-ready and toolkit-ready, its
+            # main container cuda-ready and plugin-ready (components/validator.py).
             wait = f"until [ -f {VALIDATIONS}/toolkit-ready ]; do echo waiting; sleep 5; done"
             plugin = operand_pod(
                 "plugin", B, PLUGIN_APP, initContainers=[_sh("toolkit-validation", wait)]
             )
             probe = {"exec": {"command": ["test", "-f", f"{VALIDATIONS}/plugin-ready"]}}
+            toolkit_check = ["gpuop", "node-agent", "validate", "--checks", "toolkit"]
             validator = operand_pod(
                 "validator",
                 B,
                 nf.VALIDATOR_APP,
+                initContainers=[
+                    _sh("driver-validation", check),
+                    {"name": "toolkit-validation", "image": "gpuop", "command": toolkit_check},
+                ],
                 containers=[
                     {
                         "name": "nvidia-operator-validator",
                         "image": "gpuop",
-                        "command": ["gpuop", "node-agent", "validate", "--driver-container"],
+                        "command": ["gpuop", "node-agent", "validate", "--checks", "cuda,plugin"],
                         "readinessProbe": probe,
                     }
                 ],

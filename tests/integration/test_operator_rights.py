@@ -165,6 +165,10 @@ async def test_default_rights_refuse_pass_through_and_foreign_bindings(
             _can_i(local_cluster, user, "create", "pods", "--subresource=eviction", "-A") == "yes"
         )
         assert _can_i(local_cluster, user, "patch", "nodes") == "yes"
+        # The upgrade pre-flight reads pull Secrets by name, in its namespace only.
+        assert _can_i(local_cluster, user, "get", "secrets", "-n", namespace) == "yes"
+        assert _can_i(local_cluster, user, "list", "secrets", "-n", namespace) == "no"
+        assert _can_i(local_cluster, user, "get", "secrets", "-n", "kube-system") == "no"
 
         operand = f"{namespace}-operand"  # any ServiceAccount of the operator's namespace
         own = {"kind": "ServiceAccount", "name": operand, "namespace": namespace}

@@ -23,6 +23,8 @@ _BY_NAME: dict[str, dict[str, Any]] = {
     "tag": {"type": ["string", "number"]},
     # Kubernetes int-or-string: a count or a percentage.
     "maxUnavailable": {"type": ["integer", "string"]},
+    # operator.upgradePreflight: the operator's --upgrade-preflight choices.
+    "upgradePreflight": {"enum": ["hold", "proceed", "off"]},
     # monitoring.operatorDown.prometheusRule: auto, true or false.
     "prometheusRule": {"anyOf": [{"type": "boolean"}, {"enum": ["auto", "true", "false"]}]},
 }

@@ -193,13 +193,16 @@ def test_the_listed_nvidiadriver_cache_wakes_each_waiting_pass_once() -> None:
     assert woken == Counter({NVD_KEY: 1, UPGRADES_KEY: 1, node_key("g0"): 1})
 
 
-def test_a_gpucluster_event_wakes_its_pass_the_conflict_and_every_node_once() -> None:
+def test_a_gpucluster_event_wakes_its_pass_the_conflict_its_drivers_and_every_node_once() -> None:
     op, woken = _operator(_node("g0"), _node("c0", gpu=False))
     gc = {"metadata": {"name": "gpu-cluster", "generation": 1}}
 
     _fire(op.gpuclusters.clusters, "ADDED", None, gc)
 
-    assert woken == Counter({GC_KEY: 1, CLUSTER_KEY: 1, node_key("g0"): 1, node_key("c0"): 1})
+    # NVIDIADrivers install a GPUCluster's drivers: they follow its presence
+    assert woken == Counter(
+        {GC_KEY: 1, CLUSTER_KEY: 1, NVD_KEY: 1, node_key("g0"): 1, node_key("c0"): 1}
+    )
 
 
 def test_a_gpucluster_object_event_wakes_its_pass_once() -> None:

@@ -136,18 +136,22 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 async def validate(node: Node, policy: dict[str, Any], nvml_root: str) -> bool:
-    """The validator's rendered command for `policy`, run once on `node`."""
+    """The validator pod's rendered steps for `policy` (driver-validation's check,
+    toolkit-validation's, the main container's), each run once on `node`, in order."""
     spec = crd.ClusterPolicySpec.model_validate(policy)
-    argv = validator.command(spec)[1:]  # without the program name
-    args = parse([*argv, "--node-name", NODE])
-    for name in ("driver_root", "host_root", "validations_dir", "dev_char_dir"):
-        setattr(args, name, node.here(str(getattr(args, name))))
     kube = InMemoryKube(allocatable={NODE: {"nvidia.com/gpu": "2"}})
-    checks = commands.build_checks(args, kube, nvml_for=node.nvml_at(nvml_root), fs_root=node.root)
-    for check in checks:  # no waiting between pod polls in a unit test
-        if hasattr(check, "poll_s"):
-            setattr(check, "poll_s", 0)  # noqa: B010
-    return await Validator(checks, StatusFiles(args.validations_dir)).run_once()
+    for step in validator.steps(spec):
+        args = parse([*step[1:], "--node-name", NODE])  # without the program name
+        for name in ("driver_root", "host_root", "validations_dir", "dev_char_dir"):
+            setattr(args, name, node.here(str(getattr(args, name))))
+        nvml = node.nvml_at(nvml_root)
+        checks = commands.build_checks(args, kube, nvml_for=nvml, fs_root=node.root)
+        for check in checks:  # no waiting between pod polls in a unit test
+            if hasattr(check, "poll_s"):
+                setattr(check, "poll_s", 0)  # noqa: B010
+        if not await Validator(checks, StatusFiles(args.validations_dir)).run_once():
+            return False
+    return True
 
 
 def driver_ready(info: Mapping[str, str]) -> str:
@@ -309,8 +313,9 @@ async def test_dev_char_links_can_be_turned_off(
     spec = crd.ClusterPolicySpec.model_validate({"validator": {"driver": {"env": env}}})
     ctx = RenderContext(namespace="gpu-operator", operator_image="gpuop:test")
     ds = next(o for o in validator.render(spec, ctx) if o["kind"] == "DaemonSet")
-    main = ds["spec"]["template"]["spec"]["containers"][0]
-    assert {"name": "DISABLE_DEV_CHAR_SYMLINK_CREATION", "value": "true"} in main["env"]
+    init = ds["spec"]["template"]["spec"]["initContainers"][0]
+    assert init["name"] == validator.DRIVER_VALIDATION
+    assert {"name": "DISABLE_DEV_CHAR_SYMLINK_CREATION", "value": "true"} in init["env"]
     monkeypatch.setenv("DISABLE_DEV_CHAR_SYMLINK_CREATION", "true")
     node = Node(tmp_path)
     node.kernel("/run/nvidia/driver")

@@ -42,7 +42,11 @@ def test_rendered_operands_wait_for_the_files_of_the_layer_below() -> None:
     needs = {name: nf.needs(pod) for name, pod in DEFAULT.items()}
     toolkit = frozenset({nf.TOOLKIT_READY})
     assert needs["nvidia-container-toolkit-daemonset"] == [frozenset({nf.DRIVER_CTR_READY})]
-    assert needs["nvidia-operator-validator"] == [frozenset({nf.PLUGIN_READY})]
+    # driver-validation waits for the driver container, the probe for plugin-ready
+    assert needs["nvidia-operator-validator"] == [
+        frozenset({nf.DRIVER_CTR_READY}),
+        frozenset({nf.PLUGIN_READY}),
+    ]
     assert needs["nvidia-device-plugin-daemonset"] == [toolkit]
     assert needs["gpu-feature-discovery"] == [toolkit]
     assert needs["nvidia-dcgm-exporter"] == [toolkit]
@@ -95,9 +99,10 @@ def test_the_chain_driver_toolkit_validator_on_one_node() -> None:
     assert not nf.releasable(toolkit, files)
 
     files = nf.advance(files, [ready(driver), toolkit, validator, plugin], gpus=True)
-    assert files == {nf.DRIVER_CTR_READY, nf.DRIVER_READY}
+    assert files == {nf.DRIVER_CTR_READY, nf.DRIVER_READY}  # toolkit-validation waits
     assert nf.releasable(toolkit, files)
     assert not nf.releasable(plugin, files)
+    assert not nf.releasable(validator, files)
 
     files = nf.advance(files, [ready(driver), ready(toolkit), validator, plugin], gpus=True)
     assert files >= {nf.TOOLKIT_READY, nf.CUDA_READY, nf.PLUGIN_READY}
@@ -105,8 +110,29 @@ def test_the_chain_driver_toolkit_validator_on_one_node() -> None:
     assert nf.releasable(validator, files)
 
     no_gpus = nf.advance(files, [ready(driver), ready(toolkit), validator], gpus=False)
-    assert nf.PLUGIN_READY not in no_gpus
-    assert nf.CUDA_READY in no_gpus
+    assert nf.PLUGIN_READY not in no_gpus  # the main container rechecks the plugin
+    assert {nf.DRIVER_READY, nf.TOOLKIT_READY, nf.CUDA_READY} <= no_gpus
+    # the init containers ran once: a toolkit pod restarting takes nothing away
+    restarting = nf.advance(files, [ready(driver), ready(toolkit, False), validator], gpus=True)
+    assert restarting == files
+
+
+def test_the_validators_driver_validation_writes_driver_ready() -> None:
+    """Without a toolkit DaemonSet (a toolkit on the host) the validator's own
+    driver-validation init container writes driver-ready, then its toolkit check runs."""
+    policy = crd.ClusterPolicySpec.model_validate({"toolkit": {"enabled": False}})
+    pods = pods_of(policy)
+    driver = pods["nvidia-driver-daemonset"]
+    validator = pods["nvidia-operator-validator"]
+    assert nf.advance(set(), [driver, validator], gpus=True) == set()
+    files = nf.advance(set(), [ready(driver), validator], gpus=True)
+    assert files == {
+        nf.DRIVER_CTR_READY,
+        nf.DRIVER_READY,
+        nf.TOOLKIT_READY,
+        nf.CUDA_READY,
+        nf.PLUGIN_READY,
+    }
 
 
 def test_without_a_validator_only_the_toolkit_check_writes() -> None:
@@ -122,9 +148,10 @@ def test_a_driver_restart_and_a_stopped_validator_take_their_files() -> None:
     assert after_driver == files - {nf.DRIVER_CTR_READY}
     after_validator = nf.on_stopping(files, DEFAULT["nvidia-operator-validator"])
     assert after_validator == {nf.DRIVER_CTR_READY}  # rm -f *-ready spares dotfiles
-    # a validator still running takes the chain away once the driver is gone
+    # A validator still running does not notice (as upstream's, its driver check ran
+    # once, in an init container): the driver manager stops it, which takes the files.
     validator = DEFAULT["nvidia-operator-validator"]
-    assert nf.advance(after_driver, [validator], gpus=True) == set()
+    assert nf.advance(after_driver, [validator], gpus=True) >= after_driver
 
 
 def test_released_pods_are_not_held() -> None:

@@ -42,6 +42,9 @@ class _Owners:
     def driver_app(self, node: str) -> str:
         return "nvidia-gpu-driver-ubuntu22.04-x"
 
+    def base_spec(self) -> None:
+        return None  # the node pass reads it only without a ClusterPolicy
+
 
 class _Upgrades:
     """The upgrade step, writing the node's next state as the real one does: into the

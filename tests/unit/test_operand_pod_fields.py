@@ -369,7 +369,7 @@ NRI_OPERANDS = {
     "nvidia-dcgm": "nvidia-dcgm-ctr",
     "nvidia-dcgm-exporter": "nvidia-dcgm-exporter",
     "nvidia-mig-manager": "nvidia-mig-manager",
-    "nvidia-operator-validator": "nvidia-operator-validator",
+    "nvidia-operator-validator": "toolkit-validation",
 }
 
 
@@ -379,7 +379,7 @@ def test_nri_operands_get_the_management_device_instead_of_a_runtime_class() -> 
     `nvidia.cdi.k8s.io/container.<container>: management.nvidia.com/gpu=all`
     (TransformDevicePlugin, TransformMPSControlDaemon, TransformGPUDiscoveryPlugin,
     TransformDCGM, TransformDCGMExporter, TransformMIGManager, and TransformValidator for
-    its toolkit check, which our validator's one container runs)."""
+    its toolkit-validation init container, as ours)."""
     found = _all_daemonsets(_everything_with(**NRI))
     for name, container_name in NRI_OPERANDS.items():
         ds = found[name]
