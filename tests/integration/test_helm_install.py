@@ -405,6 +405,9 @@ async def _granted_is_what_the_recorded_run_used(
     # Only when a status write meets a newer object (409) and reads it again.
     not_exercised_here |= {("nvidia.com", "clusterpolicies", "get")}
     not_exercised_here |= {("nvidia.com", "nvidiadrivers", "get")}
+    # Only when a driver pool names imagePullSecrets and the upgrade pre-flight asks its
+    # registry with them (tests/integration/test_upgrade_preflight.py reads one).
+    not_exercised_here |= {("", "secrets", "get")}
     # Only with spec.psa.enabled, off here (tests/integration/test_psa.py labels it).
     not_exercised_here |= {("", "namespaces", "get"), ("", "namespaces", "patch")}
     # No GPUCluster exists in this scenario (tests/integration/test_gpucluster.py runs
