@@ -11,7 +11,7 @@ from typing import Any
 
 from components import with_hash
 from components.driver import rollout_key
-from crd import NVD_API_VERSION, NVD_KIND
+from gpuop.controller._owner_condition import owner_kind
 from gpuop.informer import Informer, Obj
 from gpuop.kinds import by_kind
 from gpuop.log import get_logger
@@ -21,8 +21,6 @@ from statemachine.upgrade_keys import DRIVER_REVISION_LABEL
 
 log = get_logger(__name__)
 
-POLICY = by_kind("nvidia.com/v1", "ClusterPolicy")
-NVD = by_kind(NVD_API_VERSION, NVD_KIND)
 REVISION = by_kind("apps/v1", "ControllerRevision")
 
 
@@ -112,7 +110,7 @@ class RollbackTemplates:
     async def _clear(self, raw: Obj, record: RollbackRecord, owner: str | None) -> None:
         """The owner renders another driver now: the rollback is over."""
         patch = {"metadata": {"annotations": {ROLLBACK_ANNOTATION: None}}}
-        kind, cache = (POLICY, self._policies) if owner is None else (NVD, self._drivers)
-        patched = await self.rest.merge_patch(kind, raw["metadata"]["name"], patch)
+        cache = self._policies if owner is None else self._drivers
+        patched = await self.rest.merge_patch(owner_kind(owner), raw["metadata"]["name"], patch)
         cache.observe(patched)
         log.info("driver rollback ended: the driver changed", reverted=record.describe())

@@ -16,12 +16,16 @@ from collections.abc import Callable
 from typing import Any
 
 from components.labels import is_gpu_node
-from crd import NVD_API_VERSION, NVD_KIND, ClusterPolicySpec
+from crd import ClusterPolicySpec
 from gpuop.controller._nodes import is_ready, labels
-from gpuop.controller._owner_condition import write_owner_condition
+from gpuop.controller._owner_condition import (
+    condition_of,
+    owner_kind,
+    owner_ref,
+    write_owner_condition,
+)
 from gpuop.events import EventRecorder
 from gpuop.informer import Informer, Obj
-from gpuop.kinds import by_kind
 from gpuop.log import get_logger
 from gpuop.metrics import OperatorMetrics
 from gpuop.rest import Kind, Rest
@@ -47,8 +51,6 @@ from statemachine.upgrade_keys import (
 
 log = get_logger(__name__)
 
-POLICY = by_kind("nvidia.com/v1", "ClusterPolicy")
-NVD = by_kind(NVD_API_VERSION, NVD_KIND)
 CONDITION_TYPE = "DriverUpgradeGate"
 _REASONS = {
     GatePhase.IDLE: "Idle",
@@ -114,13 +116,6 @@ def gate_nodes(
     return result
 
 
-def _condition_of(raw: Obj) -> dict[str, Any] | None:
-    for cond in (raw.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == CONDITION_TYPE:
-            return dict(cond)
-    return None
-
-
 class RolloutGate:
     """Runs inside the serial ``upgrades`` pass (so its record has one writer)."""
 
@@ -142,9 +137,7 @@ class RolloutGate:
 
     def _kind(self, owner: str | None) -> tuple[Kind, Any]:
         """What carries the gate of ``owner`` (None: the ClusterPolicy), and its cache."""
-        if owner is None:
-            return POLICY, self._policies
-        return NVD, self._drivers
+        return owner_kind(owner), self._policies if owner is None else self._drivers
 
     async def reconcile(
         self,
@@ -219,7 +212,7 @@ class RolloutGate:
                 name=raw["metadata"]["name"],
             )
             await self.events.record(
-                self._ref(raw, owner),
+                owner_ref(raw, owner),
                 "DriverUpgradeResumed",
                 "driver rollout resumed by annotation",
             )
@@ -253,12 +246,12 @@ class RolloutGate:
             message = f"driver rollout halted: rolling back {started.describe()}"
             log.warning("driver rollback", reverted=started.describe())
             await self.events.record(
-                self._ref(raw, owner), "DriverUpgradeRolledBack", message, warning=True
+                owner_ref(raw, owner), "DriverUpgradeRolledBack", message, warning=True
             )
         else:
             message = "driver rollout halted: no earlier revision runs anywhere to return to"
             await self.events.record(
-                self._ref(raw, owner), "DriverUpgradeRollbackImpossible", message, warning=True
+                owner_ref(raw, owner), "DriverUpgradeRollbackImpossible", message, warning=True
             )
 
     def _metrics(self, decision: GateDecision) -> None:
@@ -272,15 +265,11 @@ class RolloutGate:
         if failures is not None:
             self.metrics.upgrade_rollout_failures.set(failures)
 
-    def _ref(self, raw: Obj, owner: str | None) -> Obj:
-        kind, _ = self._kind(owner)
-        return {"apiVersion": kind.api_version, "kind": kind.kind, "metadata": raw["metadata"]}
-
     async def _report(self, raw: Obj, decision: GateDecision, owner: str | None = None) -> None:
         """The condition, and an Event when the phase changes (the condition's reason is
         the phase persisted, so a restart does not repeat the Event)."""
         reason = _REASONS[decision.phase]
-        old = _condition_of(raw)
+        old = condition_of(raw, CONDITION_TYPE)
         status = "True" if decision.holding else "False"
         message = decision.message or "no driver rollout in progress"
         if old is None or old.get("reason") != reason:
@@ -292,7 +281,7 @@ class RolloutGate:
                     phase=decision.phase.value,
                     why=message,
                 )
-                await self.events.record(self._ref(raw, owner), event[0], message, warning=event[1])
+                await self.events.record(owner_ref(raw, owner), event[0], message, warning=event[1])
         await self._write_condition(raw, (status, reason, message), owner)
 
     async def _patch_annotations(

@@ -56,6 +56,20 @@ class NodeStates:
             seen.append(state)
 
 
+async def _block_new_pods(rest: Rest, gpu: list[str], taints: dict[str, list[Any]]) -> None:
+    """Taint every GPU node so that no new driver pod starts; ``taints``: what each had."""
+    for name in gpu:
+        node = await rest.get(NODE, name)
+        assert node is not None
+        taints[name] = node["spec"].get("taints") or []
+        await rest.merge_patch(NODE, name, {"spec": {"taints": [*taints[name], BLOCKED]}})
+
+
+async def _restore_taints(rest: Rest, taints: dict[str, list[Any]]) -> None:
+    for name, previous in taints.items():
+        await rest.merge_patch(NODE, name, {"spec": {"taints": previous or None}})
+
+
 async def _driver_image(rest: Rest) -> str:
     ds = await rest.get(DS, "nvidia-driver-daemonset", NAMESPACE)
     assert ds is not None
@@ -84,11 +98,7 @@ async def test_a_halted_canary_goes_back_to_the_validated_driver(
             before = await _driver_hashes(rest)
             assert set(before) == set(gpu)
             # The new driver's pods cannot start anywhere (a taint they do not tolerate).
-            for name in gpu:
-                node = await rest.get(NODE, name)
-                assert node is not None
-                taints[name] = node["spec"].get("taints") or []
-                await rest.merge_patch(NODE, name, {"spec": {"taints": [*taints[name], BLOCKED]}})
+            await _block_new_pods(rest, gpu, taints)
             since = _now()
             await rest.apply(_policy(NEW, max_parallel=1, max_unavailable="100%", **EXTRA))
 
@@ -101,8 +111,7 @@ async def test_a_halted_canary_goes_back_to_the_validated_driver(
             failed = [n for n, s in (await _states(rest, gpu)).items() if s == "upgrade-failed"]
             assert len(failed) <= 1, failed
             # The cause goes with the bad driver: pods of the old one may start again.
-            for name in gpu:
-                await rest.merge_patch(NODE, name, {"spec": {"taints": taints[name] or None}})
+            await _restore_taints(rest, taints)
 
             async def back_and_done() -> dict[str, str] | None:
                 states = await _states(rest, gpu)
@@ -149,8 +158,7 @@ async def test_a_halted_canary_goes_back_to_the_validated_driver(
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watcher
-        for name, previous in taints.items():
-            await rest.merge_patch(NODE, name, {"spec": {"taints": previous or None}})
+        await _restore_taints(rest, taints)
     await rest.delete(POLICY, "cluster-policy")
 
 
@@ -214,11 +222,7 @@ async def test_an_nvidiadriver_halt_rolls_its_own_pools_back(
 
             before = await eventually(all_running, timeout=120, what="NVIDIADriver pods")
             await run.settle()
-            for name in gpu:
-                node = await rest.get(NODE, name)
-                assert node is not None
-                taints[name] = node["spec"].get("taints") or []
-                await rest.merge_patch(NODE, name, {"spec": {"taints": [*taints[name], BLOCKED]}})
+            await _block_new_pods(rest, gpu, taints)
             since = _now()
             await rest.merge_patch(NVD, "default", {"spec": {"version": "580.105.08"}})
 
@@ -230,8 +234,7 @@ async def test_an_nvidiadriver_halt_rolls_its_own_pools_back(
                 )
 
             await eventually(rolled_back, timeout=120, what="the NVIDIADriver rolled back")
-            for name in gpu:
-                await rest.merge_patch(NODE, name, {"spec": {"taints": taints[name] or None}})
+            await _restore_taints(rest, taints)
 
             async def back_and_done() -> bool:
                 states = await _states(rest, gpu)
@@ -260,6 +263,5 @@ async def test_an_nvidiadriver_halt_rolls_its_own_pools_back(
             # the ClusterPolicy's own rollout carries no rollback
             assert await _rollback_record(rest) is None
     finally:
-        for name, previous in taints.items():
-            await rest.merge_patch(NODE, name, {"spec": {"taints": previous or None}})
+        await _restore_taints(rest, taints)
         await nvd_cleanup(rest)
