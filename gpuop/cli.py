@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from gpuop import __version__
 from gpuop._local import local_cluster, require_local_cluster
 from gpuop.cli_errors import EXPECTED, Parser, report
-from gpuop.controller._config import DEFAULT_NAMESPACE, DEFAULT_OPERATOR_IMAGE
+from gpuop.controller import DEFAULT_NAMESPACE, DEFAULT_OPERATOR_IMAGE
 from gpuop.log import LEVELS
 from statemachine.preflight import Mode
 

@@ -29,7 +29,7 @@ from components.labels import any_mig_capable, is_gpu_node
 from components.registry import desired_objects
 from crd import ClusterPolicySpec, parse_policy
 from gpuop.admin_cli.validate import SOURCE_CHART, Doc, _is_values, _render
-from gpuop.controller._config import DEFAULT_NAMESPACE
+from gpuop.controller import DEFAULT_NAMESPACE
 from gpuop.kinds import KINDS, by_kind
 from gpuop.kube import api_client
 from gpuop.rest import Rest

@@ -28,7 +28,7 @@ import yaml
 from pydantic import ValidationError
 
 import crd
-from gpuop.controller._gpucluster import conflict_message
+from gpuop.controller import conflict_message
 from statemachine.driver_owner import DriverResource, assign_owners
 
 Obj = dict[str, Any]

@@ -19,16 +19,16 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from components._k8s import COMPONENT_LABEL
 from components.hashing import applied_hash, needs_apply
 from gpuop.controller._gpucluster_objects import gpucluster_owned
-from gpuop.controller._nvidiadriver_status import nvd_owner
+from gpuop.controller._objects import RUNS_PODS, nvd_owner
 from gpuop.controller._owned import OWNED_BY_NAME
-from gpuop.controller._replace import event_subject, replace_orphaning, selector_refused
-from gpuop.controller._status import (
+from gpuop.controller._refusals import (
     REFUSAL_RETRY_BASE,
     Refusal,
     is_refusal,
     refusal_delay,
     server_message,
 )
+from gpuop.controller._replace import event_subject, replace_orphaning, selector_refused
 from gpuop.events import EventRecorder
 from gpuop.informer import Informer, Obj, key_of
 from gpuop.kinds import kind_of
@@ -39,7 +39,6 @@ log = get_logger(__name__)
 
 APPLY_CONCURRENCY = 8
 """Applies in flight at once in one pass (the work queue's default worker count)."""
-RUNS_PODS = frozenset({"DaemonSet", "Deployment", "StatefulSet", "Job", "Pod"})
 BINDINGS = frozenset({"RoleBinding", "ClusterRoleBinding"})
 
 

@@ -3,7 +3,7 @@
 It takes the active policy, renders every enabled component, holds the ClusterPolicy's
 driver back while NVIDIADrivers hand nodes over, applies what changed, prunes what no
 component wants, and writes a status assembled by a pure function
-(:func:`gpuop.controller._status.cluster_status`) from what it observed: per-component
+(:func:`gpuop.controller._cluster_status.cluster_status`) from what it observed: per-component
 readiness, per-node rollout counts, refusals and whether NFD has labelled any node.
 """
 
@@ -12,50 +12,43 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from components import COMPONENTS, NodeFacts, ObjectKind, RenderContext, desired_objects, node_facts
+from components import COMPONENTS
 from components.driver import NAME as DRIVER_COMPONENT
-from components.driver_config import config_problems, referenced_config_maps
-from components.hashing import with_hash
-from components.kinds import PROMETHEUS_RULE, SERVICE_MONITOR
 from components.readiness import component_ready
-from crd import REASON_RECONCILE_FAILED, ClusterPolicySpec, not_ready_status
+from crd import (
+    REASON_RECONCILE_FAILED,
+    ClusterPolicy,
+    ClusterPolicySpec,
+    ClusterPolicyStatus,
+    not_ready_status,
+)
 from gpuop.controller._active import ActivePolicy
-from gpuop.controller._apply import Applier, owned_by, owner_reference
+from gpuop.controller._apply import Applier
+from gpuop.controller._cluster_status import ClusterObservation, cluster_status, invalid_status
 from gpuop.controller._config import OperatorConfig
 from gpuop.controller._label_gate import LabelGate
-from gpuop.controller._memo import VersionMemo
 from gpuop.controller._nodes import GpuFleet, GpuNodes
+from gpuop.controller._objects import generation, parse_status
 from gpuop.controller._owned import OptionalWatches
 from gpuop.controller._pace import LEAST_WAIT_S
-from gpuop.controller._policy_status import PolicyStatusWriter, generation, now
+from gpuop.controller._policy_render import Desired, PolicyRender
+from gpuop.controller._policy_status import PolicyStatusWriter, now
 from gpuop.controller._psa import PodSecurityLabels
 from gpuop.controller._result import Again, Result
 from gpuop.controller._rollback import RollbackTemplates
 from gpuop.controller._rollout_status import RolloutReports, Timers
 from gpuop.controller._rollout_view import NodeRollouts, RolloutView
 from gpuop.controller._site_config import SiteConfigMaps
-from gpuop.controller._status import (
-    POLICY,
-    ClusterObservation,
-    cluster_status,
-    invalid_status,
-    parse_status,
-)
 from gpuop.informer import Informer, Obj
 from gpuop.log import get_logger
 from gpuop.metrics import STATUS_ERROR, STATUS_NO_POLICY, STATUS_READY, OperatorMetrics
 from gpuop.rest import Rest
 from statemachine.rollout import ComponentStatus, plan_rollout
 
-if TYPE_CHECKING:
-    from gpuop.controller._nvidiadriver import NVIDIADrivers
-
 log = get_logger(__name__)
 
-Desired = dict[str, list[Obj]]
-"""Each component's desired objects, by component name (every component, maybe [])."""
 COALESCE_MIN_S = LEAST_WAIT_S
 COALESCE_MAX_S = 5.0
 COALESCE_FACTOR = 200.0
@@ -68,6 +61,14 @@ is never held back (``gpuop.controller._pace``)."""
 STALE_RETRY_S = 1.0
 """When a pass left stale pods for later (the per-pass cap), the next pass runs this
 soon even if their deletions wake nothing."""
+
+
+class DriverHandover(Protocol):
+    """What the cluster pass asks of the NVIDIADriver pass (another pass: named here,
+    never imported, so the passes stay independent)."""
+
+    def holds_policy_driver(self) -> bool: ...
+    def upgrade_incomplete(self) -> list[str]: ...
 
 
 @dataclass(kw_only=True)
@@ -86,20 +87,16 @@ class ClusterReconciler:
     status: PolicyStatusWriter
     rollouts: NodeRollouts
     reports: RolloutReports
-    nvd: NVIDIADrivers
+    nvd: DriverHandover
+    """The NVIDIADriver pass, as far as the ClusterPolicy's driver waits for it."""
     watches: OptionalWatches
     timers: Timers
     """The stuck-node timer's (``rollout-stuck``, not this pass's own key)."""
     again: Again
     """When this pass wants to run again; its applier and status writer are handed it."""
     site_config: SiteConfigMaps
-    _served: VersionMemo[str, bool] = field(default_factory=VersionMemo, init=False)
     _pass_cpu_s: float = field(default=0.0, init=False)
-    _rendered: tuple[tuple[object, ...], Desired, tuple[str, ...]] | None = field(
-        default=None, init=False
-    )
-    _facts: dict[str, tuple[Obj, NodeFacts]] = field(default_factory=dict, init=False)
-    _facts_memo: tuple[int, tuple[NodeFacts, ...]] | None = field(default=None, init=False)
+    _render: PolicyRender = field(init=False)
     _gpu_nodes: GpuNodes = field(init=False)
     label_gate: LabelGate = field(default_factory=LabelGate)
     gpucluster_conflict: Callable[[], str | None] = field(default=lambda: None)
@@ -114,6 +111,9 @@ class ClusterReconciler:
     def __post_init__(self) -> None:
         self._psa = PodSecurityLabels(self.rest, self.config.namespace)
         self._gpu_nodes = GpuNodes(self.nodes)
+        self._render = PolicyRender(
+            config=self.config, rest=self.rest, watches=self.watches, site_config=self.site_config
+        )
 
     def coalesce_seconds(self) -> float:
         """How long a pass waits after a progress event (a pod or an operand object
@@ -148,10 +148,9 @@ class ClusterReconciler:
 
     async def _reconcile(self) -> None:
         fleet = self._gpu_nodes()
-        gpu_nodes, has_nfd = list(fleet.nodes), fleet.has_nfd
+        gpu_nodes = list(fleet.nodes)
         self.metrics.gpu_nodes_total.set(len(gpu_nodes))
-        self.metrics.reconciliation_has_nfd_labels.set(1 if has_nfd else 0)
-
+        self.metrics.reconciliation_has_nfd_labels.set(1 if fleet.has_nfd else 0)
         raw, model, problems = self.active_policy()
         if raw is None:
             self.metrics.reconciliation_status.set(STATUS_NO_POLICY)
@@ -159,85 +158,82 @@ class ClusterReconciler:
             return
         await self.status.mark_ignored(raw["metadata"]["name"])
         previous = parse_status(raw)
-        gen = generation(raw)
         if model is None or problems:
-            status = invalid_status(self.config.namespace, model, problems, gen, previous, now())
-            await self.status.write(raw, status)
-            self.metrics.reconciliation_status.set(STATUS_ERROR)
-            log.warning(
-                "ClusterPolicy is invalid", policy=raw["metadata"]["name"], problems=problems
-            )
-            return
-
-        if not self.gpucluster_known():
+            await self._invalid(raw, model, problems, previous)
+        elif not self.gpucluster_known():
             # Whether a GPUCluster exists is not known yet (after a restart its cache
             # lists after ours): applying now could start a second stack beside a
             # GPUCluster's, and standing aside never prunes it. Nothing is written
-            # either way; the cache's listing queues this pass (`_gpucluster_known`).
+            # either way; the cache's listing queues this pass (`gpucluster_known`).
             log.debug("ClusterPolicy waits for the GPUCluster cache to list")
-            return
-        gpucluster = self.gpucluster_conflict()
-        if gpucluster is not None:
-            # As upstream: the two cannot coexist, and the ClusterPolicy stands aside
-            # (its operands stay as they are) until the GPUCluster is gone.
-            message = (
-                f'conflicting GPUCluster resource "{gpucluster}" detected;'
-                " ClusterPolicy and GPUCluster cannot co-exist"
-            )
-            status = not_ready_status(
-                self.config.namespace,
-                reason=REASON_RECONCILE_FAILED,
-                message=message,
-                error=True,
-                generation=gen,
-                now=now(),
-                previous=previous,
-            )
-            await self.status.write(raw, status)
-            self.metrics.reconciliation_status.set(STATUS_ERROR)
-            return
+        elif (gpucluster := self.gpucluster_conflict()) is not None:
+            await self._stand_aside(raw, gpucluster, previous)
+        else:
+            await self._roll_out(raw, model, previous, fleet, gpu_nodes)
 
+    async def _invalid(
+        self,
+        raw: Obj,
+        model: ClusterPolicy | None,
+        problems: list[str],
+        previous: ClusterPolicyStatus | None,
+    ) -> None:
+        """An invalid policy changes nothing; its status says why."""
+        gen = generation(raw)
+        status = invalid_status(self.config.namespace, model, problems, gen, previous, now())
+        await self.status.write(raw, status)
+        self.metrics.reconciliation_status.set(STATUS_ERROR)
+        log.warning("ClusterPolicy is invalid", policy=raw["metadata"]["name"], problems=problems)
+
+    async def _stand_aside(
+        self, raw: Obj, gpucluster: str, previous: ClusterPolicyStatus | None
+    ) -> None:
+        """As upstream: a ClusterPolicy and a GPUCluster cannot coexist, and the
+        ClusterPolicy stands aside (its operands stay as they are) until it is gone."""
+        message = (
+            f'conflicting GPUCluster resource "{gpucluster}" detected;'
+            " ClusterPolicy and GPUCluster cannot co-exist"
+        )
+        status = not_ready_status(
+            self.config.namespace,
+            reason=REASON_RECONCILE_FAILED,
+            message=message,
+            error=True,
+            generation=generation(raw),
+            now=now(),
+            previous=previous,
+        )
+        await self.status.write(raw, status)
+        self.metrics.reconciliation_status.set(STATUS_ERROR)
+
+    async def _roll_out(
+        self,
+        raw: Obj,
+        model: ClusterPolicy,
+        previous: ClusterPolicyStatus | None,
+        fleet: GpuFleet,
+        gpu_nodes: list[Obj],
+    ) -> None:
+        """Apply every enabled component at once, as upstream (each node orders itself:
+        init containers wait for its validation files, so a stuck node holds back only
+        itself), and write the status the fleet machine summarises."""
         spec = model.spec
+        gen = generation(raw)
         await self._psa.ensure(spec.psa.enabled, (raw["metadata"].get("uid"), gen))
         self.metrics.driver_auto_upgrade_enabled.set(
             1 if spec.driver.enabled and spec.driver.upgrade_policy.auto_upgrade else 0
         )
-        desired = await self._render(raw, spec, gpu_nodes, fleet)
-        if self.rollback is not None and desired.get(DRIVER_COMPONENT):
-            desired[DRIVER_COMPONENT] = await self.rollback.apply(raw, desired[DRIVER_COMPONENT])
-        held = self.nvd.holds_policy_driver()
-        if held:
-            # NVIDIADriver pods still run: the ClusterPolicy's driver waits until they left.
-            desired[DRIVER_COMPONENT] = [
-                o for o in desired[DRIVER_COMPONENT] if o["kind"] != "DaemonSet"
-            ]
+        desired, held = await self._desired(raw, spec, gpu_nodes, fleet)
         objects = [o for objs in desired.values() for o in objs]
-        waiting = self._wait_for_labels(raw, objects, spec, gpu_nodes, fleet.version)
-        if self.config_problems:
-            # The driver's site configuration is incomplete: rolling drivers out without
-            # the repositories or certificates they need would break nodes that work
-            # now, so the driver DaemonSets are neither written nor pruned.
-            waiting |= {id(o) for o in desired[DRIVER_COMPONENT] if o["kind"] == "DaemonSet"}
-        if fleet.nfd_away:
-            # NFD's labels are away from some GPU nodes (NFD's uninstall pruned them, a
-            # new NFD has not labelled yet): the driver image's OS tag and a precompiled
-            # driver's kernel come from them, so a driver rendered now could differ only
-            # for want of them and restart every driver. The driver DaemonSets stay as
-            # they are, neither written nor pruned, until NFD labels the nodes again.
-            waiting |= {id(o) for o in desired[DRIVER_COMPONENT] if o["kind"] == "DaemonSet"}
+        waiting = self._held_back(raw, desired, objects, spec, gpu_nodes, fleet)
         view = self.rollouts.view(desired, gpu_nodes)
         snapshot, actual = self._components(desired, spec, held, view, waiting, fleet.nfd_away)
-
-        # Every enabled component at once, as upstream: each node orders itself (init
-        # containers wait for its validation files), so a stuck node holds back only
-        # itself. The fleet machine below only summarises where the fleet stands.
         plan = plan_rollout(snapshot, previous.rollout_state if previous else None)
         refused = await self.applier.apply_all([o for o in objects if id(o) not in waiting])
         await self.applier.prune(objects)
         if await self.reports.release_stale(fleet.out_of_service, desired):
             self.again.after(STALE_RETRY_S)  # the cap left some
         self.reports.schedule(view, self.timers)
-
         seen = ClusterObservation(
             namespace=self.config.namespace,
             model=model,
@@ -248,7 +244,7 @@ class ClusterReconciler:
             actual=actual,
             view=view,
             refused=refused,
-            has_nfd=has_nfd,
+            has_nfd=fleet.has_nfd,
             config_problems=self.config_problems,
         )
         status, outcome = cluster_status(seen, now())
@@ -260,52 +256,53 @@ class ClusterReconciler:
         await self.reports.announce(raw, view)
         await self.status.write(raw, status)
 
-    async def _render(
+    async def _desired(
         self, raw: Obj, spec: ClusterPolicySpec, gpu_nodes: list[Obj], fleet: GpuFleet
-    ) -> Desired:
-        """Every component's objects, owned by the policy and carrying their hash.
+    ) -> tuple[Desired, bool]:
+        """The rendered objects, with the driver's rollback templates in, and without
+        its DaemonSets while NVIDIADriver pods still run (True: held for them)."""
+        desired = await self._render.render(raw, spec, gpu_nodes, fleet)
+        if self.rollback is not None and desired.get(DRIVER_COMPONENT):
+            desired[DRIVER_COMPONENT] = await self.rollback.apply(raw, desired[DRIVER_COMPONENT])
+        held = self.nvd.holds_policy_driver()
+        if held:
+            # NVIDIADriver pods still run: the ClusterPolicy's driver waits until they left.
+            desired[DRIVER_COMPONENT] = [
+                o for o in desired[DRIVER_COMPONENT] if o["kind"] != "DaemonSet"
+            ]
+        return desired, held
 
-        Rendered again only when its inputs changed (the policy's generation, the GPU
-        nodes' facts, the Prometheus Operator's APIs): during a rollout the pass runs on every
-        pod change, and rendering and hashing every object each time cost most of its
-        CPU. Callers get a fresh mapping over the shared, never-mutated objects."""
-        facts = self._node_facts(gpu_nodes, fleet.version)
-        site_keys = self.site_config.keys(referenced_config_maps(spec))
-        ctx = RenderContext(
-            namespace=self.config.namespace,
-            operator_image=self.config.operator_image,
-            operator_image_pull_policy=self.config.operator_image_pull_policy,
-            operator_image_pull_secrets=self.config.operator_image_pull_secrets,
-            mig_capable=fleet.mig_capable,
-            service_monitor_crd=await self._served_kind(raw, SERVICE_MONITOR),
-            prometheus_rule_crd=await self._served_kind(raw, PROMETHEUS_RULE),
-            gpu_nodes=facts,
-            config_map_keys=site_keys,
-        )
-        meta = raw["metadata"]
-        key = (
-            meta.get("uid"),
-            meta.get("generation") or meta.get("resourceVersion"),
-            ctx.mig_capable,
-            ctx.service_monitor_crd,
-            ctx.prometheus_rule_crd,
-            facts,
-            tuple(sorted(site_keys.items())),
-        )
-        if self._rendered is None or self._rendered[0] != key:
-            owner = owner_reference(POLICY.api_version, POLICY.kind, meta)
-            desired = {
-                name: [with_hash(owned_by(o, owner)) for o in objs]
-                for name, objs in desired_objects(spec, ctx).items()
-            }
-            self._rendered = (key, desired, tuple(config_problems(spec, ctx)))
-        return {name: list(objs) for name, objs in self._rendered[1].items()}
+    def _held_back(
+        self,
+        raw: Obj,
+        desired: Desired,
+        objects: list[Obj],
+        spec: ClusterPolicySpec,
+        gpu_nodes: list[Obj],
+        fleet: GpuFleet,
+    ) -> set[int]:
+        """The ``id`` of each object neither written nor pruned this pass."""
+        waiting = self._wait_for_labels(raw, objects, spec, gpu_nodes, fleet.version)
+        driver_sets = {id(o) for o in desired[DRIVER_COMPONENT] if o["kind"] == "DaemonSet"}
+        if self.config_problems:
+            # The driver's site configuration is incomplete: rolling drivers out without
+            # the repositories or certificates they need would break nodes that work
+            # now, so the driver DaemonSets are neither written nor pruned.
+            waiting |= driver_sets
+        if fleet.nfd_away:
+            # NFD's labels are away from some GPU nodes (NFD's uninstall pruned them, a
+            # new NFD has not labelled yet): the driver image's OS tag and a precompiled
+            # driver's kernel come from them, so a driver rendered now could differ only
+            # for want of them and restart every driver. The driver DaemonSets stay as
+            # they are, neither written nor pruned, until NFD labels the nodes again.
+            waiting |= driver_sets
+        return waiting
 
     @property
     def config_problems(self) -> tuple[str, ...]:
         """Why the last render lacks the driver's site configuration (a named ConfigMap
         missing, an OS with no known directory): empty when it has it all."""
-        return self._rendered[2] if self._rendered else ()
+        return self._render.config_problems
 
     def _wait_for_labels(
         self,
@@ -330,25 +327,6 @@ class ClusterReconciler:
         if look_again is not None:
             self.again.after(look_again)
         return {id(o) for o in held}
-
-    def _node_facts(self, gpu_nodes: list[Obj], nodes_version: int) -> tuple[NodeFacts, ...]:
-        """Each GPU node's facts in name order, read again only from a node object the
-        cache replaced since. ``nodes_version``: the node cache's version ``gpu_nodes``
-        were read at (the cache may have moved on while the pass awaited)."""
-        if self._facts_memo is not None and self._facts_memo[0] == nodes_version:
-            return self._facts_memo[1]
-        known = self._facts
-        self._facts = {}
-        out = []
-        for node in gpu_nodes:  # in name order
-            name = str(node["metadata"]["name"])
-            entry = known.get(name)
-            if entry is None or entry[0] is not node:
-                entry = (node, node_facts(node))
-            self._facts[name] = entry
-            out.append(entry[1])
-        self._facts_memo = (nodes_version, tuple(out))
-        return self._facts_memo[1]
 
     def _components(
         self,
@@ -402,18 +380,3 @@ class ClusterReconciler:
                 f"NVIDIADriver upgrade in progress or failed on {', '.join(upgrading[:3])}{more}",
             )
         return ready, message
-
-    async def _served_kind(self, raw: Obj, kind: ObjectKind) -> bool:
-        """Whether an optional kind's API (the Prometheus Operator's ServiceMonitor or
-        PrometheusRule) is served (discovery, which every authenticated client may
-        read), starting or stopping its watch. Asked once per policy version, never on
-        a timer."""
-
-        async def probe() -> bool:
-            found = await self.rest.api_resource_exists(kind.api_version, kind.plural)
-            self.watches.served(kind, found)
-            return found
-
-        # Keyed by generation, not resourceVersion: status writes bump that.
-        version = str(raw["metadata"].get("generation"))
-        return await self._served.aget(kind.kind, version, probe)

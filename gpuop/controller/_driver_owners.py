@@ -19,7 +19,7 @@ from components.nvidiadriver import gpucluster_base, policy_for
 from crd import OWNER_LABEL, ClusterPolicySpec, NVIDIADriver, parse_nvidiadriver
 from gpuop.controller._memo import VersionMemo
 from gpuop.controller._nodes import labels
-from gpuop.controller._nvidiadriver_status import is_policy_driver, nvd_owner
+from gpuop.controller._objects import is_policy_driver, nvd_owner
 from gpuop.controller._upgrade_inputs import policy_view
 from gpuop.informer import Informer, Obj
 from statemachine import UpgradePolicyView

@@ -28,8 +28,7 @@ writes nothing, and an invalid spec is a status condition, never a crash loop.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
@@ -38,26 +37,21 @@ from components import RenderContext, daemonset_ready, with_hash
 from components.dra import KINDS, STATE_LABEL, claim_consumers, render
 from components.kinds import SERVICE_MONITOR
 from crd import (
-    CONDITION_ERROR,
-    CONDITION_READY,
     GC_API_VERSION,
     GC_KIND,
-    REASON_FIELDS_NOT_ACTED_ON,
     REASON_INVALID_SPEC,
     REASON_OPERAND_NOT_READY,
     REASON_PREREQUISITE_NOT_MET,
     REASON_RECONCILE_FAILED,
     REASON_RECONCILED,
-    Condition,
     GPUClusterSpec,
     ImageRefError,
     gpucluster_unsupported_fields,
     parse_gpucluster,
-    with_unsupported_condition,
 )
-from crd._status import format_time, set_conditions, unsupported_fields_news
 from gpuop.controller._apply import Applier, object_key, owned_by
 from gpuop.controller._gpucluster_objects import gpucluster_owner
+from gpuop.controller._gpucluster_status import GPUClusterStatus
 from gpuop.controller._owned import OptionalWatches
 from gpuop.controller._result import Again, Result
 from gpuop.events import EventRecorder
@@ -134,6 +128,7 @@ class GPUClusters:
             ResourceSpec("gpuclusters", rest.lister(GPUCLUSTER), absent_is_empty=True),
             on_cluster,
         )
+        self._status = GPUClusterStatus(rest, self.clusters, events, namespace)
         self.owned: dict[str, Informer] = {
             k.kind: self._owned_informer(k) for k in KINDS if not k.optional
         }
@@ -237,7 +232,9 @@ class GPUClusters:
         policy = next(iter(self.policies.values()), None)
         if policy is not None:
             message = conflict_message(policy["metadata"]["name"])
-            await self._status(raw, STATE_NOT_READY, (False, REASON_PREREQUISITE_NOT_MET, message))
+            await self._status.write(
+                raw, STATE_NOT_READY, (False, REASON_PREREQUISITE_NOT_MET, message)
+            )
             log.warning(
                 "GPUCluster waits: a ClusterPolicy exists", policy=policy["metadata"]["name"]
             )
@@ -255,7 +252,7 @@ class GPUClusters:
             unsupported = [str(f) for f in gpucluster_unsupported_fields(spec)]
         except (ValidationError, ImageRefError) as err:
             message = f"invalid GPUCluster: {_problems(err)}"
-            await self._status(raw, STATE_NOT_READY, (False, REASON_INVALID_SPEC, message))
+            await self._status.write(raw, STATE_NOT_READY, (False, REASON_INVALID_SPEC, message))
             log.warning("GPUCluster is invalid", problems=message)
             return
         await self._ensure_admin_access_label()
@@ -266,19 +263,19 @@ class GPUClusters:
         if refused:
             first = refused[0]
             message = f"{first.kind} {first.name} refused ({first.code}): {first.message}"
-            await self._status(
+            await self._status.write(
                 raw, STATE_NOT_READY, (False, REASON_RECONCILE_FAILED, message), unsupported
             )
             return
         waiting = self._not_ready(objects)
         if waiting:
             message = "Waiting for operand pods to be ready: " + ", ".join(waiting)
-            await self._status(
+            await self._status.write(
                 raw, STATE_NOT_READY, (False, REASON_OPERAND_NOT_READY, message), unsupported
             )
             return
         done = "All resources have been successfully reconciled"
-        await self._status(raw, STATE_READY, (True, REASON_RECONCILED, done), unsupported)
+        await self._status.write(raw, STATE_READY, (True, REASON_RECONCILED, done), unsupported)
 
     async def _add_finalizer(self, raw: Obj) -> Obj:
         meta = raw["metadata"]
@@ -373,71 +370,6 @@ class GPUClusters:
         if not spec.exporter_enabled or monitor is None or not monitor.enabled:
             return False
         return self._monitor_served[1]
-
-    async def _status(
-        self,
-        raw: Obj,
-        state: str,
-        ready: tuple[bool, str, str],
-        unsupported: Sequence[str] | None = None,
-    ) -> None:
-        """Write upstream's status (state, namespace, Ready and Error conditions) when
-        it differs from what is stored; an unchanged condition keeps its time. With
-        `unsupported` (a spec that parsed), the UnsupportedFields condition names what
-        the spec sets but we ignore, as the other two kinds' do (a Warning Event once per
-        change of it); None keeps the stored one."""
-        holds, reason, message = ready
-        now = datetime.now(UTC)
-        stamp = format_time(now)
-        error = (False, CONDITION_READY, "") if holds else (True, reason, message)
-        previous = [Condition.model_validate(c) for c in _stored(raw).get("conditions") or []]
-        conditions = set_conditions(
-            previous,
-            Condition(
-                type=CONDITION_READY,
-                status="True" if holds else "False",
-                reason=reason if holds else CONDITION_ERROR,
-                message=message if holds else "",
-                last_transition_time=stamp,
-            ),
-            Condition(
-                type=CONDITION_ERROR,
-                status="True" if error[0] else "False",
-                reason=error[1],
-                message=error[2],
-                last_transition_time=stamp,
-            ),
-        )
-        if unsupported is not None:
-            generation = raw["metadata"].get("generation")
-            conditions = with_unsupported_condition(
-                conditions, unsupported, generation=generation, now=now
-            )
-        dumped: list[Obj] = [
-            c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in conditions
-        ]
-        status = {"state": state, "namespace": self.namespace, "conditions": dumped}
-        if _stored(raw) == status:
-            return
-        patched = await self.rest.merge_patch(
-            GPUCLUSTER, raw["metadata"]["name"], {"status": status}, subresource="status"
-        )
-        self.clusters.observe(patched)
-        await self._record_unsupported(raw, dumped)
-
-    async def _record_unsupported(self, raw: Obj, written: list[Obj]) -> None:
-        """A Warning Event naming the fields set but not acted on, once per change of the
-        UnsupportedFields condition (so once per generation that sets them)."""
-        message = unsupported_fields_news(_stored(raw).get("conditions") or [], written)
-        if message is None:
-            return
-        involved = {"apiVersion": GC_API_VERSION, "kind": GC_KIND, "metadata": raw["metadata"]}
-        await self.events.record(involved, REASON_FIELDS_NOT_ACTED_ON, message, warning=True)
-        log.warning("GPUCluster sets fields gpuop does not act on", message=message)
-
-
-def _stored(raw: Obj) -> dict[str, Any]:
-    return dict(raw.get("status") or {})
 
 
 def _rolled_out(obj: Obj) -> bool:

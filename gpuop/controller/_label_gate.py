@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 from components.labels import node_label_changes
 from crd import ClusterPolicySpec
-from gpuop.controller._apply import RUNS_PODS
 from gpuop.controller._nodes import labels
+from gpuop.controller._objects import RUNS_PODS
 from gpuop.informer import Obj
 
 LABEL_WAIT_MAX_S = 60.0

@@ -54,7 +54,8 @@ from gpuop.controller._gpucluster_objects import gpucluster_owner
 from gpuop.controller._keys import CLUSTER_KEY, node_key
 from gpuop.controller._memo import VersionMemo
 from gpuop.controller._nodes import labels
-from gpuop.controller._nvidiadriver_status import StatusWriter, is_policy_driver, nvd_owner
+from gpuop.controller._nvidiadriver_status import StatusWriter
+from gpuop.controller._objects import is_policy_driver, nvd_owner
 from gpuop.controller._pods import PodRecord, PodSubset, is_driver_pod, pod_app
 from gpuop.controller._routes import Wake
 from gpuop.informer import Obj

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
-from components.driver import DAEMONSET_NAME as POLICY_DRIVER_DS
 from crd import (
     CONDITION_ERROR,
     CONDITION_READY,
@@ -50,25 +49,6 @@ Verdict = tuple[bool, str, str]
 
 def _now() -> datetime:
     return datetime.now(UTC)
-
-
-def is_policy_driver(name: str) -> bool:
-    """Whether a DaemonSet (or the `app` of a pod) is the ClusterPolicy's driver."""
-    return name == POLICY_DRIVER_DS or name.startswith(POLICY_DRIVER_DS + "-")
-
-
-def is_driver_object(obj: Obj) -> bool:
-    """Whether an object (a DaemonSet, say) is part of a driver: the ClusterPolicy's
-    (by name) or an NVIDIADriver's (by owner)."""
-    return nvd_owner(obj) is not None or is_policy_driver(obj["metadata"]["name"])
-
-
-def nvd_owner(obj: Obj) -> str | None:
-    """Name of the NVIDIADriver that controls ``obj``, if one does."""
-    for ref in obj["metadata"].get("ownerReferences") or ():
-        if ref.get("kind") == NVD_KIND and ref.get("controller"):
-            return str(ref["name"])
-    return None
 
 
 def unsupported(raw: Obj) -> list[str]:

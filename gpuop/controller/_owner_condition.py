@@ -11,10 +11,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from crd import NVD_API_VERSION, NVD_KIND, NVIDIADriverStatus
+from gpuop.controller._objects import parse_status
 from gpuop.controller._status import (
     StatusWrite,
     condition_change,
-    parse_status,
     write_policy_conditions,
     write_status,
 )

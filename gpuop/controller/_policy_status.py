@@ -2,8 +2,9 @@
 seconds, an Event when the state (or the error) changes or when fields are set that
 gpuop does not act on; every policy but the active one is marked ignored.
 
-What a status *says* is computed elsewhere (:func:`gpuop.controller._status.cluster_status`);
-this module is the write path and its bookkeeping.
+What a status *says* is computed elsewhere
+(:func:`gpuop.controller._cluster_status.cluster_status`); this module is the write
+path and its bookkeeping.
 """
 
 from __future__ import annotations
@@ -20,12 +21,12 @@ from crd import (
     find_condition,
     ignored_status,
 )
+from gpuop.controller._cluster_status import flag_spec_conditions
+from gpuop.controller._objects import generation, parse_status, policy_ref, stored_condition
 from gpuop.controller._status import (
     CLUSTER_PASS_CONDITIONS,
     POLICY,
     StatusWrite,
-    flag_spec_conditions,
-    parse_status,
     status_dict,
     status_patch,
     write_status,
@@ -47,22 +48,6 @@ _PROGRESS_KEYS = frozenset(("message", "nodesReady", "nodesNotReady", "nodesAt")
 
 def now() -> datetime:
     return datetime.now(UTC)
-
-
-def generation(obj: Obj) -> int | None:
-    value = obj.get("metadata", {}).get("generation")
-    return int(value) if value is not None else None
-
-
-def policy_ref(raw: Obj) -> Obj:
-    """The ClusterPolicy as the object an Event is about."""
-    return {"apiVersion": POLICY.api_version, "kind": POLICY.kind, "metadata": raw["metadata"]}
-
-
-def stored_condition(raw: Obj, kind: str) -> Obj:
-    """The condition of type ``kind`` in the policy's stored status ({} when none)."""
-    conditions = (raw.get("status") or {}).get("conditions") or []
-    return next((c for c in conditions if c.get("type") == kind), {})
 
 
 class PolicyStatusWriter:

@@ -33,6 +33,8 @@ from crd import format_time as format_condition_time
 from gpuop.controller._active import ActivePolicy
 from gpuop.controller._eviction import EVICTION_RETRY_SECONDS
 from gpuop.controller._nodes import labels
+from gpuop.controller._remediation_dry_run import DryRunReports, node_ref
+from gpuop.controller._remediation_pause import PauseCondition
 from gpuop.controller._remediation_views import (
     node_facts,
     node_view,
@@ -40,7 +42,6 @@ from gpuop.controller._remediation_views import (
     policy_view,
     transition,
 )
-from gpuop.controller._status import condition_change, write_policy_conditions
 from gpuop.controller._upgrade import Upgrades
 from gpuop.controller._upgrade_inputs import policy_view as upgrade_policy_view
 from gpuop.events import EventRecorder
@@ -52,15 +53,11 @@ from gpuop.rest import Rest
 from statemachine import cordon
 from statemachine.remediation import (
     ACTION_ANNOTATION,
-    CONDITION_REMEDIATION_PAUSED,
     DRAINED_ANNOTATION,
     HEALTHY_SEEN_ANNOTATION,
     MANAGED_ANNOTATIONS,
     QUARANTINED_ANNOTATION,
     QUARANTINED_AT_ANNOTATION,
-    REASON_CIRCUIT_BREAKER,
-    REASON_RESUMED,
-    RESUME_ANNOTATION,
     TAINT_EFFECT,
     TAINT_KEY,
     TAINT_VALUE,
@@ -113,12 +110,9 @@ class Remediation:
         self._policies = policies
         self._active_policy = active_policy
         self._drain = drain
-        #: Dry run: what was already reported, so each would-be action is told once
-        #: (memory only: a restarted operator reports it once more, changing nothing).
-        self._reported: set[tuple[str, str]] = set()
-        #: The pause as last written: if a concurrent status write drops the
-        #: condition, the next pass restores it instead of taking the pause as lifted.
-        self._paused_written = False
+        #: Dry run: each would-be action is told once.
+        self._dry_run = DryRunReports(metrics, events, nodes)
+        self._pause = PauseCondition(rest, events, policies)
         #: Per node, the drain setback last told (an Event per change, not per retry;
         #: memory only: a restarted operator tells it once more).
         self._drain_told: dict[str, tuple[str, tuple[str, ...]]] = {}
@@ -151,35 +145,66 @@ class Remediation:
         policy = policy_view(spec)
         self._enabled = policy.enabled
         if raw is None:
-            self._paused_written = False
+            self._pause.written = False
+        paused_cond = paused_condition(raw) if raw is not None else None
+        now = datetime.now(UTC)
+        fleet = self._fleet(raw, policy, paused_cond, now)
+        plan = plan_remediation(fleet, policy)
+        self.metrics.health_unhealthy.set(plan.unhealthy)
+        if plan.dry_run:
+            since = {v.name: v.since for v in fleet.nodes}
+            for name in plan.observe:
+                self._seen_dry[name] = (since[name], now.timestamp())
+            await self._dry_run.report(plan, policy, raw)
+            self.metrics.health_quarantined.set(sum(1 for v in fleet.nodes if v.quarantined))
+            return None
+        self.metrics.health_would_quarantine.set(0)
+        self._dry_run.clear()
+        delays = await self._carry_out(plan, policy, spec, now)
+        if raw is not None and policy.enabled:
+            await self._pause.state(raw, plan, policy, now)
+        elif raw is not None and paused_cond is not None:
+            await self._pause.write(raw, None, now)
+        self.metrics.health_quarantined.set(plan.quarantined if policy.enabled else 0)
+        self.metrics.health_paused.set(1 if plan.paused and policy.enabled else 0)
+        if plan.requeue_after is not None:
+            delays.append(settle_delay(plan.requeue_after))
+        return min(delays) if delays else None
+
+    def _fleet(
+        self,
+        raw: Obj | None,
+        policy: RemediationPolicyView,
+        paused_cond: Obj | None,
+        now: datetime,
+    ) -> FleetHealthView:
+        """What the planner reads: every GPU (or still quarantined) node's health, the
+        pause and the resume annotation."""
         views = tuple(
             node_view(n)
             for n in self._nodes.values()
             if is_gpu_node(labels(n))
             or QUARANTINED_ANNOTATION in (n["metadata"].get("annotations") or {})
         )
-        paused_cond = paused_condition(raw) if raw is not None else None
         paused = (paused_cond or {}).get("status") == "True" or (
-            self._paused_written and paused_cond is None
+            self._pause.written and paused_cond is None
         )
         resume = raw is not None and resume_requested(raw["metadata"].get("annotations") or {})
-        now = datetime.now(UTC)
         if policy.dry_run:
             views = tuple(self._seen_in_dry_run(v) for v in views)
         else:
             self._seen_dry.clear()
-        fleet = FleetHealthView(views, now.timestamp(), paused=paused, resume_requested=resume)
-        plan = plan_remediation(fleet, policy)
-        self.metrics.health_unhealthy.set(plan.unhealthy)
-        if plan.dry_run:
-            since = {v.name: v.since for v in views}
-            for name in plan.observe:
-                self._seen_dry[name] = (since[name], now.timestamp())
-            await self._report_dry_run(plan, policy, raw)
-            self.metrics.health_quarantined.set(sum(1 for v in views if v.quarantined))
-            return None
-        self.metrics.health_would_quarantine.set(0)
-        self._reported.clear()
+        return FleetHealthView(views, now.timestamp(), paused=paused, resume_requested=resume)
+
+    async def _carry_out(
+        self,
+        plan: RemediationPlan,
+        policy: RemediationPolicyView,
+        spec: ClusterPolicySpec | None,
+        now: datetime,
+    ) -> list[float]:
+        """Record sightings, release, quarantine and drain as planned; the seconds until
+        each refused drain is tried again."""
         by_name = {n["metadata"]["name"]: n for n in self._nodes.values()}
         for name in plan.observe:
             await self._record_seen(by_name[name], now)
@@ -195,15 +220,7 @@ class Remediation:
                 delay = await self._drain_node(name, spec)
                 if delay is not None:
                     delays.append(delay)
-        if raw is not None and policy.enabled:
-            await self._policy_state(raw, plan, policy, now)
-        elif raw is not None and paused_cond is not None:
-            await self._write_paused(raw, None, now)
-        self.metrics.health_quarantined.set(plan.quarantined if policy.enabled else 0)
-        self.metrics.health_paused.set(1 if plan.paused and policy.enabled else 0)
-        if plan.requeue_after is not None:
-            delays.append(settle_delay(plan.requeue_after))
-        return min(delays) if delays else None
+        return delays
 
     def _seen_in_dry_run(self, view: HealthNodeView) -> HealthNodeView:
         """``view`` with the settle start a dry run remembers, for the same transition."""
@@ -261,7 +278,7 @@ class Remediation:
             "gpu node quarantined", node=step.node, action=policy.action.value, why=step.why
         )
         await self.events.record(
-            _node_ref(node),
+            node_ref(node),
             "GPUUnhealthyQuarantined",
             f"{did} ({TAINT_KEY}={TAINT_VALUE}:{TAINT_EFFECT}): {step.why}",
             warning=True,
@@ -279,7 +296,7 @@ class Remediation:
             await self._patch_node(node, {"metadata": {"annotations": {DRAINED_ANNOTATION: stamp}}})
             self._drain_told.pop(name, None)
             log.info("gpu node drained", node=name)
-            await self.events.record(_node_ref(node), "GPUUnhealthyDrained", outcome.message())
+            await self.events.record(node_ref(node), "GPUUnhealthyDrained", outcome.message())
             return None
         if outcome.refused:
             told = ("GPUUnhealthyDrainRefused", outcome.refused)
@@ -287,7 +304,7 @@ class Remediation:
             told = ("GPUUnhealthyDrainBlocked", tuple(sorted(outcome.blocked)))
         if told[1] and self._drain_told.get(name) != told:
             log.warning("gpu node drain setback", node=name, reason=outcome.message())
-            await self.events.record(_node_ref(node), told[0], outcome.message(), warning=True)
+            await self.events.record(node_ref(node), told[0], outcome.message(), warning=True)
         self._drain_told[name] = told
         return DRAIN_RECHECK_SECONDS if outcome.refused else EVICTION_RETRY_SECONDS
 
@@ -316,99 +333,12 @@ class Remediation:
         else:
             cordoned = " and uncordoned" if step.uncordon else ""
         await self.events.record(
-            _node_ref(node),
+            node_ref(node),
             "GPUHealthyQuarantineLifted",
             f"taint {TAINT_KEY} removed{cordoned}: {step.why}",
         )
 
     # ----------------------------------------------------------------- policy
-    async def _policy_state(
-        self, raw: Obj, plan: RemediationPlan, policy: RemediationPolicyView, now: datetime
-    ) -> None:
-        involved = _policy_ref(raw)
-        if plan.resumed:
-            patched = await self.rest.merge_patch(
-                POLICY,
-                raw["metadata"]["name"],
-                {"metadata": {"annotations": {RESUME_ANNOTATION: None}}},
-            )
-            self._policies.observe(patched)
-            raw = patched
-            log.info("gpu health remediation resumed", policy=raw["metadata"]["name"])
-            await self.events.record(
-                involved, "RemediationResumed", "GPU health remediation resumed by annotation"
-            )
-        if plan.paused:
-            message = plan.pause_message(policy.max_unhealthy)
-            condition = ("True", REASON_CIRCUIT_BREAKER, message)
-        elif plan.resumed or paused_condition(raw) is not None:
-            condition = ("False", REASON_RESUMED, "GPU health remediation is active")
-        else:
-            return  # never paused: no condition at all, the status stays upstream's
-        if plan.tripped:
-            log.warning("gpu health remediation paused", reason=message, held=list(plan.held))
-            await self.events.record(involved, "RemediationPaused", message, warning=True)
-        await self._write_paused(raw, condition, now)
-
-    async def _write_paused(
-        self, raw: Obj, condition: tuple[str, str, str] | None, now: datetime
-    ) -> None:
-        """Set (or with None remove) RemediationPaused, guarded by resourceVersion."""
-        change = condition_change(raw, CONDITION_REMEDIATION_PAUSED, condition, now)
-        if change is None:
-            # Unreadable status: writing ours alone would drop Ready and Error.
-            log.warning("policy status unreadable; RemediationPaused not written")
-            return
-        self._paused_written = condition is not None and condition[0] == "True"
-        if change.wanted == change.stored:
-            return
-        await write_policy_conditions(
-            self.rest, self._policies, raw, change.wanted, owned=CONDITION_REMEDIATION_PAUSED
-        )
-
-    # ---------------------------------------------------------------- dry run
-    async def _report_dry_run(
-        self, plan: RemediationPlan, policy: RemediationPolicyView, raw: Obj | None
-    ) -> None:
-        """Tell once what would be done; write nothing but Events."""
-        self.metrics.health_would_quarantine.set(len(plan.quarantine))
-        self.metrics.health_paused.set(0)
-        current: set[tuple[str, str]] = set()
-        by_name = {n["metadata"]["name"]: n for n in self._nodes.values()}
-        for q in plan.quarantine:
-            current.add(("quarantine", q.node))
-            if ("quarantine", q.node) not in self._reported:
-                text = f"dry run: would quarantine ({policy.action.value}): {q.why}"
-                log.warning("gpu health dry run", node=q.node, would=policy.action.value)
-                await self.events.record(
-                    _node_ref(by_name[q.node]), "GPUUnhealthyDryRun", text, warning=True
-                )
-        for r in plan.release:
-            current.add(("release", r.node))
-            if ("release", r.node) not in self._reported:
-                log.info("gpu health dry run", node=r.node, would="release")
-                await self.events.record(
-                    _node_ref(by_name[r.node]),
-                    "GPUHealthyDryRun",
-                    f"dry run: would lift the quarantine: {r.why}",
-                )
-        if plan.tripped and raw is not None:
-            current.add(("pause", ""))
-            if ("pause", "") not in self._reported:
-                message = "dry run: would pause: " + plan.pause_message(policy.max_unhealthy)
-                log.warning("gpu health dry run", would="pause", held=list(plan.held))
-                await self.events.record(
-                    _policy_ref(raw), "RemediationPausedDryRun", message, warning=True
-                )
-        self._reported = current
-
-
-def _node_ref(node: Obj) -> Obj:
-    return {"apiVersion": "v1", "kind": "Node", "metadata": node["metadata"]}
-
-
-def _policy_ref(raw: Obj) -> Obj:
-    return {"apiVersion": POLICY.api_version, "kind": POLICY.kind, "metadata": raw["metadata"]}
 
 
 def settle_delay(seconds: float) -> float:

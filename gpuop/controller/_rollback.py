@@ -33,11 +33,6 @@ def driver_rollout_key(daemonsets: Sequence[Obj]) -> str:
     return rollout_key(templates)
 
 
-def rollback_facts(raw: Obj | None) -> str | None:
-    """What the cluster pass reads of a policy's annotations for a rollback."""
-    return (((raw or {}).get("metadata") or {}).get("annotations") or {}).get(ROLLBACK_ANNOTATION)
-
-
 def record_of(raw: Obj | None) -> RollbackRecord | None:
     annotations = ((raw or {}).get("metadata") or {}).get("annotations") or {}
     return RollbackRecord.loads(annotations.get(ROLLBACK_ANNOTATION))

@@ -77,18 +77,6 @@ def gate_policy(spec: ClusterPolicySpec) -> GatePolicy:
     )
 
 
-def gate_facts(policy: Obj | None) -> Any:
-    """What the gate reads of a policy besides its spec: a change wakes the fleet pass."""
-    if policy is None:
-        return None
-    annotations = policy["metadata"].get("annotations") or {}
-    return (
-        annotations.get(RESUME_ANNOTATION),
-        annotations.get(RECORD_ANNOTATION),
-        annotations.get(ROLLBACK_ANNOTATION),
-    )
-
-
 def gate_nodes(
     nodes: list[Obj],
     revision_of: Callable[[str], str | None],
@@ -160,7 +148,6 @@ class RolloutGate:
         driver DaemonSet, the revision a rollback after a halt returns it to."""
         policy = gate_policy(spec)
         annotations = raw["metadata"].get("annotations") or {}
-        previous = GateRecord.loads(annotations.get(RECORD_ANNOTATION))
         resume = resume_requested(annotations)
         rollback = RollbackRecord.loads(annotations.get(ROLLBACK_ANNOTATION))
         decision = plan_gate(
@@ -169,7 +156,7 @@ class RolloutGate:
             # fleet passes from scanning every node for nothing.
             gate_nodes(nodes, revision_of, target_of) if policy.enabled and target else [],
             target,
-            previous,
+            GateRecord.loads(annotations.get(RECORD_ANNOTATION)),
             now=time.time(),
             resume=resume,
             digest=digest,
@@ -190,6 +177,22 @@ class RolloutGate:
             and spec.driver.upgrade_policy.rollback_on_halt
         ):
             started = RollbackRecord(key=digest, revisions=restore())
+        raw = await self._record(raw, decision, resume, rollback, started, owner)
+        if not await self._rolled_back(raw, decision, started, owner):
+            await self._report(raw, decision, owner)
+        return decision  # its requeue_after: when the fleet pass looks again
+
+    async def _record(
+        self,
+        raw: Obj,
+        decision: GateDecision,
+        resume: bool,
+        rollback: RollbackRecord | None,
+        started: RollbackRecord | None,
+        owner: str | None,
+    ) -> Obj:
+        """Write the gate's record (and a rollback started, or ended by a resume) on its
+        resource; say a resume and a rollback once. Returns the resource as written."""
         if decision.record is not None or resume or started is not None:
             wanted: dict[str, str | None] = {}
             if decision.record is not None:
@@ -216,6 +219,13 @@ class RolloutGate:
                 "DriverUpgradeResumed",
                 "driver rollout resumed by annotation",
             )
+        return raw
+
+    async def _rolled_back(
+        self, raw: Obj, decision: GateDecision, started: RollbackRecord | None, owner: str | None
+    ) -> bool:
+        """While a rollback stands, the gate runs the way back (a rollout of its own) and
+        the condition says why the policy's driver is not what runs: True then."""
         standing = RollbackRecord.loads(
             (raw["metadata"].get("annotations") or {}).get(ROLLBACK_ANNOTATION)
         )
@@ -223,23 +233,20 @@ class RolloutGate:
             standing = None  # nothing to go back to: the halt holds as it is
         if owner is None:
             self.metrics.upgrade_rolled_back.set(1 if standing is not None else 0)
-        if standing is not None:
-            if started is not None:
-                await self._report(raw, decision, owner)  # the halt's own Event, once
-                _, cache = self._kind(owner)
-                raw = cache.get(raw["metadata"]["name"]) or raw
-            # The driver went back: the gate now runs the way back (a rollout of its
-            # own); the condition says why the policy's driver is not what runs.
-            why = (
-                f"rolled back after a halt: {standing.describe()}; change the driver, or set"
-                f" {RESUME_ANNOTATION}=true to retry it"
-            )
-            if decision.message:
-                why += f" ({decision.message})"
-            await self._write_condition(raw, ("True", "RolledBack", why), owner)
-            return decision
-        await self._report(raw, decision, owner)
-        return decision  # its requeue_after: when the fleet pass looks again
+        if standing is None:
+            return False
+        if started is not None:
+            await self._report(raw, decision, owner)  # the halt's own Event, once
+            _, cache = self._kind(owner)
+            raw = cache.get(raw["metadata"]["name"]) or raw
+        why = (
+            f"rolled back after a halt: {standing.describe()}; change the driver, or set"
+            f" {RESUME_ANNOTATION}=true to retry it"
+        )
+        if decision.message:
+            why += f" ({decision.message})"
+        await self._write_condition(raw, ("True", "RolledBack", why), owner)
+        return True
 
     async def _report_rollback(self, raw: Obj, started: RollbackRecord, owner: str | None) -> None:
         if started.revisions:

@@ -18,8 +18,8 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from components.driver import NAME as DRIVER_COMPONENT
 from gpuop.controller._keys import STUCK_KEY
+from gpuop.controller._objects import policy_ref, stored_condition
 from gpuop.controller._pods import daemonset_app
-from gpuop.controller._policy_status import policy_ref, stored_condition
 from gpuop.controller._rollout_view import NodeRollouts, RolloutView
 from gpuop.events import EventRecorder
 from gpuop.informer import Obj

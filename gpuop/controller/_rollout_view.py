@@ -157,51 +157,20 @@ class NodeRollouts:
         due: float | None = None
         names: set[str] = set()
         for node in gpu_nodes:
-            meta = node["metadata"]
-            name = str(meta["name"])
+            name = str(node["metadata"]["name"])
             names.add(name)
-            node_labels = meta["labels"]
-            seen = self._seen.get(name)
-            if seen is None or seen.labels is not node_labels:
-                pods, since = self._observe(name, node_labels, daemons)
-                seen = _Seen(node_labels, pods, since)
-                self._seen[name] = seen
-            previous = self._states.get(name)
-            memo = self._steps.get(name)
-            if memo is not None and memo[0] is seen and memo[1] == previous:
-                step = memo[2]
-            else:
-                step = node_step(seen.pods, previous)
-                self._steps[name] = (seen, step.state, node_step(seen.pods, step.state))
-            self._tally.observe(name, seen.pods, step)
-            if step.moved_back:
-                log.debug("node rollout moved back", node=name, state=step.state)
-            self._states[name] = step.state
-            if step.done:
-                self._last_done[name] = now
+            step = self._step_node(node, daemons, now)
+            if step is None:
                 continue
             not_done.append(name)
-            start = max(
-                seen.since.get(step.state, float("-inf")),
-                _epoch(meta.get("creationTimestamp")),
-                self._last_done.get(name, float("-inf")),
-            )
-            at = stuck_after(step, start, self.stuck_seconds)
-            if at is None:
+            at, waiting = step
+            if at is None or waiting is None:
                 continue
-            assert step.waiting is not None
             if at <= now:
-                stuck.append(StuckNode(name, step.state, step.waiting))
+                stuck.append(waiting)
             elif due is None or at - now < due:
                 due = at - now
-        for gone in set(self._states) - names:
-            self._states.pop(gone, None)
-            self._last_done.pop(gone, None)
-        for gone in set(self._seen) - names:
-            del self._seen[gone]
-        for gone in set(self._steps) - names:
-            del self._steps[gone]
-        self._tally.keep_only(names)
+        self._forget_all_but(names)
         return RolloutView(
             counts=self._tally.counts(),
             not_done=sorted(not_done),
@@ -210,6 +179,56 @@ class NodeRollouts:
             message=stuck_message(stuck) if stuck else None,
             states=dict(self._states),
         )
+
+    def _step_node(
+        self, node: Obj, daemons: tuple[_Daemon, ...], now: float
+    ) -> tuple[float, StuckNode] | tuple[None, None] | None:
+        """One node's rollout step, observed again only if its pods or labels changed.
+        None: the node is done; else when it counts as stuck and how (None, None: no
+        clock runs)."""
+        meta = node["metadata"]
+        name = str(meta["name"])
+        node_labels = meta["labels"]
+        seen = self._seen.get(name)
+        if seen is None or seen.labels is not node_labels:
+            pods, since = self._observe(name, node_labels, daemons)
+            seen = _Seen(node_labels, pods, since)
+            self._seen[name] = seen
+        previous = self._states.get(name)
+        memo = self._steps.get(name)
+        if memo is not None and memo[0] is seen and memo[1] == previous:
+            step = memo[2]
+        else:
+            step = node_step(seen.pods, previous)
+            self._steps[name] = (seen, step.state, node_step(seen.pods, step.state))
+        self._tally.observe(name, seen.pods, step)
+        if step.moved_back:
+            log.debug("node rollout moved back", node=name, state=step.state)
+        self._states[name] = step.state
+        if step.done:
+            self._last_done[name] = now
+            return None
+        start = max(
+            seen.since.get(step.state, float("-inf")),
+            _epoch(meta.get("creationTimestamp")),
+            self._last_done.get(name, float("-inf")),
+        )
+        at = stuck_after(step, start, self.stuck_seconds)
+        if at is None:
+            return None, None
+        assert step.waiting is not None
+        return at, StuckNode(name, step.state, step.waiting)
+
+    def _forget_all_but(self, names: set[str]) -> None:
+        """Drop what is kept of nodes that left the GPU fleet."""
+        for gone in set(self._states) - names:
+            self._states.pop(gone, None)
+            self._last_done.pop(gone, None)
+        for gone in set(self._seen) - names:
+            del self._seen[gone]
+        for gone in set(self._steps) - names:
+            del self._steps[gone]
+        self._tally.keep_only(names)
 
     def _observe(
         self, node: str, labels: Mapping[str, str], daemons: Iterable[_Daemon]

@@ -24,8 +24,6 @@ from gpuop.rest import Rest
 from statemachine.maintenance_window import (
     INVALID,
     OPEN,
-    TIMEZONE_ANNOTATION,
-    WINDOWS_ANNOTATION,
     WindowDecision,
     plan_windows,
 )
@@ -35,14 +33,6 @@ log = get_logger(__name__)
 
 CONDITION_TYPE = "DriverUpgradeWindow"
 INVALID_EVENT = "DriverUpgradeWindowInvalid"
-
-
-def window_facts(obj: Obj | None) -> Any:
-    """What the windows read of a resource: a change wakes the fleet pass."""
-    if obj is None:
-        return None
-    annotations = obj["metadata"].get("annotations") or {}
-    return annotations.get(WINDOWS_ANNOTATION), annotations.get(TIMEZONE_ANNOTATION)
 
 
 def waiting_nodes(nodes: Iterable[Mapping[str, Any]]) -> list[str]:

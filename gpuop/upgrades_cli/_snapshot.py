@@ -24,10 +24,15 @@ from crd import (
     parse_nvidiadriver,
     parse_policy,
 )
-from gpuop.controller._eviction import drain_rules, gpu_pod_rules
-from gpuop.controller._nvidiadriver_status import is_policy_driver, nvd_owner
-from gpuop.controller._rollout_gate import gate_policy
-from gpuop.controller._upgrade_inputs import newest_revision, policy_view
+from gpuop.controller import (
+    drain_rules,
+    gate_policy,
+    gpu_pod_rules,
+    is_policy_driver,
+    newest_revision,
+    nvd_owner,
+    policy_view,
+)
 from gpuop.kinds import by_kind
 from gpuop.rest import Rest
 from gpuop.upgrades_cli._preflight import pool_holds, preflight_held

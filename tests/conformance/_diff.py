@@ -43,7 +43,7 @@ from gpuop.controller._driver_owners import upgrade_policy
 from gpuop.controller._gpucluster_objects import gpucluster_owner
 from gpuop.controller._node import target_owner
 from gpuop.controller._nvidiadriver import driver_resources
-from gpuop.controller._nvidiadriver_status import is_driver_object
+from gpuop.controller._objects import is_driver_object
 from gpuop.controller._upgrade_inputs import policy_view
 from statemachine import Action, UpgradePolicyView
 from statemachine.driver_handoff import handoff_patch, handoff_wanted

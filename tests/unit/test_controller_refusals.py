@@ -8,7 +8,7 @@ import json
 import pytest
 
 from gpuop.controller._policy_status import _new_error
-from gpuop.controller._status import (
+from gpuop.controller._refusals import (
     REFUSAL_RETRY_CAP,
     Refusal,
     is_refusal,

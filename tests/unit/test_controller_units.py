@@ -13,15 +13,15 @@ import crd
 from components.hashing import with_hash
 from gpuop.compact import shared
 from gpuop.controller._apply import Applier, object_key, owned_by, owner_reference
-from gpuop.controller._memo import VersionMemo
-from gpuop.controller._rollout_view import RolloutView
-from gpuop.controller._status import (
+from gpuop.controller._cluster_status import (
     NFD_MISSING_MESSAGE,
     ClusterObservation,
-    Refusal,
     cluster_status,
     invalid_status,
 )
+from gpuop.controller._memo import VersionMemo
+from gpuop.controller._refusals import Refusal
+from gpuop.controller._rollout_view import RolloutView
 from gpuop.informer import Informer, ResourceSpec
 from gpuop.metrics import STATUS_ERROR, STATUS_NOT_READY, STATUS_READY
 from statemachine.node_rollout import ComponentCounts

@@ -137,7 +137,7 @@ async def test_the_listed_gpucluster_cache_wakes_the_pass_which_then_applies() -
     await op.cluster.reconcile()
 
     op.gpuclusters.clusters.synced.set()  # listed: none exists
-    op._gpucluster_known()
+    op.router.gpucluster_known()
     assert CLUSTER_KEY in queued
 
     await op.cluster.reconcile()

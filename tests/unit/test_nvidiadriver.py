@@ -503,7 +503,7 @@ spec:
 
 # ------------------------------------------------------------ controller helpers
 def test_policy_driver_names_and_resource_ownership() -> None:
-    from gpuop.controller._nvidiadriver_status import is_policy_driver, nvd_owner
+    from gpuop.controller._objects import is_policy_driver, nvd_owner
 
     assert is_policy_driver("nvidia-driver-daemonset")
     assert is_policy_driver("nvidia-driver-daemonset-5.15.0-124-generic-ubuntu22.04")

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import crd
+from gpuop.controller._cluster_status import flag_spec_conditions
 from gpuop.controller._nodes import node_fingerprint, trim_node
 from gpuop.controller._remediation import Remediation
 from gpuop.controller._remediation_views import (
@@ -16,7 +17,6 @@ from gpuop.controller._remediation_views import (
     policy_facts,
     policy_view,
 )
-from gpuop.controller._status import flag_spec_conditions
 from statemachine.remediation import (
     CONDITION_REMEDIATION_BLIND,
     CORDONED_ANNOTATION,

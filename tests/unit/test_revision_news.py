@@ -7,12 +7,12 @@ can start an upgrade (the others roll by themselves).
 
 from __future__ import annotations
 
-from types import MethodType, SimpleNamespace
+from types import SimpleNamespace
 from typing import Any
 
 from components.keys import NFD_GPU_LABELS
 from gpuop.controller._keys import UPGRADES_KEY, node_key
-from gpuop.controller._operator import Operator
+from gpuop.controller._router import EventRouter
 
 NS = "gpu-operator"
 
@@ -30,13 +30,15 @@ def _operator(daemonsets: dict[str, dict[str, Any]]) -> Any:
     cpu = {"metadata": {"name": "c0", "labels": {}}}
     fake = SimpleNamespace(
         queue=_Queue(),
-        nodes=SimpleNamespace(store={"g0": gpu, "c0": cpu}),
-        owned={"DaemonSet": {f"{NS}/{name}": ds for name, ds in daemonsets.items()}},
-        config=SimpleNamespace(namespace=NS),
+        caches=SimpleNamespace(
+            nodes=SimpleNamespace(store={"g0": gpu, "c0": cpu}),
+            owned={"DaemonSet": {f"{NS}/{name}": ds for name, ds in daemonsets.items()}},
+        ),
+        namespace=NS,
     )
-    fake._is_driver_revision = MethodType(Operator._is_driver_revision, fake)
-    fake._wake = lambda wake: [fake.queue.add(key) for key in wake.keys]
-    return fake
+    router = EventRouter(fake)
+    router.wake = lambda wake: [fake.queue.add(key) for key in wake.keys]  # type: ignore[method-assign]
+    return router
 
 
 def _ds(name: str, nvd: str | None = None) -> dict[str, Any]:
@@ -53,9 +55,9 @@ def _revision(owner: str) -> dict[str, Any]:
     }
 
 
-def _woken(op: Any, owner: str) -> list[str]:
-    Operator._on_revision(op, "ADDED", None, _revision(owner))
-    added: list[str] = op.queue.added
+def _woken(router: Any, owner: str) -> list[str]:
+    router.on_revision("ADDED", None, _revision(owner))
+    added: list[str] = router.op.queue.added
     return added
 
 

@@ -17,13 +17,13 @@ import pytest
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from crd import ready_status
+from gpuop.controller._objects import parse_status
 from gpuop.controller._policy_status import PolicyStatusWriter
 from gpuop.controller._status import (
     CLUSTER_PASS_CONDITIONS,
     StatusWrite,
     condition_change,
     merge_owned,
-    parse_status,
     write_policy_conditions,
 )
 
