@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from components._k8s import metadata, with_app_label
+from components.component import rule
 from components.context import Manifest, RenderContext
 from crd import ClusterPolicySpec
 
@@ -16,11 +17,7 @@ SCC_RULE = {
     "verbs": ["use"],
 }
 """Lets an operand's pods use OpenShift's privileged SCC; a no-op elsewhere."""
-CLUSTER_VERSION_RULE = {
-    "apiGroups": ["config.openshift.io"],
-    "resources": ["clusterversions"],
-    "verbs": ["get", "list"],
-}
+CLUSTER_VERSION_RULE = rule("config.openshift.io", "clusterversions", "get list")
 """Lets an operand read OpenShift's version (no such objects elsewhere)."""
 
 
@@ -94,7 +91,7 @@ def role_and_binding(
     ]
 
 
-READ_NODES = {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}
+READ_NODES = rule("", "nodes", "get list watch")
 
 
 def operand_account(

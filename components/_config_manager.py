@@ -9,18 +9,14 @@ sidecar watches the label, swaps the file and signals the operand to reload.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
-from components._accounts import (
-    READ_NODES,
-    operand_account,
-)
 from components._host_paths import config_map_volume, mount
-from components._k8s import daemonset, env, field_env, gpu_access, pull_secrets
-from components.component import Permissions, Rule
-from components.context import Manifest, RenderContext
+from components._k8s import env, field_env
 from components.keys import DEVICE_PLUGIN_CONFIG_LABEL
-from crd import ClusterPolicySpec, ComponentSpec, component_image
+from components.operand import Pod
+from crd import ClusterPolicySpec, component_image
 
 CONFIG_DIR = "/config"
 CONFIG_FILE = f"{CONFIG_DIR}/config.yaml"
@@ -86,75 +82,28 @@ def operand_mounts() -> list[dict[str, Any]]:
     return [mount("config", CONFIG_DIR), mount("available-configs", AVAILABLE_DIR)]
 
 
-def operand_daemonset(
-    spec: ClusterPolicySpec,
-    ctx: RenderContext,
-    section: ComponentSpec,
-    *,
-    component: str,
-    daemonset_name: str,
-    service_account_name: str,
-    process: str,
-    init: list[dict[str, Any]],
-    main: dict[str, Any],
-    operand_volumes: list[dict[str, Any]],
-    node_selector: dict[str, str],
-    pod: dict[str, Any] | None = None,
-    selector_labels: dict[str, str] | None = None,
-) -> Manifest:
-    """The DaemonSet of an operand that can run under the config manager: with a config,
-    the init container, the sidecar and their volumes join the pod, and the pod shares
-    its process namespace (unless it uses the host's) so the sidecar can signal the
-    operand. `main` reaches every GPU (`gpu_access`); the policy's `section` gives pull
-    secrets and host networking."""
-    with_config = configured(spec)
-    init = list(init)
-    containers = [main]
-    all_volumes = list(operand_volumes)
-    runtime, nri = gpu_access(spec, main["name"])
-    pod = {
-        "serviceAccountName": service_account_name,
-        **runtime,
-        **(pod or {}),
-        "imagePullSecrets": pull_secrets(section.image_pull_secrets),
-    }
-    if with_config:
-        init.append(init_container(spec, process))
-        containers.append(sidecar(spec, process))
-        all_volumes += volumes(spec)
-        if not pod.get("hostPID"):
-            # In the host's PID namespace (MPS) the sidecar already sees the operand;
-            # the API server refuses a pod that sets both.
-            pod["shareProcessNamespace"] = True
-    pod.update({"initContainers": init, "containers": containers, "volumes": all_volumes})
-    return daemonset(
-        daemonset_name,
-        component,
-        spec,
-        ctx,
+def operand_settings(spec: ClusterPolicySpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The env and mounts telling the operand where its config is, if there is one."""
+    if not configured(spec):
+        return [], []
+    return [env("CONFIG_FILE", CONFIG_FILE)], operand_mounts()
+
+
+def with_config(spec: ClusterPolicySpec, pod: Pod, process: str) -> Pod:
+    """`pod` of an operand that can run under the config manager: with a config, the
+    init container, the sidecar and their volumes join it, and it shares its process
+    namespace (unless it uses the host's) so the sidecar can signal `process`."""
+    if not configured(spec):
+        return pod
+    fields = dict(pod.fields)
+    if not fields.get("hostPID"):
+        # In the host's PID namespace (MPS) the sidecar already sees the operand; the
+        # API server refuses a pod that sets both.
+        fields["shareProcessNamespace"] = True
+    return replace(
         pod,
-        node_selector=node_selector,
-        pod_annotations=nri,
-        host_network=section.host_network,
-        selector_labels=selector_labels,
+        containers=[*pod.containers, sidecar(spec, process)],
+        init=[*pod.init, init_container(spec, process)],
+        volumes=[*pod.volumes, *volumes(spec)],
+        fields=fields,
     )
-
-
-def permissions(role_rules: list[Rule]) -> Permissions:
-    """What `operand_rbac` grants, for the operand's `Component.permissions`."""
-    return Permissions(role=tuple(role_rules), cluster=(READ_NODES,))
-
-
-def operand_rbac(
-    name: str,
-    component: str,
-    spec: ClusterPolicySpec,
-    ctx: RenderContext,
-    *,
-    role_rules: list[dict[str, Any]],
-) -> list[Manifest]:
-    """ServiceAccount `name`, its Role and a ClusterRole reading Nodes (the config
-    manager follows its node's label; the operands read their node)."""
-    return [
-        *operand_account(name, component, spec, ctx, role_rules, [READ_NODES]),
-    ]

@@ -11,9 +11,10 @@ import shlex
 from collections.abc import Sequence
 from typing import Any
 
-from components._host_paths import HOST_ROOT_MOUNT, VALIDATIONS_DIR, host_path, mount
-from components._k8s import container, metadata, with_app_label
+from components._host_paths import VALIDATIONS_DIR, host_path, mount
+from components._k8s import config_map, container, with_app_label
 from components.context import Manifest, RenderContext
+from components.operand import Objects
 from crd import ClusterPolicySpec, ComponentSpec, ImageSpec
 
 ENTRYPOINT_DRIVER_ROOT = "/driver-root"
@@ -31,15 +32,16 @@ def entrypoint_config_map(
 ) -> Manifest:
     """A ConfigMap holding an operand's `entrypoint.sh` (mounted at /bin/entrypoint.sh),
     labelled `app=<its DaemonSet>` as upstream's."""
-    return with_app_label(
-        {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": metadata(name, component, spec, ctx),
-            "data": {"entrypoint.sh": script},
-        },
-        app,
-    )
+    return with_app_label(config_map(name, component, spec, ctx, {"entrypoint.sh": script}), app)
+
+
+def entrypoint_objects(name: str, component: str, script: str, *, app: str) -> Objects:
+    """An operand's `before` objects: the ConfigMap `name` of its `script`."""
+
+    def objects(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
+        return [entrypoint_config_map(name, component, script, spec, ctx, app=app)]
+
+    return objects
 
 
 def entrypoint_volume(config_map: str) -> dict[str, Any]:
@@ -112,14 +114,6 @@ def driver_root_mount() -> dict[str, Any]:
 
 def driver_root_volume(spec: ClusterPolicySpec) -> dict[str, Any]:
     return host_path("driver-install-dir", spec.host_paths.driver_install_dir, "DirectoryOrCreate")
-
-
-def host_root_mount(*, read_only: bool = True) -> dict[str, Any]:
-    return mount("host-root", HOST_ROOT_MOUNT, read_only=read_only, propagation="HostToContainer")
-
-
-def host_root_volume(spec: ClusterPolicySpec) -> dict[str, Any]:
-    return host_path("host-root", spec.host_paths.root_fs)
 
 
 def cdi_mount() -> dict[str, Any]:

@@ -48,6 +48,21 @@ def validations_volume() -> dict[str, Any]:
     return host_path("run-nvidia-validations", VALIDATIONS_DIR, "DirectoryOrCreate")
 
 
+def validations_mount(propagation: str | None = None) -> dict[str, Any]:
+    """The validations' status files, where every operand reads (or writes) them."""
+    return mount("run-nvidia-validations", VALIDATIONS_DIR, propagation=propagation)
+
+
+def host_root_mount(*, read_only: bool = True) -> dict[str, Any]:
+    """The host's root at /host (where the checks and the entrypoints look for a
+    host-installed driver), read-only unless asked."""
+    return mount("host-root", HOST_ROOT_MOUNT, read_only=read_only, propagation="HostToContainer")
+
+
+def host_root_volume(spec: ClusterPolicySpec) -> dict[str, Any]:
+    return host_path("host-root", spec.host_paths.root_fs)
+
+
 DEFAULT_KUBELET_ROOT = "/var/lib/kubelet"
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from components._host_paths import RUN_NVIDIA, VALIDATIONS_DIR, mount
+from components._host_paths import RUN_NVIDIA, VALIDATIONS_DIR, mount, validations_mount
 from components.context import Manifest, RenderContext
 from components.keys import TAINT_EFFECT, TAINT_KEY
 from crd import ClusterPolicySpec, ComponentSpec, EnvVar, ImageSpec
@@ -46,6 +46,14 @@ def metadata(
     if namespaced:
         meta["namespace"] = ctx.namespace
     return meta
+
+
+def config_map(
+    name: str, component: str, spec: ClusterPolicySpec, ctx: RenderContext, data: dict[str, str]
+) -> Manifest:
+    """A ConfigMap of ours holding `data` (layouts, scripts, probes an operand mounts)."""
+    meta = metadata(name, component, spec, ctx)
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data}
 
 
 def service(
@@ -409,7 +417,7 @@ def wait_for_file(
     volume = (
         mount("run-nvidia", RUN_NVIDIA, propagation="HostToContainer")
         if whole_run_nvidia
-        else mount("run-nvidia-validations", VALIDATIONS_DIR, propagation="HostToContainer")
+        else validations_mount("HostToContainer")
     )
     return {
         "name": name,

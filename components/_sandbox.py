@@ -6,24 +6,22 @@ VMs (the sandbox validator's status files).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
-from components._accounts import operand_account
-from components._host_paths import HOST_ROOT_MOUNT, RUN_NVIDIA, VALIDATIONS_DIR, mount
-from components._k8s import (
-    container,
-    daemonset,
-    dump_env,
-    env,
-    field_env,
-    merge_env,
-    security_context,
+from components._host_paths import (
+    RUN_NVIDIA,
+    VALIDATIONS_DIR,
+    host_root_mount,
+    mount,
+    validations_mount,
 )
-from components.context import Manifest, RenderContext
-from components.keys import TRUE
-from crd import ClusterPolicySpec, ComponentSpec, DriverManagerSpec, component_image
+from components._k8s import container, dump_env, env, field_env, merge_env, security_context
+from components.component import rule
+from components.context import RenderContext
+from components.operand import section_of, switched_on
+from crd import ClusterPolicySpec, ComponentSpec, VFIOManagerSpec, VGPUManagerSpec, component_image
 
 WORKLOAD_TYPE_FILE = f"{VALIDATIONS_DIR}/workload-type"
 """Written by the sandbox validator: the workload its node serves (container,
@@ -40,6 +38,17 @@ def sandbox_enabled(spec: ClusterPolicySpec) -> bool:
     return spec.sandbox_workloads.enabled
 
 
+def sandbox_switch(section: str, mode: str | None = None) -> Callable[[ClusterPolicySpec], bool]:
+    """A sandbox operand's switch: `sandboxWorkloads.enabled`, its `section`'s own and,
+    for the operand of one `sandboxWorkloads.mode`, that mode."""
+    return partial(_sandbox_on, section, mode)
+
+
+def _sandbox_on(section: str, mode: str | None, spec: ClusterPolicySpec) -> bool:
+    wanted = mode in (None, spec.sandbox_workloads.mode)
+    return sandbox_enabled(spec) and switched_on(section, spec) and wanted
+
+
 def resources(section: ComponentSpec, default: dict[str, Any] | None = None) -> dict[str, Any]:
     """The section's resources, else `default`; as upstream, for every container of the
     operand's pod that runs its image."""
@@ -50,19 +59,22 @@ def resources(section: ComponentSpec, default: dict[str, Any] | None = None) -> 
 
 def operand_container(
     name: str,
-    image: str,
-    section: ComponentSpec,
+    spec: ClusterPolicySpec,
+    path: str,
     *,
+    image: str | None = None,
     args: Sequence[str] = (),
     default_resources: dict[str, Any] | None = None,
     **options: Any,
 ) -> dict[str, Any]:
-    """A sandbox operand's own privileged container: the section's args replace `args`
-    (upstream does not append them), and its resources, else `default_resources`, are
-    set as given."""
+    """A sandbox operand's own privileged container, of its section at `path` (and its
+    image, unless `image` says otherwise): the section's args replace `args` (upstream
+    does not append them), and its resources, else `default_resources`, are set as
+    given."""
+    section = section_of(spec, path)
     main = container(
         name,
-        image,
+        image or component_image(spec, path),
         section,
         args=section.args or args,
         section_args=False,
@@ -72,48 +84,6 @@ def operand_container(
     if section.resources is not None or default_resources is not None:
         main["resources"] = resources(section, default_resources)
     return main
-
-
-@dataclass(frozen=True)
-class Operand:
-    """Who a sandbox operand is: its component name, DaemonSet, service account (with
-    its Role's and ClusterRole's rules) and the deploy label that places it."""
-
-    name: str
-    daemonset: str
-    account: str
-    deploy_label: str
-    role: list[dict[str, Any]]
-    cluster: list[dict[str, Any]] | None = None
-
-
-def operand_objects(
-    spec: ClusterPolicySpec,
-    ctx: RenderContext,
-    section: ComponentSpec,
-    pod: dict[str, Any],
-    operand: Operand,
-    *,
-    extra: Sequence[Manifest] = (),
-    **daemonset_options: Any,
-) -> list[Manifest]:
-    """The operand's account and RBAC, `extra` objects, and its DaemonSet running `pod`
-    as the account on the nodes labelled `deploy_label=true`, with the section's
-    `hostNetwork`."""
-    return [
-        *operand_account(operand.account, operand.name, spec, ctx, operand.role, operand.cluster),
-        *extra,
-        daemonset(
-            operand.daemonset,
-            operand.name,
-            spec,
-            ctx,
-            {"serviceAccountName": operand.account, **pod},
-            node_selector={operand.deploy_label: TRUE},
-            host_network=section.host_network,
-            **daemonset_options,
-        ),
-    ]
 
 
 def validations_container(
@@ -138,19 +108,31 @@ def validations_container(
     if env_vars:
         result["env"] = list(env_vars)
     result["securityContext"] = security_context(privileged=True, root=True)
-    result["volumeMounts"] = [
-        mount("run-nvidia-validations", VALIDATIONS_DIR, propagation=propagation)
-    ]
+    result["volumeMounts"] = [validations_mount(propagation)]
     return result
 
 
+DRIVER_MANAGER_RULES = (
+    rule("", "nodes", "get list patch watch"),
+    rule("", "pods", "get list watch"),
+    rule("", "pods/eviction", "create"),
+)
+"""The driver manager labels its node and may evict GPU pods before the unload."""
+
+
+def driver_manager_secrets(section: VFIOManagerSpec | VGPUManagerSpec) -> list[str] | None:
+    """The pull secrets of the driver manager's image, after the section's own."""
+    return section.driver_manager.image_pull_secrets if section.driver_manager else None
+
+
 def driver_manager_init_container(
-    spec: ClusterPolicySpec, path: str, manager: DriverManagerSpec | None, section: ComponentSpec
+    spec: ClusterPolicySpec, path: str, section: VFIOManagerSpec | VGPUManagerSpec
 ) -> dict[str, Any]:
     """The driver manager, before the vGPU manager or the VFIO manager starts: it unloads
     the NVIDIA data-centre driver so the GPUs can be handed to the vGPU host driver or
     to vfio-pci. It evicts no GPU pods itself (upstream's defaults; `driverManager.env`
     may say otherwise): a node turning into a VM host is emptied before (docs/sandbox.md)."""
+    manager = section.driver_manager
     result: dict[str, Any] = {
         "name": "k8s-driver-manager",
         "image": component_image(spec, path),
@@ -170,7 +152,7 @@ def driver_manager_init_container(
         "securityContext": {"privileged": True},
         "volumeMounts": [
             mount("run-nvidia", RUN_NVIDIA, propagation="Bidirectional"),
-            mount("host-root", HOST_ROOT_MOUNT, read_only=True, propagation="HostToContainer"),
+            host_root_mount(),
             mount("host-sys", "/sys"),
         ],
     }

@@ -8,63 +8,30 @@ marks itself ready in `.cc-manager-ctr-ready`, which the sandbox validator waits
 
 from __future__ import annotations
 
-from typing import Any
-
 from components._accounts import SCC_RULE
 from components._host_paths import RUN_NVIDIA, VALIDATIONS_DIR, host_path, mount
-from components._k8s import env, field_env, pull_secrets
-from components._sandbox import (
-    MANAGER_RESOURCES,
-    Operand,
-    operand_container,
-    operand_objects,
-    sandbox_enabled,
-)
-from components.component import VM_HOSTS, Component, Permissions
-from components.context import Manifest, RenderContext
+from components._k8s import env, field_env
+from components._sandbox import MANAGER_RESOURCES, operand_container, sandbox_switch
+from components.component import VM_HOSTS, rule
+from components.context import RenderContext
 from components.keys import DEPLOY_CC_MANAGER_LABEL, KATA_MODE
-from components.kinds import CLUSTER_RBAC, DAEMONSET, NAMESPACED_RBAC
-from crd import ClusterPolicySpec, component_image
+from components.operand import Operand, Pod
+from crd import ClusterPolicySpec
 
 NAME = "cc-manager"
 DAEMONSET_NAME = "nvidia-cc-manager"
-SERVICE_ACCOUNT = "nvidia-cc-manager"
+SECTION = "ccManager"
 CONTAINER_NAME = "nvidia-cc-manager"
-SELECTOR_KEY = "name"
-"""Upstream's DaemonSet selects its pods by `name` (selectors are immutable)."""
 READY_FILE = f"{VALIDATIONS_DIR}/.cc-manager-ctr-ready"
 DEFAULT_MODE_ENV = "DEFAULT_CC_MODE"
 
-_ROLE_RULES = [
-    SCC_RULE,
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
-]
-_CLUSTER_RULES = [
-    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "patch", "watch"]},
-]
-"""It reads its node's `nvidia.com/cc.mode` and labels the node with the mode set."""
 
-
-def enabled(spec: ClusterPolicySpec) -> bool:
-    """Upstream runs the CC manager only for Kata (confidential containers)."""
-    return (
-        sandbox_enabled(spec)
-        and spec.cc_manager.enabled
-        and spec.sandbox_workloads.mode == KATA_MODE
-    )
-
-
-_OPERAND = Operand(
-    NAME, DAEMONSET_NAME, SERVICE_ACCOUNT, DEPLOY_CC_MANAGER_LABEL, _ROLE_RULES, _CLUSTER_RULES
-)
-
-
-def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
+def pod(spec: ClusterPolicySpec, _ctx: RenderContext) -> Pod:
     manager = spec.cc_manager
     main = operand_container(
         CONTAINER_NAME,
-        component_image(spec, "ccManager"),
-        manager,
+        spec,
+        SECTION,
         default_resources=MANAGER_RESOURCES,
         env_vars=[
             field_env("NODE_NAME", "spec.nodeName"),
@@ -75,23 +42,24 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         selinux_s0=True,
         extra={"lifecycle": {"preStop": {"exec": {"command": ["/bin/rm", "-f", READY_FILE]}}}},
     )
-    pod: dict[str, Any] = {
-        "containers": [main],
-        "imagePullSecrets": pull_secrets(manager.image_pull_secrets),
-        "volumes": [
-            host_path("host-sys", "/sys", "Directory"),
-            host_path("run-nvidia", RUN_NVIDIA, "DirectoryOrCreate"),
-        ],
-    }
-    return operand_objects(spec, ctx, manager, pod, _OPERAND, selector_key=SELECTOR_KEY)
+    volumes = [
+        host_path("host-sys", "/sys", "Directory"),
+        host_path("run-nvidia", RUN_NVIDIA, "DirectoryOrCreate"),
+    ]
+    return Pod(containers=[main], volumes=volumes)
 
 
-COMPONENT = Component(
+OPERAND = Operand(
     name=NAME,
+    section=SECTION,
+    daemonset=DAEMONSET_NAME,
     deploy_label=DEPLOY_CC_MANAGER_LABEL,
-    is_enabled=enabled,
-    render=render,
-    kinds=(*NAMESPACED_RBAC, *CLUSTER_RBAC, DAEMONSET),
-    permissions=Permissions(role=tuple(_ROLE_RULES), cluster=tuple(_CLUSTER_RULES)),
+    pod=pod,
+    enabled=sandbox_switch(SECTION, KATA_MODE),  # upstream's runs for Kata only
     placement=VM_HOSTS,
+    role=(SCC_RULE, rule("", "pods", "get list watch")),
+    # It reads its node's `nvidia.com/cc.mode` and labels the node with the mode set.
+    cluster=(rule("", "nodes", "get list patch watch"),),
+    selector_key="name",  # upstream's DaemonSet selects its pods by `name` (immutable)
 )
+COMPONENT = OPERAND.component()

@@ -1,9 +1,10 @@
 """The common shape of an operand: everything the rest of the operator derives from it.
 
-An operand module builds one `Component` and the registry lists it. The rollout order,
-the deploy labels, the kinds the controller watches and prunes, and the permissions the
-chart must hold for the operator are all read from these declarations, so adding an
-operand is one module and one registry line.
+The registry lists one `Component` per rollout state; a node operand's is made from its
+`components.operand.Operand` declaration, the others' (the driver, the RuntimeClasses,
+the operator's metrics) by hand. The rollout order, the deploy labels, the kinds the
+controller watches and prunes, the permissions the chart must hold for the operator and
+the ClusterRoles it may write are all read from these declarations.
 """
 
 from __future__ import annotations
@@ -12,11 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from components.context import Manifest, RenderContext
-from components.keys import (
-    CONTAINER_WORKLOAD,
-    VM_PASSTHROUGH_WORKLOAD,
-    VM_VGPU_WORKLOAD,
-)
+from components.keys import CONTAINER_WORKLOAD, VM_PASSTHROUGH_WORKLOAD, VM_VGPU_WORKLOAD
 from crd import ClusterPolicySpec
 
 Render = Callable[[ClusterPolicySpec, RenderContext], list[Manifest]]
@@ -24,6 +21,12 @@ NodeFilter = Callable[[Mapping[str, str]], bool]
 """Over a GPU node's labels: whether the node gets the operand's deploy label."""
 Rule = dict[str, list[str]]
 """A Kubernetes PolicyRule: apiGroups, resources, verbs (and resourceNames, if any)."""
+
+
+def rule(group: str, resources: str, verbs: str) -> Rule:
+    """A PolicyRule on one API group, `resources` and `verbs` each space-separated (the
+    operand roles' rules are many and short: one line each)."""
+    return {"apiGroups": [group], "resources": resources.split(), "verbs": verbs.split()}
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,9 @@ class Component:
     """Which GPU nodes carry `deploy_label` (the MIG manager's: MIG-capable ones)."""
     placement: Placement = CONTAINER_ONLY
     """Which nodes' workloads carry `deploy_label` (see `components.labels.node_workload`)."""
+    cluster_roles: tuple[str, ...] = ()
+    """The names of the ClusterRoles (and their bindings) `render` may return: the
+    operator may write only these (the chart's list is generated from the registry)."""
 
     def enabled(self, spec: ClusterPolicySpec) -> bool:
         """Whether the policy switches this component on."""

@@ -7,11 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from components import dcgm
-from components._accounts import (
-    SCC_RULE,
-    cluster_role_and_binding,
-    operand_account,
-)
+from components._accounts import SCC_RULE
 from components._host_paths import (
     config_map_volume,
     host_path,
@@ -19,26 +15,17 @@ from components._host_paths import (
     mount,
     run_nvidia_volume,
 )
-from components._k8s import (
-    APP_LABEL,
-    TOOLKIT_READY,
-    container,
-    daemonset,
-    env,
-    field_env,
-    gpu_access,
-    pull_secrets,
-    service,
-    wait_for_file,
-)
-from components.component import Component, Permissions
+from components._k8s import APP_LABEL, TOOLKIT_READY, env, field_env, wait_for_file
+from components.component import rule
 from components.context import Manifest, RenderContext
-from components.keys import DEPLOY_DCGM_EXPORTER_LABEL, TRUE
-from components.kinds import CLUSTER_RBAC, DAEMONSET, NAMESPACED_RBAC, SERVICE, SERVICE_MONITOR
+from components.keys import DEPLOY_DCGM_EXPORTER_LABEL
+from components.kinds import SERVICE_MONITOR
 from components.monitoring import service_monitor
-from crd import ClusterPolicySpec, component_image
+from components.operand import Grant, Operand, Pod, Port, main_container
+from crd import ClusterPolicySpec
 
 NAME = "dcgm-exporter"
+SECTION = "dcgmExporter"
 DAEMONSET_NAME = "nvidia-dcgm-exporter"
 SERVICE_NAME = "nvidia-dcgm-exporter"
 SERVICE_ACCOUNT = "nvidia-dcgm-exporter"
@@ -50,7 +37,7 @@ POD_RESOURCES_DIR = "/var/lib/kubelet/pod-resources"
 """Where the exporter looks for the kubelet's pod-resources socket (in its container)."""
 READ_PODS = "nvidia-dcgm-exporter-read-pods"
 """Upstream's ClusterRole (and binding) letting the exporter read pods cluster-wide."""
-_READ_PODS_RULES = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+READ_PODS_RULES = (rule("", "pods", "get list watch"),)
 DEFAULT_JOB_MAPPING_DIR = "/var/lib/dcgm-exporter/job-mapping"
 """Upstream's `DefaultDCGMJobMappingDir`: HPC job files when the policy names no directory."""
 POD_LABELS_ENV = "DCGM_EXPORTER_KUBERNETES_ENABLE_POD_LABELS"
@@ -60,11 +47,6 @@ CONFIG_MAP_DATA_ENV = "DCGM_EXPORTER_CONFIGMAP_DATA"
 """`namespace:name` of a ConfigMap the exporter reads its metrics from, through the API."""
 DEFAULT_COLLECTORS = "/etc/dcgm-exporter/dcp-metrics-included.csv"
 """The image's own metric list (DCP profiling metrics included)."""
-_ROLE_RULES = [
-    SCC_RULE,
-    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list"]},
-]
-"""The exporter can read a metrics list from a ConfigMap in its namespace."""
 
 
 def _health_probe(*, period_seconds: int) -> dict[str, Any]:
@@ -76,10 +58,6 @@ def _health_probe(*, period_seconds: int) -> dict[str, Any]:
         "successThreshold": 1,
         "failureThreshold": 3,
     }
-
-
-def enabled(spec: ClusterPolicySpec) -> bool:
-    return spec.dcgm_exporter.enabled
 
 
 def _user_env(spec: ClusterPolicySpec) -> dict[str, str]:
@@ -142,7 +120,7 @@ def _env(spec: ClusterPolicySpec) -> list[dict[str, Any]]:
     return variables
 
 
-def _daemonset(spec: ClusterPolicySpec, ctx: RenderContext) -> Manifest:
+def pod(spec: ClusterPolicySpec, ctx: RenderContext) -> Pod:
     exporter = spec.dcgm_exporter
     mounts = [mount("pod-gpu-resources", POD_RESOURCES_DIR, read_only=True)]
     volumes = [
@@ -156,10 +134,10 @@ def _daemonset(spec: ClusterPolicySpec, ctx: RenderContext) -> Manifest:
     if exporter.config and exporter.config.name:
         mounts.append(mount("metrics-config", CUSTOM_METRICS_DIR, read_only=True))
         volumes.append(config_map_volume("metrics-config", exporter.config.name))
-    main = container(
+    main = main_container(
         CONTAINER_NAME,
-        component_image(spec, "dcgmExporter"),
-        exporter,
+        spec,
+        SECTION,
         env_vars=_env(spec),
         mounts=mounts,
         extra={
@@ -171,50 +149,27 @@ def _daemonset(spec: ClusterPolicySpec, ctx: RenderContext) -> Manifest:
         },
         privileged=True,
     )
-    runtime, nri = gpu_access(spec, CONTAINER_NAME)
-    pod: dict[str, Any] = {
-        "serviceAccountName": SERVICE_ACCOUNT,
-        **runtime,
-        "automountServiceAccountToken": uses_api(spec),
-        "initContainers": [
-            wait_for_file(ctx, "toolkit-validation", TOOLKIT_READY, whole_run_nvidia=True)
-        ],
-        "containers": [main],
-        "imagePullSecrets": pull_secrets(exporter.image_pull_secrets),
-        "volumes": volumes,
-    }
+    fields: dict[str, Any] = {"automountServiceAccountToken": uses_api(spec)}
     if exporter.host_pid:
-        pod["hostPID"] = True
-    return daemonset(
-        DAEMONSET_NAME,
-        NAME,
-        spec,
-        ctx,
-        pod,
-        node_selector={DEPLOY_DCGM_EXPORTER_LABEL: TRUE},
-        pod_annotations={**(exporter.annotations or {}), **nri},
-        host_network=exporter.host_network,
+        fields["hostPID"] = True
+    return Pod(
+        containers=[main],
+        init=[wait_for_file(ctx, "toolkit-validation", TOOLKIT_READY, whole_run_nvidia=True)],
+        volumes=volumes,
+        fields=fields,
+        annotations=exporter.annotations or {},
     )
 
 
-def _service(spec: ClusterPolicySpec, ctx: RenderContext) -> Manifest:
+def _service_fields(spec: ClusterPolicySpec) -> dict[str, Any]:
+    """`dcgmExporter.service`: the Service's type and traffic policy."""
     settings = spec.dcgm_exporter.service
     fields: dict[str, Any] = {
         "type": (settings.type if settings and settings.type else "ClusterIP"),
     }
     if settings and settings.internal_traffic_policy:
         fields["internalTrafficPolicy"] = settings.internal_traffic_policy
-    return service(
-        SERVICE_NAME,
-        NAME,
-        spec,
-        ctx,
-        app=DAEMONSET_NAME,
-        port_name=SERVICE_PORT_NAME,
-        port=METRICS_PORT,
-        scrape=True,
-        **fields,
-    )
+    return fields
 
 
 def _service_monitor(spec: ClusterPolicySpec, ctx: RenderContext) -> Manifest | None:
@@ -233,31 +188,24 @@ def _service_monitor(spec: ClusterPolicySpec, ctx: RenderContext) -> Manifest | 
     )
 
 
-def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
-    objects = [
-        # Upstream labels the exporter's account and namespaced RBAC `app=<name>`.
-        *operand_account(SERVICE_ACCOUNT, NAME, spec, ctx, _ROLE_RULES, app=SERVICE_ACCOUNT),
-        *(
-            cluster_role_and_binding(
-                READ_PODS, NAME, spec, ctx, _READ_PODS_RULES, account=SERVICE_ACCOUNT
-            )
-            if reads_pods(spec)
-            else ()
-        ),
-        _daemonset(spec, ctx),
-        _service(spec, ctx),
-    ]
+def _monitors(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
     monitor = _service_monitor(spec, ctx)
-    if monitor is not None:
-        objects.append(monitor)
-    return objects
+    return [] if monitor is None else [monitor]
 
 
-COMPONENT = Component(
+OPERAND = Operand(
     name=NAME,
+    section=SECTION,
+    daemonset=DAEMONSET_NAME,
     deploy_label=DEPLOY_DCGM_EXPORTER_LABEL,
-    is_enabled=enabled,
-    render=render,
-    kinds=(*NAMESPACED_RBAC, *CLUSTER_RBAC, DAEMONSET, SERVICE, SERVICE_MONITOR),
-    permissions=Permissions(role=tuple(_ROLE_RULES), cluster=tuple(_READ_PODS_RULES)),
+    pod=pod,
+    # The exporter can read a metrics list from a ConfigMap in its namespace.
+    role=(SCC_RULE, rule("", "configmaps", "get list")),
+    grants=(Grant(READ_PODS, READ_PODS_RULES, reads_pods),),
+    service=Port(SERVICE_PORT_NAME, METRICS_PORT, scrape=True, fields=_service_fields),
+    after=_monitors,
+    kinds=(SERVICE_MONITOR,),
+    gpu_container=CONTAINER_NAME,
+    labelled_account=True,  # upstream labels the exporter's account and Role `app=<name>`
 )
+COMPONENT = OPERAND.component()

@@ -12,34 +12,26 @@ from __future__ import annotations
 from typing import Any
 
 from components import _config_manager
-from components._accounts import SCC_RULE
-from components._entrypoint_operand import (
-    cdi_mount,
-    cdi_volume,
-    driver_root_mount,
-    driver_root_volume,
-    entrypoint_config_map,
-    entrypoint_container,
-    entrypoint_script,
-    entrypoint_volume,
+from components import _entrypoint_operand as entry
+from components._accounts import READ_NODES
+from components._host_paths import (
+    host_path,
     host_root_mount,
     host_root_volume,
-)
-from components._host_paths import (
-    VALIDATIONS_DIR,
-    host_path,
     kubelet_path,
     mount,
+    validations_mount,
     validations_volume,
 )
 from components._k8s import TOOLKIT_READY, env, wait_for_file
-from components.component import Component
-from components.context import Manifest, RenderContext
-from components.keys import DEPLOY_DEVICE_PLUGIN_LABEL, TRUE
-from components.kinds import CLUSTER_RBAC, CONFIG_MAP, DAEMONSET, NAMESPACED_RBAC
+from components.context import RenderContext
+from components.keys import DEPLOY_DEVICE_PLUGIN_LABEL
+from components.kinds import CONFIG_MAP
+from components.operand import Operand, Pod
 from crd import ClusterPolicySpec, component_image
 
 NAME = "device-plugin"
+SECTION = "devicePlugin"
 DAEMONSET_NAME = "nvidia-device-plugin-daemonset"
 SERVICE_ACCOUNT = "nvidia-device-plugin"
 CONTAINER_NAME = "nvidia-device-plugin"
@@ -49,10 +41,6 @@ KUBELET_PLUGINS_DIR = "/var/lib/kubelet/device-plugins"
 """Where the plugin puts its socket, in its container (the host side follows
 `hostPaths.kubeletRootDir`)."""
 CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
-
-
-def enabled(spec: ClusterPolicySpec) -> bool:
-    return spec.device_plugin.enabled
 
 
 def mps_root(spec: ClusterPolicySpec) -> str:
@@ -91,59 +79,41 @@ def _env(spec: ClusterPolicySpec) -> list[dict[str, Any]]:
         ]
         if spec.toolkit.enabled:
             variables.append(env("NVIDIA_CDI_HOOK_PATH", cdi_hook_path(spec)))
-    if _config_manager.configured(spec):
-        variables.append(env("CONFIG_FILE", _config_manager.CONFIG_FILE))
-    return variables
+    return variables + _config_manager.operand_settings(spec)[0]
 
 
-def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
-    plugin = spec.device_plugin
-    mounts = [
-        mount("device-plugin", KUBELET_PLUGINS_DIR),
-        mount("run-nvidia-validations", VALIDATIONS_DIR),
-        driver_root_mount(),
-        host_root_mount(),
-        cdi_mount(),
-        mount("mps-shm", "/dev/shm"),
-        mount("mps-root", "/mps"),
-    ]
-    if _config_manager.configured(spec):
-        mounts += _config_manager.operand_mounts()
-    main = entrypoint_container(
+def pod(spec: ClusterPolicySpec, ctx: RenderContext) -> Pod:
+    _, config_mounts = _config_manager.operand_settings(spec)
+    main = entry.entrypoint_container(
         CONTAINER_NAME,
-        component_image(spec, "devicePlugin"),
-        plugin,
+        component_image(spec, SECTION),
+        spec.device_plugin,
         ENTRYPOINT,
         env_vars=_env(spec),
-        mounts=mounts,
+        mounts=[
+            mount("device-plugin", KUBELET_PLUGINS_DIR),
+            validations_mount(),
+            entry.driver_root_mount(),
+            host_root_mount(),
+            entry.cdi_mount(),
+            mount("mps-shm", "/dev/shm"),
+            mount("mps-root", "/mps"),
+            *config_mounts,
+        ],
     )
     volumes = [
-        entrypoint_volume(ENTRYPOINT),
+        entry.entrypoint_volume(ENTRYPOINT),
         host_path("device-plugin", kubelet_path(spec, "device-plugins")),
         validations_volume(),
-        driver_root_volume(spec),
+        entry.driver_root_volume(spec),
         host_root_volume(spec),
-        cdi_volume(),
+        entry.cdi_volume(),
         host_path("mps-root", mps_root(spec), "DirectoryOrCreate"),
         host_path("mps-shm", f"{mps_root(spec)}/shm"),
     ]
-    return [
-        *_config_manager.operand_rbac(SERVICE_ACCOUNT, NAME, spec, ctx, role_rules=[SCC_RULE]),
-        entrypoint_config_map(ENTRYPOINT, NAME, _SCRIPT, spec, ctx, app=DAEMONSET_NAME),
-        _config_manager.operand_daemonset(
-            spec,
-            ctx,
-            plugin,
-            component=NAME,
-            daemonset_name=DAEMONSET_NAME,
-            service_account_name=SERVICE_ACCOUNT,
-            process=PROCESS,
-            init=[wait_for_file(ctx, "toolkit-validation", TOOLKIT_READY)],
-            main=main,
-            operand_volumes=volumes,
-            node_selector={DEPLOY_DEVICE_PLUGIN_LABEL: TRUE},
-        ),
-    ]
+    init = [wait_for_file(ctx, "toolkit-validation", TOOLKIT_READY)]
+    own = Pod(containers=[main], init=init, volumes=volumes)
+    return _config_manager.with_config(spec, own, PROCESS)
 
 
 HOST_MODULES = "/proc/modules"
@@ -160,13 +130,17 @@ _HOST_MODULE_FLAGS = (
     "  export GDS_ENABLED MOFED_ENABLED\n"
     "fi\n"
 )
-_SCRIPT = entrypoint_script(PROCESS, extra=_HOST_MODULE_FLAGS)
+_SCRIPT = entry.entrypoint_script(PROCESS, extra=_HOST_MODULE_FLAGS)
 
-COMPONENT = Component(
+OPERAND = Operand(
     name=NAME,
+    section=SECTION,
+    daemonset=DAEMONSET_NAME,
     deploy_label=DEPLOY_DEVICE_PLUGIN_LABEL,
-    is_enabled=enabled,
-    render=render,
-    kinds=(*NAMESPACED_RBAC, *CLUSTER_RBAC, CONFIG_MAP, DAEMONSET),
-    permissions=_config_manager.permissions([SCC_RULE]),
+    pod=pod,
+    cluster=(READ_NODES,),  # the config manager follows its node's label
+    before=entry.entrypoint_objects(ENTRYPOINT, NAME, _SCRIPT, app=DAEMONSET_NAME),
+    kinds=(CONFIG_MAP,),
+    gpu_container=CONTAINER_NAME,
 )
+COMPONENT = OPERAND.component()

@@ -20,23 +20,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from components import driver_digest
-from components._accounts import (
-    CLUSTER_VERSION_RULE,
-    SCC_RULE,
-    operand_account,
-)
-from components._host_paths import VALIDATIONS_DIR, host_path, mount
+from components._accounts import CLUSTER_VERSION_RULE, SCC_RULE, operand_account
+from components._host_paths import VALIDATIONS_DIR, host_path, host_root_volume, mount
 from components._k8s import (
-    APP_LABEL,
+    config_map,
     container,
     daemonset,
     env,
     field_env,
-    metadata,
     pull_secrets,
     rolling_update_strategy,
+    with_app_label,
 )
-from components.component import Component, Permissions
+from components.component import Component, Permissions, rule
 from components.context import KERNEL_LABEL, Manifest, RenderContext
 from components.driver_config import apply_site_config
 from components.driver_sidecars import (
@@ -68,15 +64,11 @@ _STARTUP_DEFAULTS = ContainerProbeSpec(
 
 _CLUSTER_RULES = [
     CLUSTER_VERSION_RULE,
-    {
-        "apiGroups": [""],
-        "resources": ["nodes"],
-        "verbs": ["get", "list", "patch", "update", "watch"],
-    },
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
-    {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
-    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get", "list"]},
-    {"apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": ["get"]},
+    rule("", "nodes", "get list patch update watch"),
+    rule("", "pods", "get list watch"),
+    rule("", "pods/eviction", "create"),
+    rule("resource.k8s.io", "resourceclaims", "get list"),
+    rule("apps", "daemonsets", "get"),
 ]
 
 
@@ -259,7 +251,7 @@ def _base_pod_spec(
             host_path("mlnx-ofed-usr-src", "/run/mellanox/drivers/usr/src", "DirectoryOrCreate"),
             host_path("run-mellanox-drivers", "/run/mellanox/drivers", "DirectoryOrCreate"),
             host_path("run-nvidia-validations", VALIDATIONS_DIR, "DirectoryOrCreate"),
-            host_path("host-root", spec.host_paths.root_fs),
+            host_root_volume(spec),
             host_path("host-sys", "/sys", "Directory"),
             host_path("firmware-search-path", "/sys/module/firmware_class/parameters/path"),
             host_path("host-sys-devices-system", "/sys/devices/system", "Directory"),
@@ -378,16 +370,12 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
     kernels: list[str | None] = list(ctx.kernels) if spec.driver.use_precompiled else [None]
     if spec.driver.use_nvidia_driver_crd:
         kernels = []  # NVIDIADriver resources own the driver DaemonSets; their pods use the rest
-    probe = metadata(STARTUP_PROBE_CONFIG_MAP, NAME, spec, ctx)
-    probe["labels"] = {APP_LABEL: DAEMONSET_NAME, **probe["labels"]}  # as upstream's
+    probe = config_map(
+        STARTUP_PROBE_CONFIG_MAP, NAME, spec, ctx, {"startup-probe.sh": _STARTUP_PROBE}
+    )
     return [
         *operand_account(SERVICE_ACCOUNT, NAME, spec, ctx, [SCC_RULE], _CLUSTER_RULES),
-        {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": probe,
-            "data": {"startup-probe.sh": _STARTUP_PROBE},
-        },
+        with_app_label(probe, DAEMONSET_NAME),  # as upstream's
         *(_daemonset(spec, ctx, kernel) for kernel in kernels),
     ]
 
@@ -421,4 +409,5 @@ COMPONENT = Component(
     render=render,
     kinds=(*NAMESPACED_RBAC, *CLUSTER_RBAC, CONFIG_MAP, DAEMONSET),
     permissions=Permissions(role=(SCC_RULE,), cluster=tuple(_CLUSTER_RULES)),
+    cluster_roles=(SERVICE_ACCOUNT,),
 )

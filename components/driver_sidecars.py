@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from components._host_paths import HOST_ROOT_MOUNT, mount
+from components._host_paths import host_root_mount, mount
 from components._k8s import container, env, field_env
 from components.context import RenderContext
 from components.driver_digest import DIGEST_ENV
@@ -65,7 +65,7 @@ def manager_init_container(spec: ClusterPolicySpec) -> dict[str, Any]:
         "securityContext": {"privileged": True},
         "volumeMounts": [
             mount("run-nvidia", "/run/nvidia", propagation="Bidirectional"),
-            mount("host-root", HOST_ROOT_MOUNT, read_only=True, propagation="HostToContainer"),
+            host_root_mount(),
             mount("host-sys", "/sys"),
             mount("run-mellanox-drivers", "/run/mellanox/drivers", propagation="HostToContainer"),
         ],

@@ -6,17 +6,11 @@ from __future__ import annotations
 
 from components._host_paths import mount
 from components._k8s import field_env
-from components._sandbox import (
-    Operand,
-    operand_container,
-    operand_objects,
-    sandbox_enabled,
-    vfio_pci_wait,
-)
-from components.component import PASSTHROUGH_ONLY, Component, Permissions, Placement
-from components.context import Manifest, RenderContext
+from components._sandbox import operand_container, sandbox_switch, vfio_pci_wait
+from components.component import PASSTHROUGH_ONLY, Placement
+from components.context import RenderContext
 from components.keys import DEPLOY_KATA_DEVICE_PLUGIN_LABEL, KATA_MODE
-from components.kinds import CLUSTER_RBAC, DAEMONSET, NAMESPACED_RBAC
+from components.operand import Operand, Pod
 from components.sandbox_device_plugin import (
     CDI_ROOT,
     CLUSTER_RULES,
@@ -24,40 +18,19 @@ from components.sandbox_device_plugin import (
     ROLE_RULES,
     plugin_pod,
 )
-from crd import ClusterPolicySpec, component_image
+from crd import ClusterPolicySpec
 
 NAME = "kata-device-plugin"
 DAEMONSET_NAME = "nvidia-kata-sandbox-device-plugin-daemonset"
-SERVICE_ACCOUNT = "nvidia-kata-sandbox-device-plugin"
+SECTION = "kataSandboxDevicePlugin"
 CONTAINER_NAME = "nvidia-kata-sandbox-device-plugin-ctr"
 
-PLACEMENT = Placement(PASSTHROUGH_ONLY.workloads, passthrough_mode=KATA_MODE)
 
-
-def enabled(spec: ClusterPolicySpec) -> bool:
-    return (
-        sandbox_enabled(spec)
-        and spec.kata_sandbox_device_plugin.enabled
-        and spec.sandbox_workloads.mode == KATA_MODE
-    )
-
-
-_OPERAND = Operand(
-    NAME,
-    DAEMONSET_NAME,
-    SERVICE_ACCOUNT,
-    DEPLOY_KATA_DEVICE_PLUGIN_LABEL,
-    ROLE_RULES,
-    CLUSTER_RULES,
-)
-
-
-def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
-    plugin = spec.kata_sandbox_device_plugin
+def pod(spec: ClusterPolicySpec, ctx: RenderContext) -> Pod:
     main = operand_container(
         CONTAINER_NAME,
-        component_image(spec, "kataSandboxDevicePlugin"),
-        plugin,
+        spec,
+        SECTION,
         env_vars=[
             field_env("NODE_NAME", "spec.nodeName"),
             field_env("POD_NAMESPACE", "metadata.namespace"),
@@ -65,16 +38,18 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         ],
         mounts=[mount("device-plugin", KUBELET_PLUGINS_DIR), mount("cdi-root", CDI_ROOT)],
     )
-    pod = plugin_pod(spec, plugin, main, [vfio_pci_wait(ctx, skip="kata not needed")])
-    return operand_objects(spec, ctx, plugin, pod, _OPERAND)
+    return plugin_pod(spec, main, [vfio_pci_wait(ctx, skip="kata not needed")])
 
 
-COMPONENT = Component(
+OPERAND = Operand(
     name=NAME,
+    section=SECTION,
+    daemonset=DAEMONSET_NAME,
     deploy_label=DEPLOY_KATA_DEVICE_PLUGIN_LABEL,
-    is_enabled=enabled,
-    render=render,
-    kinds=(*NAMESPACED_RBAC, *CLUSTER_RBAC, DAEMONSET),
-    permissions=Permissions(role=tuple(ROLE_RULES), cluster=tuple(CLUSTER_RULES)),
-    placement=PLACEMENT,
+    pod=pod,
+    enabled=sandbox_switch(SECTION, KATA_MODE),
+    placement=Placement(PASSTHROUGH_ONLY.workloads, passthrough_mode=KATA_MODE),
+    role=ROLE_RULES,
+    cluster=CLUSTER_RULES,
 )
+COMPONENT = OPERAND.component()

@@ -11,92 +11,51 @@ from __future__ import annotations
 
 from typing import Any
 
+from components import _entrypoint_operand as entry
 from components import mig_layouts
-from components._accounts import (
-    SCC_RULE,
-    operand_account,
-)
-from components._entrypoint_operand import (
-    cdi_mount,
-    cdi_volume,
-    driver_root_mount,
-    driver_root_volume,
-    entrypoint_config_map,
-    entrypoint_container,
-    entrypoint_script,
-    entrypoint_volume,
+from components._accounts import SCC_RULE
+from components._host_paths import (
+    host_path,
     host_root_mount,
     host_root_volume,
+    mount,
+    validations_mount,
+    validations_volume,
 )
-from components._host_paths import VALIDATIONS_DIR, host_path, mount, validations_volume
-from components._k8s import (
-    TOOLKIT_READY,
-    daemonset,
-    env,
-    field_env,
-    gpu_access,
-    metadata,
-    pull_secrets,
-    wait_for_file,
-)
-from components.component import Component, Permissions
+from components._k8s import TOOLKIT_READY, config_map, env, field_env, wait_for_file
+from components.component import rule
 from components.context import Manifest, RenderContext
 from components.device_plugin import cdi_hook_path
-from components.keys import DEPLOY_MIG_MANAGER_LABEL, TRUE, is_mig_capable
-from components.kinds import CLUSTER_RBAC, CONFIG_MAP, DAEMONSET, NAMESPACED_RBAC
+from components.keys import DEPLOY_MIG_MANAGER_LABEL, is_mig_capable
+from components.kinds import CONFIG_MAP
+from components.operand import Operand, Pod
 from crd import ClusterPolicySpec, component_image
 
 NAME = "mig-manager"
+SECTION = "migManager"
 DAEMONSET_NAME = "nvidia-mig-manager"
-SERVICE_ACCOUNT = "nvidia-mig-manager"
 CONTAINER_NAME = "nvidia-mig-manager"
 ENTRYPOINT = "nvidia-mig-manager-entrypoint"
 DEFAULT_CONFIG_MAP = "default-mig-parted-config"
-DEFAULT_CLIENTS_CONFIG_MAP = "default-gpu-clients"
+DEFAULT_CLIENTS = "default-gpu-clients"
 CONFIG_DIR = "/mig-parted-config"
 
-_ROLE_RULES = [
-    SCC_RULE,
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "delete"]},
-    {
-        "apiGroups": [""],
-        "resources": ["configmaps"],
-        "verbs": ["create", "get", "list", "update", "patch"],
-    },
-]
-"""Restarts operand pods on its node; records layout state in ConfigMaps."""
-_CLUSTER_RULES = [
-    {
-        "apiGroups": [""],
-        "resources": ["nodes"],
-        "verbs": ["get", "list", "watch", "update", "patch"],
-    },
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
-]
+
+def _config_name(spec: ClusterPolicySpec) -> str | None:
+    """The policy's own layouts ConfigMap; None: ours (`default-mig-parted-config`)."""
+    config = spec.mig_manager.config
+    return config.name if config and config.name else None
 
 
-def enabled(spec: ClusterPolicySpec) -> bool:
-    return spec.mig_manager.enabled
+def _clients_name(spec: ClusterPolicySpec) -> str | None:
+    """The policy's own GPU clients ConfigMap; None: ours (`default-gpu-clients`)."""
+    clients = spec.mig_manager.gpu_clients_config
+    return clients.name if clients and clients.name else None
 
 
-def _config_map(
-    name: str, key: str, data: str, spec: ClusterPolicySpec, ctx: RenderContext
-) -> Manifest:
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": metadata(name, NAME, spec, ctx),
-        "data": {key: data},
-    }
-
-
-def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
+def pod(spec: ClusterPolicySpec, ctx: RenderContext) -> Pod | None:
     if not ctx.mig_capable:
-        return []
-    mig = spec.mig_manager
-    config_name = mig.config.name if mig.config and mig.config.name else None
-    clients = mig.gpu_clients_config
-    clients_name = clients.name if clients and clients.name else None
+        return None
     env_vars = [
         field_env("NODE_NAME", "spec.nodeName"),
         field_env("POD_NAME", "metadata.name"),
@@ -104,112 +63,98 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         env("GPU_CLIENTS_FILE", "/gpu-clients/clients.yaml"),
         field_env("DEFAULT_GPU_CLIENTS_NAMESPACE", "metadata.namespace"),
     ]
+    config_name = _config_name(spec)
     if config_name:  # the user's layouts
         env_vars.append(env("CONFIG_FILE", f"{CONFIG_DIR}/config.yaml"))
-        layouts_volume: dict[str, Any] = {
-            "name": "mig-parted-config",
-            "configMap": {"name": config_name},
-        }
+        layouts: dict[str, Any] = {"name": config_name}
     else:
         env_vars.append(env("DEFAULT_CONFIG_FILE", f"{CONFIG_DIR}/config-default.yaml"))
-        layouts_volume = {
-            "name": "mig-parted-config",
-            "configMap": {
-                "name": DEFAULT_CONFIG_MAP,
-                "items": [{"key": "config.yaml", "path": "config-default.yaml"}],
-            },
+        layouts = {
+            "name": DEFAULT_CONFIG_MAP,
+            "items": [{"key": "config.yaml", "path": "config-default.yaml"}],
         }
     if spec.cdi.enabled:
         env_vars.append(env("CDI_ENABLED", "true"))
         if spec.toolkit.enabled:
             env_vars.append(env("NVIDIA_CDI_HOOK_PATH", cdi_hook_path(spec)))
-    main = entrypoint_container(
+    main = entry.entrypoint_container(
         CONTAINER_NAME,
-        component_image(spec, "migManager"),
-        mig,
+        component_image(spec, SECTION),
+        spec.mig_manager,
         ENTRYPOINT,
         env_vars=env_vars,
         mounts=[
-            mount("run-nvidia-validations", VALIDATIONS_DIR),
+            validations_mount(),
             mount("host-sys", "/sys"),
             host_root_mount(read_only=False),
             mount("gpu-clients", "/gpu-clients"),
             mount("mig-parted-config", CONFIG_DIR),
-            driver_root_mount(),
-            cdi_mount(),
+            entry.driver_root_mount(),
+            entry.cdi_mount(),
         ],
     )
-    runtime, nri = gpu_access(spec, CONTAINER_NAME)
-    pod: dict[str, Any] = {
-        "serviceAccountName": SERVICE_ACCOUNT,
-        **runtime,
-        "hostPID": True,
-        "hostIPC": True,
-        "initContainers": [
-            wait_for_file(
-                ctx,
-                "toolkit-validation",
-                TOOLKIT_READY,
-                message="waiting for nvidia container toolkit to be setup",
-            )
-        ],
-        "containers": [main],
-        "imagePullSecrets": pull_secrets(mig.image_pull_secrets),
-        "volumes": [
-            entrypoint_volume(ENTRYPOINT),
-            host_path("host-sys", "/sys", "Directory"),
-            validations_volume(),
-            driver_root_volume(spec),
-            host_root_volume(spec),
-            {
-                "name": "gpu-clients",
-                "configMap": {"name": clients_name or DEFAULT_CLIENTS_CONFIG_MAP},
-            },
-            layouts_volume,
-            cdi_volume(),
-        ],
-    }
+    clients = _clients_name(spec) or DEFAULT_CLIENTS
+    volumes = [
+        entry.entrypoint_volume(ENTRYPOINT),
+        host_path("host-sys", "/sys", "Directory"),
+        validations_volume(),
+        entry.driver_root_volume(spec),
+        host_root_volume(spec),
+        {"name": "gpu-clients", "configMap": {"name": clients}},
+        {"name": "mig-parted-config", "configMap": layouts},
+        entry.cdi_volume(),
+    ]
+    wait = wait_for_file(
+        ctx,
+        "toolkit-validation",
+        TOOLKIT_READY,
+        message="waiting for nvidia container toolkit to be setup",
+    )
+    fields = {"hostPID": True, "hostIPC": True}
+    return Pod(containers=[main], init=[wait], volumes=volumes, fields=fields)
+
+
+def config_maps(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
+    """Our default layouts and GPU clients, where the policy names no ConfigMap of its
+    own, then the entrypoint's."""
+    layouts = {"config.yaml": _LAYOUTS}
+    clients = {"clients.yaml": _CLIENTS}
     return [
-        *operand_account(SERVICE_ACCOUNT, NAME, spec, ctx, _ROLE_RULES, _CLUSTER_RULES),
-        # The defaults only where the policy names no ConfigMap of its own.
-        *(
-            []
-            if config_name
-            else [_config_map(DEFAULT_CONFIG_MAP, "config.yaml", _LAYOUTS, spec, ctx)]
-        ),
-        *(
-            []
-            if clients_name
-            else [_config_map(DEFAULT_CLIENTS_CONFIG_MAP, "clients.yaml", _CLIENTS, spec, ctx)]
-        ),
-        entrypoint_config_map(ENTRYPOINT, NAME, _SCRIPT, spec, ctx, app=DAEMONSET_NAME),
-        daemonset(
-            DAEMONSET_NAME,
-            NAME,
-            spec,
-            ctx,
-            pod,
-            node_selector={DEPLOY_MIG_MANAGER_LABEL: TRUE},
-            pod_annotations=nri,
-            host_network=spec.mig_manager.host_network,
-        ),
+        *([] if _config_name(spec) else [config_map(DEFAULT_CONFIG_MAP, NAME, spec, ctx, layouts)]),
+        *([] if _clients_name(spec) else [config_map(DEFAULT_CLIENTS, NAME, spec, ctx, clients)]),
+        *_entrypoint(spec, ctx),
     ]
 
 
 _LAYOUTS = mig_layouts.config_yaml()
 _CLIENTS = mig_layouts.gpu_clients_yaml()
-_SCRIPT = entrypoint_script(
+_SCRIPT = entry.entrypoint_script(
     "nvidia-mig-manager",
     # With a host driver, host services holding the GPUs must stop during a change.
     extra='export WITH_SHUTDOWN_HOST_GPU_CLIENTS="$IS_HOST_DRIVER"\n',
 )
 
-COMPONENT = Component(
+_entrypoint = entry.entrypoint_objects(ENTRYPOINT, NAME, _SCRIPT, app=DAEMONSET_NAME)
+
+OPERAND = Operand(
     name=NAME,
+    section=SECTION,
+    daemonset=DAEMONSET_NAME,
     deploy_label=DEPLOY_MIG_MANAGER_LABEL,
-    is_enabled=enabled,
-    render=render,
-    kinds=(*NAMESPACED_RBAC, *CLUSTER_RBAC, CONFIG_MAP, DAEMONSET),
-    permissions=Permissions(role=tuple(_ROLE_RULES), cluster=tuple(_CLUSTER_RULES)),
+    pod=pod,
     eligible=is_mig_capable,
+    # It restarts operand pods on its node and records layout state in ConfigMaps.
+    role=(
+        SCC_RULE,
+        rule("", "pods", "get list watch delete"),
+        rule("", "configmaps", "create get list update patch"),
+    ),
+    cluster=(
+        rule("", "nodes", "get list watch update patch"),
+        rule("", "pods", "list"),
+    ),
+    before=config_maps,
+    kinds=(CONFIG_MAP,),
+    gpu_container=CONTAINER_NAME,
 )
+COMPONENT = OPERAND.component()

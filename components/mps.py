@@ -6,49 +6,35 @@ so, like upstream, the DaemonSet exists whenever the device plugin does and sele
 nodes the device plugin labelled `nvidia.com/mps.capable=true`: without MPS configs it
 schedules no pods and counts as ready at once. Its pods run under the device plugin's
 ServiceAccount, as upstream's do; the daemon's own account and RBAC exist alongside.
+It follows the device plugin's section (switch, image, pull secrets, host network).
 """
 
 from __future__ import annotations
 
 from components import _config_manager
-from components._accounts import SCC_RULE
+from components._accounts import READ_NODES
 from components._host_paths import host_path, mount, run_nvidia_volume
 from components._k8s import TOOLKIT_READY, container, env, field_env, wait_for_file
-from components.component import Component
-from components.context import Manifest, RenderContext
+from components.context import RenderContext
 from components.device_plugin import SERVICE_ACCOUNT as DEVICE_PLUGIN_ACCOUNT
 from components.device_plugin import mps_root
 from components.keys import DEPLOY_DEVICE_PLUGIN_LABEL, MPS_CAPABLE_LABEL, TRUE
-from components.kinds import CLUSTER_RBAC, DAEMONSET, NAMESPACED_RBAC
+from components.operand import Operand, Pod
 from crd import ClusterPolicySpec, component_image
 
 NAME = "mps-control-daemon"
+SECTION = "devicePlugin"
 DAEMONSET_NAME = "nvidia-device-plugin-mps-control-daemon"
-SERVICE_ACCOUNT = "nvidia-device-plugin-mps-control-daemon"
 CONTAINER_NAME = "mps-control-daemon-ctr"
 PROCESS = "mps-control-daemon"
 PROCESS_PATH = "/usr/bin/mps-control-daemon"
 """What the config manager signals: the daemon is matched by its full path."""
 
 
-def enabled(spec: ClusterPolicySpec) -> bool:
-    return spec.device_plugin.enabled
-
-
-def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
+def pod(spec: ClusterPolicySpec, ctx: RenderContext) -> Pod:
     plugin = spec.device_plugin
-    image = component_image(spec, "devicePlugin")
-    env_vars = [
-        field_env("NODE_NAME", "spec.nodeName"),
-        env("NVIDIA_VISIBLE_DEVICES", "all"),
-        env("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"),
-        env("MIG_STRATEGY", spec.mig.strategy),
-        env("NVIDIA_MIG_MONITOR_DEVICES", "all"),
-    ]
-    mounts = [mount("mps-shm", "/dev/shm"), mount("mps-root", "/mps")]
-    if _config_manager.configured(spec):
-        env_vars.append(env("CONFIG_FILE", _config_manager.CONFIG_FILE))
-        mounts += _config_manager.operand_mounts()
+    image = component_image(spec, SECTION)
+    config_env, config_mounts = _config_manager.operand_settings(spec)
     main = container(
         CONTAINER_NAME,
         image,
@@ -56,8 +42,15 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         # DEVICE_LIST_STRATEGY... are the plugin's), as upstream.
         plugin.model_copy(update={"env": None, "args": None}),
         command=[PROCESS],
-        env_vars=env_vars,
-        mounts=mounts,
+        env_vars=[
+            field_env("NODE_NAME", "spec.nodeName"),
+            env("NVIDIA_VISIBLE_DEVICES", "all"),
+            env("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"),
+            env("MIG_STRATEGY", spec.mig.strategy),
+            env("NVIDIA_MIG_MONITOR_DEVICES", "all"),
+            *config_env,
+        ],
+        mounts=[mount("mps-shm", "/dev/shm"), mount("mps-root", "/mps"), *config_mounts],
         privileged=True,
     )
     shm_mount = {
@@ -68,37 +61,30 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         "securityContext": {"privileged": True},
         "volumeMounts": [mount("mps-root", "/mps", propagation="Bidirectional")],
     }
-    return [
-        *_config_manager.operand_rbac(SERVICE_ACCOUNT, NAME, spec, ctx, role_rules=[SCC_RULE]),
-        _config_manager.operand_daemonset(
-            spec,
-            ctx,
-            plugin,  # upstream's MPS control daemon follows the device plugin's settings
-            component=NAME,
-            daemonset_name=DAEMONSET_NAME,
-            service_account_name=DEVICE_PLUGIN_ACCOUNT,
-            process=PROCESS_PATH,
-            pod={"hostPID": True},
-            init=[
-                wait_for_file(ctx, "toolkit-validation", TOOLKIT_READY, whole_run_nvidia=True),
-                shm_mount,
-            ],
-            main=main,
-            operand_volumes=[
-                run_nvidia_volume(),
-                host_path("mps-root", mps_root(spec), "DirectoryOrCreate"),
-                host_path("mps-shm", f"{mps_root(spec)}/shm"),
-            ],
-            node_selector={DEPLOY_DEVICE_PLUGIN_LABEL: TRUE, MPS_CAPABLE_LABEL: TRUE},
-        ),
-    ]
+    own = Pod(
+        containers=[main],
+        init=[
+            wait_for_file(ctx, "toolkit-validation", TOOLKIT_READY, whole_run_nvidia=True),
+            shm_mount,
+        ],
+        volumes=[
+            run_nvidia_volume(),
+            host_path("mps-root", mps_root(spec), "DirectoryOrCreate"),
+            host_path("mps-shm", f"{mps_root(spec)}/shm"),
+        ],
+        fields={"serviceAccountName": DEVICE_PLUGIN_ACCOUNT, "hostPID": True},
+    )
+    return _config_manager.with_config(spec, own, PROCESS_PATH)
 
 
-COMPONENT = Component(
+OPERAND = Operand(
     name=NAME,
+    section=SECTION,
+    daemonset=DAEMONSET_NAME,
     deploy_label=None,  # runs where the device plugin does and MPS is configured
-    is_enabled=enabled,
-    render=render,
-    kinds=(*NAMESPACED_RBAC, *CLUSTER_RBAC, DAEMONSET),
-    permissions=_config_manager.permissions([SCC_RULE]),
+    pod=pod,
+    cluster=(READ_NODES,),  # the config manager follows its node's label
+    gpu_container=CONTAINER_NAME,
+    node_selector={DEPLOY_DEVICE_PLUGIN_LABEL: TRUE, MPS_CAPABLE_LABEL: TRUE},
 )
+COMPONENT = OPERAND.component()

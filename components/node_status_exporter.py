@@ -4,37 +4,28 @@ node alert rules where the Prometheus Operator's CRDs are served."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from components._accounts import (
-    READ_NODES,
-    operand_account,
-)
+from components._accounts import READ_NODES
 from components._host_paths import (
     DRIVER_ROOT,
     HOST_ROOT_MOUNT,
     RUN_NVIDIA,
     VALIDATIONS_DIR,
-    host_path,
+    host_root_mount,
+    host_root_volume,
     mount,
     run_nvidia_volume,
 )
-from components._k8s import container, daemonset, env, field_env, service
-from components.component import Component, Permissions
+from components._k8s import container, env, field_env
+from components.component import rule
 from components.context import Manifest, RenderContext
-from components.keys import DEPLOY_NODE_STATUS_EXPORTER_LABEL, TRUE
-from components.kinds import (
-    CLUSTER_RBAC,
-    DAEMONSET,
-    NAMESPACED_RBAC,
-    PROMETHEUS_RULE,
-    SERVICE,
-    SERVICE_MONITOR,
-)
+from components.keys import DEPLOY_NODE_STATUS_EXPORTER_LABEL
+from components.kinds import PROMETHEUS_RULE, SERVICE_MONITOR
 from components.monitoring import monitoring_objects
+from components.operand import Operand, Pod, Port
 from crd import ClusterPolicySpec
 
 NAME = "node-status-exporter"
+SECTION = "nodeStatusExporter"
 DAEMONSET_NAME = "nvidia-node-status-exporter"
 SERVICE_NAME = "nvidia-node-status-exporter"
 SERVICE_ACCOUNT = "nvidia-node-status-exporter"
@@ -44,28 +35,14 @@ SERVICE_PORT_NAME = "node-status"
 JOB_LABEL = "node-status"
 PROMETHEUS_RULE_NAME = "nvidia-node-status-exporter-alerts"
 """Upstream's name for its node alerts (it creates them on OpenShift only)."""
-_ROLE_RULES = [
-    {
-        "apiGroups": ["security.openshift.io"],
-        "resources": ["securitycontextconstraints"],
-        "verbs": ["use"],
-    },
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
-    {"apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": ["get", "list", "watch"]},
-]
 
 
-def enabled(spec: ClusterPolicySpec) -> bool:
-    return spec.node_status_exporter.enabled
-
-
-def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
-    section = spec.node_status_exporter
+def pod(spec: ClusterPolicySpec, ctx: RenderContext) -> Pod:
     root = DRIVER_ROOT if spec.driver.enabled else HOST_ROOT_MOUNT
     main = container(
         CONTAINER_NAME,
         ctx.operator_image,
-        section,
+        spec.node_status_exporter,
         command=[
             "gpuop",
             "node-agent",
@@ -85,7 +62,7 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         # /run/nvidia holds both the validations and the driver container's root.
         mounts=[
             mount("run-nvidia", RUN_NVIDIA, propagation="HostToContainer"),
-            mount("host-root", HOST_ROOT_MOUNT, read_only=True, propagation="HostToContainer"),
+            host_root_mount(),
         ],
         privileged=True,
         root=True,
@@ -93,38 +70,13 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
             "ports": [{"name": SERVICE_PORT_NAME, "containerPort": METRICS_PORT, "protocol": "TCP"}]
         },
     )
-    pod: dict[str, Any] = {
-        "serviceAccountName": SERVICE_ACCOUNT,
-        "containers": [main],
-        "volumes": [run_nvidia_volume(), host_path("host-root", spec.host_paths.root_fs)],
-    }
-    objects = [
-        # Upstream labels the exporter's account and namespaced RBAC `app=<name>`.
-        *operand_account(
-            SERVICE_ACCOUNT, NAME, spec, ctx, _ROLE_RULES, [READ_NODES], app=SERVICE_ACCOUNT
-        ),
-        daemonset(
-            DAEMONSET_NAME,
-            NAME,
-            spec,
-            ctx,
-            pod,
-            node_selector={DEPLOY_NODE_STATUS_EXPORTER_LABEL: TRUE},
-            host_network=spec.node_status_exporter.host_network,
-            replaced_image=section,  # upstream's exporter ran its own image
-        ),
-        service(
-            SERVICE_NAME,
-            NAME,
-            spec,
-            ctx,
-            app=DAEMONSET_NAME,
-            port_name=SERVICE_PORT_NAME,
-            port=METRICS_PORT,
-            scrape=True,
-        ),
-    ]
-    objects += monitoring_objects(
+    volumes = [run_nvidia_volume(), host_root_volume(spec)]
+    return Pod(containers=[main], volumes=volumes)
+
+
+def metrics_objects(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
+    """Where served, its ServiceMonitor and the node alert rules."""
+    return monitoring_objects(
         NAME,
         spec,
         ctx,
@@ -136,14 +88,24 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         node=True,
         settings=spec.node_status_exporter.service_monitor,
     )
-    return objects
 
 
-COMPONENT = Component(
+OPERAND = Operand(
     name=NAME,
+    section=SECTION,
+    daemonset=DAEMONSET_NAME,
     deploy_label=DEPLOY_NODE_STATUS_EXPORTER_LABEL,
-    is_enabled=enabled,
-    render=render,
-    kinds=(*NAMESPACED_RBAC, *CLUSTER_RBAC, DAEMONSET, SERVICE, SERVICE_MONITOR, PROMETHEUS_RULE),
-    permissions=Permissions(role=tuple(_ROLE_RULES), cluster=(READ_NODES,)),
+    pod=pod,
+    role=(
+        rule("security.openshift.io", "securitycontextconstraints", "use"),
+        rule("", "pods", "get list"),
+        rule("apps", "daemonsets", "get list watch"),
+    ),
+    cluster=(READ_NODES,),
+    service=Port(SERVICE_PORT_NAME, METRICS_PORT, scrape=True),
+    after=metrics_objects,
+    kinds=(SERVICE_MONITOR, PROMETHEUS_RULE),
+    labelled_account=True,  # upstream labels the exporter's account and Role `app=<name>`
+    own_image_pulls=True,  # upstream's exporter ran its own image
 )
+COMPONENT = OPERAND.component()

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from components.component import Component, ObjectKind, Rule
-from components.registry import owned_kinds
+from components.registry import cluster_roles, owned_kinds
 
 NAMESPACED_VERBS = ("list", "watch", "create", "patch", "delete")
 """On a namespaced owned kind, in the operator namespace: watch, apply, prune."""
@@ -129,3 +129,26 @@ def rendered_needs(
             for v in CLUSTER_NAMED_VERBS
         ]
     return needs
+
+
+CHART_ROLES_FILE = "deploy/helm/gpu-operator/files/operand-roles.yaml"
+"""The chart's list of operand ClusterRoles (read by its templates/rbac.yaml)."""
+_CHART_ROLES_HEADER = """\
+# The ClusterRoles (and ClusterRoleBindings) of the operands' accounts: the only ones
+# the operator may create, change and delete (templates/rbac.yaml names them). Generated
+# from the operand registry (components.rbac.chart_roles_yaml) -- do not edit;
+# regenerate with
+#   python -m tests.integration.helm_chart
+"""
+
+
+def chart_roles_yaml(components: Iterable[Component]) -> str:
+    """The text of the chart's `files/operand-roles.yaml` for these operands."""
+    return _CHART_ROLES_HEADER + "".join(f"- {name}\n" for name in cluster_roles(components))
+
+
+def chart_roles_missing(text: str, components: Iterable[Component]) -> list[str]:
+    """The operand ClusterRoles the chart's roles file (`text`) does not name: each one
+    the operator could not write, so its operand could not be installed."""
+    listed = {line[2:].strip() for line in text.splitlines() if line.startswith("- ")}
+    return [name for name in cluster_roles(components) if name not in listed]

@@ -3,8 +3,9 @@
 This tuple is the one place an operand is registered. What used to be kept in parallel
 lists is read from it: the rollout order (`statemachine.rollout`), the per-operand deploy
 labels and which nodes get them (`components.labels`), the kinds the controller watches
-and prunes (`gpuop.controller`), and the permissions the operator must hold to grant
-operands their RBAC (checked against the chart by a unit test).
+and prunes (`gpuop.controller`), the permissions the operator must hold to grant
+operands their RBAC (checked against the chart by a unit test), and the ClusterRoles the
+chart lets it write (its generated `files/operand-roles.yaml`).
 """
 
 from __future__ import annotations
@@ -32,13 +33,7 @@ from components import (
     vgpu_device_manager,
     vgpu_manager,
 )
-from components.component import (
-    EVERY_WORKLOAD,
-    PASSTHROUGH_ONLY,
-    Component,
-    ObjectKind,
-    Placement,
-)
+from components.component import EVERY_WORKLOAD, PASSTHROUGH_ONLY, Component, ObjectKind, Placement
 from components.context import Manifest, RenderContext
 from components.keys import (
     CONTAINER_WORKLOAD,
@@ -119,6 +114,12 @@ def owned_kinds(components: Iterable[Component]) -> tuple[ObjectKind, ...]:
     return tuple(dict.fromkeys(k for c in components for k in c.kinds))
 
 
+def cluster_roles(components: Iterable[Component]) -> tuple[str, ...]:
+    """The names of every ClusterRole (and binding) an operand may render, sorted: the
+    only ones the chart lets the operator write (`components.rbac.chart_roles_yaml`)."""
+    return tuple(sorted({name for c in components for name in c.cluster_roles}))
+
+
 ROLLOUT_ORDER = rollout_order(COMPONENTS)
 NODE_ORDER = node_order(COMPONENTS)
 DEPLOY_LABELS = deploy_labels(COMPONENTS)
@@ -127,6 +128,7 @@ policy enables that operand (but only where the operand is eligible: the MIG man
 on MIG-capable nodes), so enabling an operand later needs no node relabelling and users'
 node selectors see the same labels as with upstream."""
 OWNED_KINDS = owned_kinds(COMPONENTS)
+CLUSTER_ROLES = cluster_roles(COMPONENTS)
 
 _BY_NAME = {c.name: c for c in COMPONENTS}
 

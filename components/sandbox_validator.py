@@ -19,13 +19,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from components._accounts import SCC_RULE
 from components._host_paths import (
     DRIVER_ROOT,
-    HOST_ROOT_MOUNT,
     VALIDATIONS_DIR,
     host_path,
+    host_root_mount,
+    host_root_volume,
     mount,
+    validations_mount,
     validations_volume,
 )
 from components._k8s import (
@@ -37,21 +38,16 @@ from components._k8s import (
     merge_env,
     security_context,
 )
-from components._sandbox import (
-    Operand,
-    operand_objects,
-    sandbox_enabled,
-    validations_container,
-)
-from components.component import VM_HOSTS, Component, Permissions
-from components.context import Manifest, RenderContext
+from components._sandbox import sandbox_enabled, validations_container
+from components.component import VM_HOSTS, rule
+from components.context import RenderContext
 from components.keys import DEPLOY_SANDBOX_VALIDATOR_LABEL
-from components.kinds import CLUSTER_RBAC, DAEMONSET, NAMESPACED_RBAC
+from components.operand import Operand, Pod
 from crd import ClusterPolicySpec
 
 NAME = "sandbox-validation"
+SECTION = "validator"
 DAEMONSET_NAME = "nvidia-sandbox-validator"
-SERVICE_ACCOUNT = "nvidia-sandbox-validator"
 CONTAINER_NAME = "nvidia-sandbox-validator"
 COMMAND = ["gpuop", "node-agent", "validate-sandbox"]
 """Reads COMPONENT, WITH_WAIT, NODE_NAME and DEFAULT_GPU_WORKLOAD_CONFIG, as upstream's
@@ -64,13 +60,6 @@ _WORKLOAD_CHECKS = ("vfio-pci", "vgpu-manager", "vgpu-devices")
 _USER_ENV = {"vfio-pci": "vfio_pci", "vgpu-manager": "vgpu_manager", "vgpu-devices": "vgpu_devices"}
 """The `validator` section whose `env` each check's container gets."""
 
-_CLUSTER_RULES = [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]
-"""It reads its node's workload and CC labels."""
-
-
-def enabled(spec: ClusterPolicySpec) -> bool:
-    return sandbox_enabled(spec)
-
 
 def _check(spec: ClusterPolicySpec, ctx: RenderContext, check: str) -> dict[str, Any]:
     variables = [
@@ -78,12 +67,12 @@ def _check(spec: ClusterPolicySpec, ctx: RenderContext, check: str) -> dict[str,
         env("COMPONENT", check),
         field_env("NODE_NAME", "spec.nodeName"),
     ]
-    mounts = [mount("run-nvidia-validations", VALIDATIONS_DIR, propagation="Bidirectional")]
+    mounts = [validations_mount("Bidirectional")]
     if check in _WORKLOAD_CHECKS:
         default = spec.sandbox_workloads.default_workload
         variables.append(env("DEFAULT_GPU_WORKLOAD_CONFIG", default))
     if check in ("vfio-pci", "vgpu-manager"):
-        host = mount("host-root", HOST_ROOT_MOUNT, read_only=True, propagation="HostToContainer")
+        host = host_root_mount()
         mounts.insert(0, host)
     if check == "vgpu-manager":
         driver = mount("driver-install-path", DRIVER_ROOT, propagation="HostToContainer")
@@ -103,53 +92,38 @@ def _check(spec: ClusterPolicySpec, ctx: RenderContext, check: str) -> dict[str,
     }
 
 
-_CLEAR = f"rm -f {VALIDATIONS_DIR}/*"
-"""The status files go with the validator, so what waits on them waits for it again."""
-
-
-_SELECTOR = {PART_OF_LABEL: PART_OF}
-"""Upstream's selector (immutable)."""
-_OPERAND = Operand(
-    NAME,
-    DAEMONSET_NAME,
-    SERVICE_ACCOUNT,
-    DEPLOY_SANDBOX_VALIDATOR_LABEL,
-    [SCC_RULE],
-    _CLUSTER_RULES,
-)
-
-
-def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
-    validator = spec.validator
+def pod(spec: ClusterPolicySpec, ctx: RenderContext) -> Pod:
     main = validations_container(
         ctx,
         CONTAINER_NAME,
         "echo all validations are successful; while true; do sleep 86400; done",
         propagation="Bidirectional",
+        # The status files go with the validator: what waits on them waits for it again.
         extra={
             "lifecycle": {
                 "preStop": {"exec": {"command": ["sh", "-c", f"rm -f {VALIDATIONS_DIR}/*"]}}
             }
         },
     )
-    pod: dict[str, Any] = {
-        "initContainers": [_check(spec, ctx, check) for check in CHECKS],
-        "containers": [main],
-        "volumes": [
-            validations_volume(),
-            host_path("driver-install-path", spec.host_paths.driver_install_dir),
-            host_path("host-root", spec.host_paths.root_fs),
-        ],
-    }
-    return operand_objects(spec, ctx, validator, pod, _OPERAND, selector_labels=_SELECTOR)
+    volumes = [
+        validations_volume(),
+        host_path("driver-install-path", spec.host_paths.driver_install_dir),
+        host_root_volume(spec),
+    ]
+    init = [_check(spec, ctx, check) for check in CHECKS]
+    return Pod(containers=[main], init=init, volumes=volumes)
 
 
-COMPONENT = Component(
+OPERAND = Operand(
     name=NAME,
+    section=SECTION,
+    daemonset=DAEMONSET_NAME,
     deploy_label=DEPLOY_SANDBOX_VALIDATOR_LABEL,
-    is_enabled=enabled,
-    render=render,
-    kinds=(*NAMESPACED_RBAC, *CLUSTER_RBAC, DAEMONSET),
-    permissions=Permissions(role=(SCC_RULE,), cluster=tuple(_CLUSTER_RULES)),
+    pod=pod,
+    enabled=sandbox_enabled,
     placement=VM_HOSTS,
+    # It reads its node's workload and CC labels.
+    cluster=(rule("", "nodes", "get"),),
+    selector_labels={PART_OF_LABEL: PART_OF},  # upstream's selector (immutable)
 )
+COMPONENT = OPERAND.component()

@@ -13,46 +13,29 @@ from __future__ import annotations
 import posixpath
 from typing import Any
 
-from components._accounts import SCC_RULE, operand_account
-from components._entrypoint_operand import (
-    cdi_mount,
-    cdi_volume,
-    driver_root_mount,
-    driver_root_volume,
-    entrypoint_config_map,
-    entrypoint_container,
-    entrypoint_script,
-    entrypoint_volume,
-    host_root_mount,
-    host_root_volume,
-)
+from components import _entrypoint_operand as entry
+from components._accounts import SCC_RULE
 from components._host_paths import (
     DRIVER_ROOT,
-    HOST_ROOT_MOUNT,
-    VALIDATIONS_DIR,
     host_path,
+    host_root_mount,
+    host_root_volume,
     mount,
+    validations_mount,
     validations_volume,
 )
-from components._k8s import (
-    daemonset,
-    dump_env,
-    env,
-    field_env,
-    merge_env,
-    pull_secrets,
-    security_context,
-)
-from components.component import Component, Permissions
-from components.context import CONTAINERD, CRIO, DOCKER, Manifest, RenderContext
-from components.keys import DEPLOY_TOOLKIT_LABEL, TRUE
-from components.kinds import CONFIG_MAP, DAEMONSET, NAMESPACED_RBAC
+from components._k8s import dump_env, env, field_env, merge_env, security_context
+from components.component import rule
+from components.context import CONTAINERD, CRIO, DOCKER, RenderContext
+from components.keys import DEPLOY_TOOLKIT_LABEL
+from components.kinds import CONFIG_MAP
+from components.operand import Operand, Pod
 from components.validator import driver_check_script
 from crd import ClusterPolicySpec, component_image
 
 NAME = "container-toolkit"
+SECTION = "toolkit"
 DAEMONSET_NAME = "nvidia-container-toolkit-daemonset"
-SERVICE_ACCOUNT = "nvidia-container-toolkit"
 CONTAINER_NAME = "nvidia-container-toolkit-ctr"
 ENTRYPOINT = "nvidia-container-toolkit-entrypoint"
 TOOLKIT_ROOT = "/run/nvidia/toolkit"
@@ -77,12 +60,6 @@ CRI-O, which reloads its config by itself)."""
 _CONFIG_ENV = {CONTAINERD: "CONTAINERD_CONFIG", DOCKER: "DOCKER_CONFIG", CRIO: "CRIO_CONFIG"}
 _SOCKET_ENV = {CONTAINERD: "CONTAINERD_SOCKET", DOCKER: "DOCKER_SOCKET"}
 
-_RULES = [SCC_RULE, {"apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": ["list"]}]
-
-
-def enabled(spec: ClusterPolicySpec) -> bool:
-    return spec.toolkit.enabled
-
 
 def driver_wait(spec: ClusterPolicySpec, ctx: RenderContext) -> dict[str, Any]:
     """Init container: retry our driver check until it passes (writes `driver-ready`).
@@ -100,8 +77,8 @@ def driver_wait(spec: ClusterPolicySpec, ctx: RenderContext) -> dict[str, Any]:
         "securityContext": security_context(privileged=True, root=True, selinux_s0=True),
         "volumeMounts": [
             mount("driver-install-dir", DRIVER_ROOT, propagation="HostToContainer"),
-            mount("run-nvidia-validations", VALIDATIONS_DIR, propagation="Bidirectional"),
-            mount("host-root", HOST_ROOT_MOUNT, read_only=True, propagation="HostToContainer"),
+            validations_mount("Bidirectional"),
+            host_root_mount(),
             mount("host-dev-char", "/host-dev-char"),
         ],
     }
@@ -166,10 +143,9 @@ def runtime_settings(
     return env_vars, mounts, volumes
 
 
-def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
+def pod(spec: ClusterPolicySpec, ctx: RenderContext) -> Pod:
     toolkit = spec.toolkit
-    runtime = ctx.container_runtime
-    runtime_env, runtime_mounts, runtime_volumes = runtime_settings(spec, runtime)
+    runtime_env, runtime_mounts, runtime_volumes = runtime_settings(spec, ctx.container_runtime)
     cdi = spec.cdi.enabled
     env_vars = [
         env("ROOT", toolkit.install_dir),
@@ -185,72 +161,57 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         if spec.cdi.nri_plugin_enabled:
             env_vars.append(env("ENABLE_NRI_PLUGIN", "true"))
     env_vars += [env("CRIO_CONFIG_MODE", "config"), *runtime_env]
-    main = entrypoint_container(
+    main = entry.entrypoint_container(
         CONTAINER_NAME,
-        component_image(spec, "toolkit"),
+        component_image(spec, SECTION),
         toolkit,
         ENTRYPOINT,
         env_vars=env_vars,
         mounts=[
             mount("toolkit-root", TOOLKIT_ROOT),
-            mount("run-nvidia-validations", VALIDATIONS_DIR),
+            validations_mount(),
             mount("toolkit-install-dir", toolkit.install_dir),
             mount("crio-hooks", "/usr/share/containers/oci/hooks.d"),
-            driver_root_mount(),
+            entry.driver_root_mount(),
             host_root_mount(),
-            cdi_mount(),
+            entry.cdi_mount(),
             *runtime_mounts,
         ],
         selinux_s0=True,
     )
     # A path the user gave is the host's; the container sees it where it is mounted.
     main["env"] = merge_env(main["env"], runtime_env)
-    pod = {
-        "serviceAccountName": SERVICE_ACCOUNT,
-        "hostPID": True,
-        "initContainers": [driver_wait(spec, ctx)],
-        "containers": [main],
-        "imagePullSecrets": pull_secrets(toolkit.image_pull_secrets),
-        "volumes": [
-            entrypoint_volume(ENTRYPOINT),
-            host_path("toolkit-root", TOOLKIT_ROOT, "DirectoryOrCreate"),
-            validations_volume(),
-            driver_root_volume(spec),
-            host_root_volume(spec),
-            host_path("toolkit-install-dir", toolkit.install_dir),
-            host_path("crio-hooks", "/run/containers/oci/hooks.d"),
-            host_path("host-dev-char", "/dev/char"),
-            cdi_volume(),
-            *runtime_volumes,
-        ],
-    }
-    return [
-        *operand_account(SERVICE_ACCOUNT, NAME, spec, ctx, _RULES),
-        entrypoint_config_map(ENTRYPOINT, NAME, _SCRIPT, spec, ctx, app=DAEMONSET_NAME),
-        daemonset(
-            DAEMONSET_NAME,
-            NAME,
-            spec,
-            ctx,
-            pod,
-            node_selector={DEPLOY_TOOLKIT_LABEL: TRUE},
-            host_network=spec.toolkit.host_network,
-        ),
+    volumes = [
+        entry.entrypoint_volume(ENTRYPOINT),
+        host_path("toolkit-root", TOOLKIT_ROOT, "DirectoryOrCreate"),
+        validations_volume(),
+        entry.driver_root_volume(spec),
+        host_root_volume(spec),
+        host_path("toolkit-install-dir", toolkit.install_dir),
+        host_path("crio-hooks", "/run/containers/oci/hooks.d"),
+        host_path("host-dev-char", "/dev/char"),
+        entry.cdi_volume(),
+        *runtime_volumes,
     ]
+    init = [driver_wait(spec, ctx)]
+    return Pod(containers=[main], init=init, volumes=volumes, fields={"hostPID": True})
 
 
-_SCRIPT = entrypoint_script(
+_SCRIPT = entry.entrypoint_script(
     "nvidia-toolkit",
     # containerd >= 1.6.9 may send the toolkit a SIGTERM just after it restarts the
     # runtime; a short pause before installing avoids that crash loop.
     extra="sleep 5\n",
 )
 
-COMPONENT = Component(
+OPERAND = Operand(
     name=NAME,
+    section=SECTION,
+    daemonset=DAEMONSET_NAME,
     deploy_label=DEPLOY_TOOLKIT_LABEL,
-    is_enabled=enabled,
-    render=render,
-    kinds=(*NAMESPACED_RBAC, CONFIG_MAP, DAEMONSET),
-    permissions=Permissions(role=tuple(_RULES)),
+    pod=pod,
+    role=(SCC_RULE, rule("apps", "daemonsets", "list")),
+    before=entry.entrypoint_objects(ENTRYPOINT, NAME, _SCRIPT, app=DAEMONSET_NAME),
+    kinds=(CONFIG_MAP,),
 )
+COMPONENT = OPERAND.component()

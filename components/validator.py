@@ -21,24 +21,22 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from components._accounts import (
-    READ_NODES,
-    SCC_RULE,
-    operand_account,
-)
+from components._accounts import READ_NODES, SCC_RULE
 from components._host_paths import (
     DRIVER_ROOT,
     HOST_ROOT_MOUNT,
     VALIDATIONS_DIR,
     host_path,
+    host_root_mount,
+    host_root_volume,
     mount,
+    validations_mount,
     validations_volume,
 )
 from components._k8s import (
     PART_OF,
     PART_OF_LABEL,
     container,
-    daemonset,
     dump_env,
     env,
     field_env,
@@ -46,15 +44,15 @@ from components._k8s import (
     merge_env,
     security_context,
 )
-from components.component import Component, Permissions
-from components.context import Manifest, RenderContext
+from components.component import rule
+from components.context import RenderContext
 from components.keys import DEPLOY_VALIDATOR_LABEL, TRUE
-from components.kinds import CLUSTER_RBAC, DAEMONSET, NAMESPACED_RBAC
+from components.operand import Operand, Pod
 from crd import CUDA_SAMPLE_IMAGE, ClusterPolicySpec, ValidatorComponentSpec
 
 NAME = "operator-validation"
+SECTION = "validator"
 DAEMONSET_NAME = "nvidia-operator-validator"
-SERVICE_ACCOUNT = "nvidia-operator-validator"
 CONTAINER_NAME = "nvidia-operator-validator"
 DRIVER_VALIDATION = "driver-validation"
 TOOLKIT_VALIDATION = "toolkit-validation"
@@ -63,31 +61,6 @@ CUDA_IMAGE_ENV = "CUDA_SAMPLE_IMAGE"
 WITH_WORKLOAD_ENV = "WITH_WORKLOAD"
 """`true` in `validator.plugin.env`: also run a pod requesting a GPU after allocatable."""
 DEFAULT_TOOLKIT_DIR = "/usr/local/nvidia"
-
-_ROLE_RULES = [
-    SCC_RULE,
-    {
-        "apiGroups": [""],
-        "resources": ["pods"],
-        "verbs": ["create", "get", "list", "watch", "update", "patch", "delete"],
-    },
-    {"apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": ["get", "list", "watch"]},
-]
-"""It runs (and cleans up) the CUDA and plugin workload pods and reads operand DaemonSets."""
-_CLUSTER_RULES = [
-    READ_NODES,
-    {
-        "apiGroups": ["nvidia.com"],
-        "resources": ["clusterpolicies/finalizers", "nvidiadrivers/finalizers"],
-        "verbs": ["create", "get", "list", "watch", "update", "patch", "delete"],
-    },
-]
-"""Workload pods may carry owner references to the policy (blockOwnerDeletion needs
-the owner's finalizers subresource where that admission check is on)."""
-
-
-def enabled(spec: ClusterPolicySpec) -> bool:
-    return spec.validator.enabled
 
 
 def _env_value(section: ValidatorComponentSpec | None, name: str) -> str | None:
@@ -221,9 +194,9 @@ def driver_validation(spec: ClusterPolicySpec, ctx: RenderContext) -> dict[str, 
         **_resources(spec),
         "securityContext": security_context(privileged=True, root=True, selinux_s0=True),
         "volumeMounts": [
-            mount("host-root", HOST_ROOT_MOUNT, read_only=True, propagation="HostToContainer"),
+            host_root_mount(),
             mount("driver-install-dir", DRIVER_ROOT, propagation="HostToContainer"),
-            mount("run-nvidia-validations", VALIDATIONS_DIR, propagation="Bidirectional"),
+            validations_mount("Bidirectional"),
             mount("host-dev-char", "/host-dev-char"),
         ],
     }
@@ -248,13 +221,13 @@ def toolkit_validation(spec: ClusterPolicySpec, ctx: RenderContext) -> dict[str,
         **_resources(spec),
         "securityContext": security_context(privileged=True, root=True),
         "volumeMounts": [
-            mount("run-nvidia-validations", VALIDATIONS_DIR, propagation="Bidirectional"),
-            mount("host-root", HOST_ROOT_MOUNT, read_only=True, propagation="HostToContainer"),
+            validations_mount("Bidirectional"),
+            host_root_mount(),
         ],
     }
 
 
-def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
+def pod(spec: ClusterPolicySpec, ctx: RenderContext) -> Pod:
     validator = spec.validator
     main = container(
         CONTAINER_NAME,
@@ -271,7 +244,7 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
             *(_step_env(step) for step in (validator.cuda, validator.plugin)),
         ),
         # the CUDA and plugin checks only talk to the API server and write their files
-        mounts=[mount("run-nvidia-validations", VALIDATIONS_DIR, propagation="Bidirectional")],
+        mounts=[validations_mount("Bidirectional")],
         privileged=True,
         root=True,
         extra={
@@ -285,41 +258,40 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
             },
         },
     )
-    # upstream annotates toolkit-validation for the NRI plugin: the one asking for GPUs
-    runtime, nri = gpu_access(spec, TOOLKIT_VALIDATION)
-    pod: dict[str, Any] = {
-        "serviceAccountName": SERVICE_ACCOUNT,
-        **runtime,
-        "initContainers": [driver_validation(spec, ctx), toolkit_validation(spec, ctx)],
-        "containers": [main],
-        "volumes": [
-            validations_volume(),
-            host_path("driver-install-dir", spec.host_paths.driver_install_dir),
-            host_path("host-root", spec.host_paths.root_fs),
-            host_path("host-dev-char", "/dev/char"),
-        ],
-    }
-    return [
-        *operand_account(SERVICE_ACCOUNT, NAME, spec, ctx, _ROLE_RULES, _CLUSTER_RULES),
-        daemonset(
-            DAEMONSET_NAME,
-            NAME,
-            spec,
-            ctx,
-            pod,
-            node_selector={DEPLOY_VALIDATOR_LABEL: TRUE},
-            pod_annotations=nri,
-            host_network=spec.validator.host_network,
-            selector_labels={PART_OF_LABEL: PART_OF},  # upstream's selector (immutable)
-        ),
+    volumes = [
+        validations_volume(),
+        host_path("driver-install-dir", spec.host_paths.driver_install_dir),
+        host_root_volume(spec),
+        host_path("host-dev-char", "/dev/char"),
     ]
+    init = [driver_validation(spec, ctx), toolkit_validation(spec, ctx)]
+    return Pod(containers=[main], init=init, volumes=volumes)
 
 
-COMPONENT = Component(
+OPERAND = Operand(
     name=NAME,
+    section=SECTION,
+    daemonset=DAEMONSET_NAME,
     deploy_label=DEPLOY_VALIDATOR_LABEL,
-    is_enabled=enabled,
-    render=render,
-    kinds=(*NAMESPACED_RBAC, *CLUSTER_RBAC, DAEMONSET),
-    permissions=Permissions(role=tuple(_ROLE_RULES), cluster=tuple(_CLUSTER_RULES)),
+    pod=pod,
+    # It runs (and cleans up) the CUDA and plugin workload pods and reads DaemonSets.
+    role=(
+        SCC_RULE,
+        rule("", "pods", "create get list watch update patch delete"),
+        rule("apps", "daemonsets", "get list watch"),
+    ),
+    # Workload pods may carry owner references to the policy (blockOwnerDeletion needs
+    # the owner's finalizers subresource where that admission check is on).
+    cluster=(
+        READ_NODES,
+        rule(
+            "nvidia.com",
+            "clusterpolicies/finalizers nvidiadrivers/finalizers",
+            "create get list watch update patch delete",
+        ),
+    ),
+    # upstream annotates toolkit-validation for the NRI plugin: the one asking for GPUs
+    gpu_container=TOOLKIT_VALIDATION,
+    selector_labels={PART_OF_LABEL: PART_OF},  # upstream's selector (immutable)
 )
+COMPONENT = OPERAND.component()

@@ -8,58 +8,37 @@ data-centre driver can take them again.
 
 from __future__ import annotations
 
-from typing import Any
-
-from components._accounts import CLUSTER_VERSION_RULE, SCC_RULE
-from components._host_paths import HOST_ROOT_MOUNT, RUN_NVIDIA, host_path, mount
-from components._k8s import env, pull_secrets
+from components._accounts import CLUSTER_VERSION_RULE
+from components._host_paths import HOST_ROOT_MOUNT, RUN_NVIDIA, host_path, host_root_volume, mount
+from components._k8s import env
 from components._sandbox import (
+    DRIVER_MANAGER_RULES,
     MANAGER_RESOURCES,
-    Operand,
     driver_manager_init_container,
+    driver_manager_secrets,
     operand_container,
-    operand_objects,
-    sandbox_enabled,
+    sandbox_switch,
 )
-from components.component import PASSTHROUGH_ONLY, Component, Permissions
-from components.context import Manifest, RenderContext
+from components.component import PASSTHROUGH_ONLY
+from components.context import RenderContext
 from components.keys import DEPLOY_VFIO_MANAGER_LABEL
-from components.kinds import CLUSTER_RBAC, DAEMONSET, NAMESPACED_RBAC
-from crd import ClusterPolicySpec, component_image
+from components.operand import Operand, Pod
+from crd import ClusterPolicySpec
 
 NAME = "vfio-manager"
 DAEMONSET_NAME = "nvidia-vfio-manager"
-SERVICE_ACCOUNT = "nvidia-vfio-manager"
+SECTION = "vfioManager"
 CONTAINER_NAME = "nvidia-vfio-manager"
-SELECTOR_KEY = "name"
-"""Upstream's DaemonSet selects its pods by `name` (selectors are immutable)."""
 BIND = "vfio-manage bind --all && while true; do sleep 86400; done"
 UNBIND = "vfio-manage unbind --all"
 
-_CLUSTER_RULES = [
-    CLUSTER_VERSION_RULE,
-    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "patch", "watch"]},
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
-    {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
-]
-"""The driver manager labels its node and may evict GPU pods before the unload."""
 
-
-def enabled(spec: ClusterPolicySpec) -> bool:
-    return sandbox_enabled(spec) and spec.vfio_manager.enabled
-
-
-_OPERAND = Operand(
-    NAME, DAEMONSET_NAME, SERVICE_ACCOUNT, DEPLOY_VFIO_MANAGER_LABEL, [SCC_RULE], _CLUSTER_RULES
-)
-
-
-def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
+def pod(spec: ClusterPolicySpec, _ctx: RenderContext) -> Pod:
     manager = spec.vfio_manager
     main = operand_container(
         CONTAINER_NAME,
-        component_image(spec, "vfioManager"),
-        manager,
+        spec,
+        SECTION,
         command=["/bin/sh", "-c"],
         args=[BIND],
         default_resources=MANAGER_RESOURCES,
@@ -72,33 +51,30 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         selinux_s0=True,
         extra={"lifecycle": {"preStop": {"exec": {"command": ["/bin/sh", "-c", UNBIND]}}}},
     )
-    pod: dict[str, Any] = {
-        "initContainers": [
-            driver_manager_init_container(
-                spec, "vfioManager.driverManager", manager.driver_manager, manager
-            )
-        ],
-        "containers": [main],
-        "imagePullSecrets": pull_secrets(
-            manager.image_pull_secrets,
-            manager.driver_manager.image_pull_secrets if manager.driver_manager else None,
-        ),
-        "volumes": [
+    init = driver_manager_init_container(spec, f"{SECTION}.driverManager", manager)
+    return Pod(
+        containers=[main],
+        init=[init],
+        volumes=[
             host_path("host-sys", "/sys", "Directory"),
             host_path("host-lib-modules", "/lib/modules", "Directory"),
             host_path("run-nvidia", RUN_NVIDIA, "DirectoryOrCreate"),
-            host_path("host-root", spec.host_paths.root_fs),
+            host_root_volume(spec),
         ],
-    }
-    return operand_objects(spec, ctx, manager, pod, _OPERAND, selector_key=SELECTOR_KEY)
+        pull_secrets=driver_manager_secrets(manager),
+    )
 
 
-COMPONENT = Component(
+OPERAND = Operand(
     name=NAME,
+    section=SECTION,
+    daemonset=DAEMONSET_NAME,
     deploy_label=DEPLOY_VFIO_MANAGER_LABEL,
-    is_enabled=enabled,
-    render=render,
-    kinds=(*NAMESPACED_RBAC, *CLUSTER_RBAC, DAEMONSET),
-    permissions=Permissions(role=(SCC_RULE,), cluster=tuple(_CLUSTER_RULES)),
+    pod=pod,
+    enabled=sandbox_switch(SECTION),
     placement=PASSTHROUGH_ONLY,
+    # The driver manager labels its node and may evict GPU pods before the unload.
+    cluster=(CLUSTER_VERSION_RULE, *DRIVER_MANAGER_RULES),
+    selector_key="name",  # upstream's DaemonSet selects its pods by `name` (immutable)
 )
+COMPONENT = OPERAND.component()

@@ -17,51 +17,28 @@ from components._host_paths import (
     HOST_ROOT_MOUNT,
     VALIDATIONS_DIR,
     host_path,
+    host_root_volume,
     mount,
     validations_volume,
 )
-from components._k8s import (
-    env,
-    field_env,
-    metadata,
-    pull_secrets,
-)
-from components._sandbox import (
-    Operand,
-    operand_container,
-    operand_objects,
-    sandbox_enabled,
-    validations_container,
-)
-from components.component import VGPU_ONLY, Component, Permissions
+from components._k8s import config_map, env, field_env
+from components._sandbox import operand_container, sandbox_switch, validations_container
+from components.component import VGPU_ONLY, rule
 from components.context import Manifest, RenderContext
 from components.keys import DEPLOY_VGPU_DEVICE_MANAGER_LABEL
-from components.kinds import CLUSTER_RBAC, CONFIG_MAP, DAEMONSET, NAMESPACED_RBAC
-from crd import ClusterPolicySpec, component_image
+from components.kinds import CONFIG_MAP
+from components.operand import Operand, Pod
+from crd import ClusterPolicySpec
 
 NAME = "vgpu-device-manager"
 DAEMONSET_NAME = "nvidia-vgpu-device-manager"
-SERVICE_ACCOUNT = "nvidia-vgpu-device-manager"
+SECTION = "vgpuDeviceManager"
 CONTAINER_NAME = "nvidia-vgpu-device-manager"
 DEFAULT_CONFIG_MAP = "default-vgpu-devices-config"
 CONFIG_DIR = "/vgpu-config"
 VGPU_MANAGER_READY = f"{VALIDATIONS_DIR}/vgpu-manager-ready"
 HOST_VGPU_MANAGER_READY = f"{VALIDATIONS_DIR}/host-vgpu-manager-ready"
 """The sandbox validator's: the vGPU manager runs (ours, or one installed on the host)."""
-
-_ROLE_RULES = [
-    SCC_RULE,
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
-]
-_CLUSTER_RULES = [
-    CLUSTER_VERSION_RULE,
-    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "update"]},
-]
-"""It watches its node's `nvidia.com/vgpu.config` and records its state on the node."""
-
-
-def enabled(spec: ClusterPolicySpec) -> bool:
-    return sandbox_enabled(spec) and spec.vgpu_device_manager.enabled
 
 
 def config_map_name(spec: ClusterPolicySpec) -> str | None:
@@ -85,22 +62,11 @@ def _wait_for_vgpu_manager(ctx: RenderContext) -> dict[str, Any]:
     )
 
 
-_OPERAND = Operand(
-    NAME,
-    DAEMONSET_NAME,
-    SERVICE_ACCOUNT,
-    DEPLOY_VGPU_DEVICE_MANAGER_LABEL,
-    _ROLE_RULES,
-    _CLUSTER_RULES,
-)
-
-
-def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
-    manager = spec.vgpu_device_manager
+def pod(spec: ClusterPolicySpec, ctx: RenderContext) -> Pod:
     main = operand_container(
         CONTAINER_NAME,
-        component_image(spec, "vgpuDeviceManager"),
-        manager,
+        spec,
+        SECTION,
         env_vars=[
             field_env("NAMESPACE", "metadata.namespace"),
             field_env("NODE_NAME", "spec.nodeName"),
@@ -114,44 +80,41 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
             mount("driver-install-dir", "/driver-root", propagation="HostToContainer"),
         ],
     )
-    pod: dict[str, Any] = {
-        "initContainers": [_wait_for_vgpu_manager(ctx)],
-        "containers": [main],
-        "imagePullSecrets": pull_secrets(manager.image_pull_secrets),
-        "volumes": [
-            {
-                "name": "vgpu-config",
-                "configMap": {"name": config_map_name(spec) or DEFAULT_CONFIG_MAP},
-            },
-            host_path("host-sys", "/sys", "Directory"),
-            host_path("host-root", spec.host_paths.root_fs),
-            host_path(
-                "driver-install-dir", spec.host_paths.driver_install_dir, "DirectoryOrCreate"
-            ),
-            validations_volume(),
-        ],
-    }
-    defaults: list[Manifest] = []
-    if config_map_name(spec) is None:
-        defaults.append(
-            {
-                "apiVersion": "v1",
-                "kind": "ConfigMap",
-                "metadata": metadata(DEFAULT_CONFIG_MAP, NAME, spec, ctx),
-                "data": {"config.yaml": _LAYOUTS},
-            }
-        )
-    return operand_objects(spec, ctx, manager, pod, _OPERAND, extra=defaults)
+    layouts = config_map_name(spec) or DEFAULT_CONFIG_MAP
+    volumes = [
+        {"name": "vgpu-config", "configMap": {"name": layouts}},
+        host_path("host-sys", "/sys", "Directory"),
+        host_root_volume(spec),
+        host_path("driver-install-dir", spec.host_paths.driver_install_dir, "DirectoryOrCreate"),
+        validations_volume(),
+    ]
+    return Pod(containers=[main], init=[_wait_for_vgpu_manager(ctx)], volumes=volumes)
+
+
+def default_layouts(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
+    """Our layouts, where the policy names no ConfigMap of its own."""
+    if config_map_name(spec) is not None:
+        return []
+    return [config_map(DEFAULT_CONFIG_MAP, NAME, spec, ctx, {"config.yaml": _LAYOUTS})]
 
 
 _LAYOUTS = vgpu_layouts.config_yaml()
 
-COMPONENT = Component(
+OPERAND = Operand(
     name=NAME,
+    section=SECTION,
+    daemonset=DAEMONSET_NAME,
     deploy_label=DEPLOY_VGPU_DEVICE_MANAGER_LABEL,
-    is_enabled=enabled,
-    render=render,
-    kinds=(*NAMESPACED_RBAC, *CLUSTER_RBAC, CONFIG_MAP, DAEMONSET),
-    permissions=Permissions(role=tuple(_ROLE_RULES), cluster=tuple(_CLUSTER_RULES)),
+    pod=pod,
+    enabled=sandbox_switch(SECTION),
     placement=VGPU_ONLY,
+    role=(SCC_RULE, rule("", "pods", "get list watch")),
+    # It watches its node's `nvidia.com/vgpu.config` and records its state on the node.
+    cluster=(
+        CLUSTER_VERSION_RULE,
+        rule("", "nodes", "get list watch update"),
+    ),
+    before=default_layouts,
+    kinds=(CONFIG_MAP,),
 )
+COMPONENT = OPERAND.component()

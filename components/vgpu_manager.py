@@ -11,61 +11,36 @@ ConfigMap does not exist the manager starts with the default parameters.
 
 from __future__ import annotations
 
-from typing import Any
-
-from components._accounts import CLUSTER_VERSION_RULE, SCC_RULE
-from components._host_paths import RUN_NVIDIA, host_path, mount
-from components._k8s import pull_secrets
+from components._accounts import CLUSTER_VERSION_RULE
+from components._host_paths import RUN_NVIDIA, host_path, host_root_volume, mount
 from components._sandbox import (
-    Operand,
+    DRIVER_MANAGER_RULES,
     driver_manager_init_container,
+    driver_manager_secrets,
     operand_container,
-    operand_objects,
-    sandbox_enabled,
+    sandbox_switch,
 )
-from components.component import VGPU_ONLY, Component, Permissions
-from components.context import Manifest, RenderContext
+from components.component import VGPU_ONLY, rule
+from components.context import RenderContext
 from components.driver_config import kernel_module_mounts
 from components.driver_sidecars import with_os_tag
 from components.keys import DEPLOY_VGPU_MANAGER_LABEL
-from components.kinds import CLUSTER_RBAC, DAEMONSET, NAMESPACED_RBAC
+from components.operand import Operand, Pod
 from crd import ClusterPolicySpec, component_image
 
 NAME = "vgpu-manager"
 DAEMONSET_NAME = "nvidia-vgpu-manager-daemonset"
-SERVICE_ACCOUNT = "nvidia-vgpu-manager"
+SECTION = "vgpuManager"
 CONTAINER_NAME = "nvidia-vgpu-manager-ctr"
 GRACE_PERIOD = 120
-
-_CLUSTER_RULES = [
-    CLUSTER_VERSION_RULE,
-    {
-        "apiGroups": [""],
-        "resources": ["nodes"],
-        "verbs": ["get", "list", "patch", "watch"],
-    },
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
-    {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
-    {"apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": ["get"]},
-]
-"""The driver manager labels its node and may evict GPU pods before an unload."""
-
-
-def enabled(spec: ClusterPolicySpec) -> bool:
-    return sandbox_enabled(spec) and spec.vgpu_manager.enabled
 
 
 def image(spec: ClusterPolicySpec, ctx: RenderContext) -> str:
     """The vGPU manager image for the GPU nodes' OS (`595.91.07-ubuntu22.04`)."""
-    return with_os_tag(component_image(spec, "vgpuManager"), ctx.os_tag)
+    return with_os_tag(component_image(spec, SECTION), ctx.os_tag)
 
 
-_OPERAND = Operand(
-    NAME, DAEMONSET_NAME, SERVICE_ACCOUNT, DEPLOY_VGPU_MANAGER_LABEL, [SCC_RULE], _CLUSTER_RULES
-)
-
-
-def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
+def pod(spec: ClusterPolicySpec, ctx: RenderContext) -> Pod:
     manager = spec.vgpu_manager
     mounts = [
         mount("run-nvidia", RUN_NVIDIA, propagation="Bidirectional"),
@@ -82,7 +57,7 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         host_path("host-os-release", "/etc/os-release"),
         host_path("cgroup", "/sys/fs/cgroup", "Directory"),
         host_path("vfio", "/dev/vfio", "Directory"),
-        host_path("host-root", spec.host_paths.root_fs),
+        host_root_volume(spec),
         host_path("host-sys", "/sys", "Directory"),
         host_path("var-log", "/var/log", "Directory"),
         host_path("dev-log", "/dev/log"),
@@ -96,45 +71,37 @@ def render(spec: ClusterPolicySpec, ctx: RenderContext) -> list[Manifest]:
         volumes.append(module_volume)
     main = operand_container(
         CONTAINER_NAME,
-        image(spec, ctx),
-        manager,
+        spec,
+        SECTION,
+        image=image(spec, ctx),
         command=["nvidia-driver"],
         args=["init"],
         mounts=mounts,
         selinux_s0=True,
     )
-    pod: dict[str, Any] = {
-        "hostPID": True,
-        "hostIPC": True,
-        "initContainers": [
-            driver_manager_init_container(
-                spec, "vgpuManager.driverManager", manager.driver_manager, manager
-            )
-        ],
-        "containers": [main],
-        "imagePullSecrets": pull_secrets(
-            manager.image_pull_secrets,
-            manager.driver_manager.image_pull_secrets if manager.driver_manager else None,
-        ),
-        "volumes": volumes,
-    }
-    return operand_objects(
-        spec,
-        ctx,
-        manager,
-        pod,
-        _OPERAND,
-        pod_annotations={"kubectl.kubernetes.io/default-container": CONTAINER_NAME},
-        grace_period=GRACE_PERIOD,
+    return Pod(
+        containers=[main],
+        init=[driver_manager_init_container(spec, f"{SECTION}.driverManager", manager)],
+        volumes=volumes,
+        fields={"hostPID": True, "hostIPC": True},
+        annotations={"kubectl.kubernetes.io/default-container": CONTAINER_NAME},
+        pull_secrets=driver_manager_secrets(manager),
     )
 
 
-COMPONENT = Component(
+OPERAND = Operand(
     name=NAME,
+    section=SECTION,
+    daemonset=DAEMONSET_NAME,
     deploy_label=DEPLOY_VGPU_MANAGER_LABEL,
-    is_enabled=enabled,
-    render=render,
-    kinds=(*NAMESPACED_RBAC, *CLUSTER_RBAC, DAEMONSET),
-    permissions=Permissions(role=(SCC_RULE,), cluster=tuple(_CLUSTER_RULES)),
+    pod=pod,
+    enabled=sandbox_switch(SECTION),
     placement=VGPU_ONLY,
+    cluster=(
+        CLUSTER_VERSION_RULE,
+        *DRIVER_MANAGER_RULES,
+        rule("apps", "daemonsets", "get"),
+    ),
+    grace_period=GRACE_PERIOD,
 )
+COMPONENT = OPERAND.component()

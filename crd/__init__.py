@@ -77,14 +77,15 @@ from crd._gpucluster import (
     render_gc_crd_yaml,
 )
 from crd._health import HealthRemediationSpec, RemediationAction
+from crd._image_defaults import DefaultImage
 from crd._images import (
     CUDA_SAMPLE_IMAGE,
     DEFAULT_IMAGES,
-    DefaultImage,
     ImageRefError,
     component_image,
     has_tag_or_digest,
     image_ref,
+    section_at,
 )
 from crd._nvidiadriver import (
     DEFAULT_NVD_NAME,
@@ -369,6 +370,7 @@ __all__ = [
     "render_nvd_crd_yaml",
     "render_sample_policy_yaml",
     "sample_policy",
+    "section_at",
     "set_condition",
     "set_conditions",
     "unsupported_fields",

@@ -8,7 +8,7 @@ default here: they fall back to the operator's built-in images at reconcile time
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -23,10 +23,21 @@ from crd._common import (
     ResourceRequirements,
     Runtime,
 )
+from crd._image_defaults import (
+    CLOUD_NATIVE,
+    DEVICE_PLUGIN_IMAGE,
+    NVIDIA,
+    VALIDATOR_IMAGE,
+    DefaultImage,
+)
 
 
 class ImageSpec(K8sModel):
     """Where an image comes from; each part overrides the operator's default separately."""
+
+    default_image: ClassVar[DefaultImage | None] = None
+    """The operator's image for this section (None: the user must name one), which
+    `crd._images.DEFAULT_IMAGES` collects."""
 
     repository: str | None = None
     """Registry and path, e.g. `nvcr.io/nvidia`; for private registries."""
@@ -56,6 +67,10 @@ class _Switch(K8sModel):
 class ComponentSpec(ImageSpec, _Switch):
     """Knobs every operand has: on/off, image, resources, arguments and environment."""
 
+    honours_host_network: ClassVar[bool] = True
+    """Whether `hostNetwork` moves the operand's pods into the node's network (False: a
+    set `hostNetwork` is reported as having no effect, `crd._unsupported`)."""
+
     resources: ResourceRequirements | None = None
     """Compute resources of the operand's main container."""
     args: list[str] | None = None
@@ -68,6 +83,8 @@ class ComponentSpec(ImageSpec, _Switch):
 
 class InitContainerSpec(ImageSpec):
     """Image of the init container that waits for the driver in operand pods."""
+
+    default_image = DefaultImage(NVIDIA, "cuda", "13.0.1-base-ubi9")
 
 
 class ServiceMonitorSpec(K8sModel):
@@ -124,6 +141,8 @@ class OperatorSpec(K8sModel):
 class ToolkitSpec(ComponentSpec):
     """The NVIDIA Container Toolkit, which configures the node's container runtime."""
 
+    default_image = DefaultImage(f"{NVIDIA}/k8s", "container-toolkit", "v1.20.0")
+
     install_dir: str = "/usr/local/nvidia"
     """Host directory the toolkit is installed into."""
 
@@ -147,6 +166,8 @@ class MPSConfig(K8sModel):
 class DevicePluginSpec(ComponentSpec):
     """The Kubernetes device plugin that advertises `nvidia.com/gpu`."""
 
+    default_image = DEVICE_PLUGIN_IMAGE
+
     config: DevicePluginConfig | None = None
     """Configuration files and the default one."""
     mps: MPSConfig | None = None
@@ -155,6 +176,8 @@ class DevicePluginSpec(ComponentSpec):
 
 class DCGMSpec(ComponentSpec):
     """Standalone DCGM host engine (the exporter embeds one when this is off)."""
+
+    default_image = DefaultImage(CLOUD_NATIVE, "dcgm", "4.6.0-1-ubuntu24.04")
 
     enabled: bool = False
     """Deploy a standalone DCGM host engine."""
@@ -195,6 +218,8 @@ class HPCJobMappingConfig(K8sModel):
 class DCGMExporterSpec(ComponentSpec):
     """DCGM exporter: GPU metrics for Prometheus."""
 
+    default_image = DefaultImage(f"{NVIDIA}/k8s", "dcgm-exporter", "4.6.0-4.8.3-distroless")
+
     config: DCGMExporterMetricsConfig | None = None
     """Custom metrics configuration."""
     service_monitor: DCGMExporterServiceMonitorConfig | None = None
@@ -218,6 +243,8 @@ class DCGMExporterSpec(ComponentSpec):
 class GPUFeatureDiscoverySpec(ComponentSpec):
     """GPU feature discovery: node labels describing the GPUs."""
 
+    default_image = DEVICE_PLUGIN_IMAGE
+
 
 class MIGPartedConfigSpec(K8sModel):
     """MIG layouts available to the MIG manager."""
@@ -238,6 +265,8 @@ class MIGGPUClientsConfigSpec(K8sModel):
 class MIGManagerSpec(ComponentSpec):
     """MIG manager: applies MIG layouts requested by node labels."""
 
+    default_image = DefaultImage(CLOUD_NATIVE, "k8s-mig-manager", "v0.15.0")
+
     config: MIGPartedConfigSpec | None = None
     """MIG layouts."""
     gpu_clients_config: MIGGPUClientsConfigSpec | None = None
@@ -246,6 +275,8 @@ class MIGManagerSpec(ComponentSpec):
 
 class NodeStatusExporterSpec(ComponentSpec):
     """Node status exporter: per-node operand status as metrics."""
+
+    default_image = VALIDATOR_IMAGE
 
     enabled: bool = False
     """Deploy the node status exporter."""
@@ -264,6 +295,8 @@ class ValidatorComponentSpec(K8sModel):
 
 class ValidatorSpec(ComponentSpec):
     """Operator validator: checks each layer works before the next one starts."""
+
+    default_image = VALIDATOR_IMAGE
 
     plugin: ValidatorComponentSpec | None = None
     """Device plugin validation."""
@@ -284,12 +317,18 @@ class ValidatorSpec(ComponentSpec):
 class GPUDirectStorageSpec(ComponentSpec):
     """GPUDirect Storage (nvidia-fs kernel module, a driver sidecar)."""
 
+    default_image = DefaultImage(CLOUD_NATIVE, "nvidia-fs", "2.29.4")
+    honours_host_network = False
+
     enabled: bool = False
     """Deploy the nvidia-fs sidecar with the driver."""
 
 
 class GDRCopySpec(ComponentSpec):
     """GDRCopy (gdrdrv kernel module, a driver sidecar)."""
+
+    default_image = DefaultImage(CLOUD_NATIVE, "gdrdrv", "v2.6")
+    honours_host_network = False
 
     enabled: bool = False
     """Deploy the gdrdrv sidecar with the driver."""

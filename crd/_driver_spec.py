@@ -10,11 +10,14 @@ from pydantic import Field
 
 from crd._common import EnvVar, K8sModel
 from crd._components import ComponentSpec, ImageSpec
+from crd._image_defaults import DRIVER_MANAGER_IMAGE, NVIDIA, DefaultImage
 from crd._upgrade import ClusterDriverUpgradePolicySpec
 
 
 class DriverManagerSpec(ImageSpec):
     """The k8s-driver-manager sidecar that prepares a node before a driver (re)install."""
+
+    default_image = DRIVER_MANAGER_IMAGE
 
     env: list[EnvVar] | None = None
     """Environment of the driver manager (e.g. `ENABLE_GPU_POD_EVICTION`)."""
@@ -85,6 +88,8 @@ class KernelModuleConfigSpec(K8sModel):
 
 class DriverSpec(ComponentSpec):
     """The containerised NVIDIA driver and how it is upgraded."""
+
+    default_image = DefaultImage(NVIDIA, "driver", "595.91.07")
 
     use_nvidia_driver_crd: bool = Field(default=False, alias="useNvidiaDriverCRD")
     """Manage drivers with NVIDIADriver resources instead of this section."""

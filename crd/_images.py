@@ -7,62 +7,44 @@ already carries a tag or digest is used as is, as upstream does with full refere
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import types
+from collections.abc import Iterator
+from typing import Any, Union, get_args, get_origin
+
+from pydantic import BaseModel
 
 from crd._components import ImageSpec
+from crd._image_defaults import DefaultImage
 from crd._policy import ClusterPolicySpec
-
-
-@dataclass(frozen=True)
-class DefaultImage:
-    """An operand image the operator ships with."""
-
-    repository: str
-    image: str
-    version: str
-
-    @property
-    def ref(self) -> str:
-        """The full reference."""
-        return f"{self.repository}/{self.image}:{self.version}"
-
 
 CUDA_SAMPLE_IMAGE = "nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda11.7.1-ubuntu20.04"
 """Workload the validator runs to prove a GPU can be used (overridable)."""
 
-_NVIDIA = "nvcr.io/nvidia"
-_CLOUD_NATIVE = "nvcr.io/nvidia/cloud-native"
-_DEVICE_PLUGIN = DefaultImage(_NVIDIA, "k8s-device-plugin", "v0.20.0")
-_DRIVER_MANAGER = DefaultImage(_CLOUD_NATIVE, "k8s-driver-manager", "v0.12.0")
-_VALIDATOR = DefaultImage(_CLOUD_NATIVE, "gpu-operator-validator", "v25.10.0")
 
-DEFAULT_IMAGES: dict[str, DefaultImage] = {
-    "driver": DefaultImage(_NVIDIA, "driver", "595.91.07"),
-    "driver.manager": _DRIVER_MANAGER,
-    "toolkit": DefaultImage(f"{_NVIDIA}/k8s", "container-toolkit", "v1.20.0"),
-    "devicePlugin": _DEVICE_PLUGIN,
-    "gfd": _DEVICE_PLUGIN,
-    "dcgm": DefaultImage(_CLOUD_NATIVE, "dcgm", "4.6.0-1-ubuntu24.04"),
-    "dcgmExporter": DefaultImage(f"{_NVIDIA}/k8s", "dcgm-exporter", "4.6.0-4.8.3-distroless"),
-    "migManager": DefaultImage(_CLOUD_NATIVE, "k8s-mig-manager", "v0.15.0"),
-    "validator": _VALIDATOR,
-    "nodeStatusExporter": _VALIDATOR,
-    "operator.initContainer": DefaultImage(_NVIDIA, "cuda", "13.0.1-base-ubi9"),
-    "vgpuManager.driverManager": _DRIVER_MANAGER,
-    "vgpuDeviceManager": DefaultImage(_CLOUD_NATIVE, "vgpu-device-manager", "v0.5.0"),
-    "vfioManager": _DRIVER_MANAGER,
-    "vfioManager.driverManager": _DRIVER_MANAGER,
-    "sandboxDevicePlugin": DefaultImage(_NVIDIA, "kubevirt-gpu-device-plugin", "v1.6.0"),
-    "kataSandboxDevicePlugin": DefaultImage(
-        _CLOUD_NATIVE, "nvidia-sandbox-device-plugin", "v0.0.5"
-    ),
-    "kataManager": DefaultImage(_CLOUD_NATIVE, "k8s-kata-manager", "v0.2.3"),
-    "ccManager": DefaultImage(_CLOUD_NATIVE, "k8s-cc-manager", "v0.4.3"),
-    "gds": DefaultImage(_CLOUD_NATIVE, "nvidia-fs", "2.29.4"),
-    "gdrcopy": DefaultImage(_CLOUD_NATIVE, "gdrdrv", "v2.6"),
-}
-"""Default image per section path (wire names). vgpuManager has none: its image is
-built by the user from NVIDIA's licensed vGPU host driver."""
+def _models(annotation: Any) -> list[type[BaseModel]]:
+    """The models a field holds (`X | None` holds X)."""
+    if get_origin(annotation) in (Union, types.UnionType):
+        return [m for arg in get_args(annotation) for m in _models(arg)]
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return []
+
+
+def _defaults(model: type[BaseModel], prefix: str = "") -> Iterator[tuple[str, DefaultImage]]:
+    """Each section under `model` whose class names a default image, by wire path."""
+    for name, info in model.model_fields.items():
+        path = f"{prefix}{info.alias or name}"
+        for child in _models(info.annotation):
+            default = child.default_image if issubclass(child, ImageSpec) else None
+            if default is not None:
+                yield path, default
+            yield from _defaults(child, f"{path}.")
+
+
+DEFAULT_IMAGES: dict[str, DefaultImage] = dict(_defaults(ClusterPolicySpec))
+"""Default image per section path (wire names), read off the spec models (each section
+class's `default_image`). vgpuManager has none: its image is built by the user from
+NVIDIA's licensed vGPU host driver."""
 
 
 class ImageRefError(ValueError):
@@ -102,8 +84,8 @@ def image_ref(spec: ImageSpec | None, default: DefaultImage | None, path: str = 
     return f"{repository.rstrip('/')}/{image}{separator}{version}"
 
 
-def _section(spec: ClusterPolicySpec, component: str) -> ImageSpec | None:
-    """The ImageSpec at a wire path such as `driver.manager`."""
+def section_at(spec: ClusterPolicySpec, component: str) -> ImageSpec | None:
+    """The ImageSpec at a wire path such as `driver.manager` (None where unset)."""
     node: object = spec
     for part in component.split("."):
         name = _attribute(type(node), part)
@@ -128,4 +110,4 @@ def component_image(spec: ClusterPolicySpec, component: str) -> str:
     if _attribute(type(spec), component.split(".", 1)[0]) is None:
         raise KeyError(component)
     default = DEFAULT_IMAGES.get(component)
-    return image_ref(_section(spec, component), default, f"spec.{component}")
+    return image_ref(section_at(spec, component), default, f"spec.{component}")

@@ -12,6 +12,7 @@ from typing import Literal
 from crd._common import K8sModel
 from crd._components import ComponentSpec
 from crd._driver_spec import DriverManagerSpec, KernelModuleConfigSpec
+from crd._image_defaults import CLOUD_NATIVE, DRIVER_MANAGER_IMAGE, NVIDIA, DefaultImage
 
 
 class VGPUManagerSpec(ComponentSpec):
@@ -37,6 +38,8 @@ class VGPUDevicesConfigSpec(K8sModel):
 class VGPUDeviceManagerSpec(ComponentSpec):
     """vGPU device manager: creates vGPU devices on vm-vgpu nodes."""
 
+    default_image = DefaultImage(CLOUD_NATIVE, "vgpu-device-manager", "v0.5.0")
+
     enabled: bool = False
     """Deploy the vGPU device manager (upstream treats unset as off)."""
 
@@ -46,6 +49,8 @@ class VGPUDeviceManagerSpec(ComponentSpec):
 
 class VFIOManagerSpec(ComponentSpec):
     """VFIO manager: binds GPUs to vfio-pci on vm-passthrough nodes."""
+
+    default_image = DRIVER_MANAGER_IMAGE
 
     enabled: bool = False
     """Deploy the VFIO manager (upstream treats unset as off)."""
@@ -57,12 +62,16 @@ class VFIOManagerSpec(ComponentSpec):
 class SandboxDevicePluginSpec(ComponentSpec):
     """Device plugin advertising passthrough/vGPU devices to KubeVirt VMs."""
 
+    default_image = DefaultImage(NVIDIA, "kubevirt-gpu-device-plugin", "v1.6.0")
+
     enabled: bool = False
     """Deploy the sandbox device plugin (upstream treats unset as off)."""
 
 
 class KataSandboxDevicePluginSpec(ComponentSpec):
     """Device plugin advertising GPUs to Kata containers (sandboxWorkloads.mode kata)."""
+
+    default_image = DefaultImage(CLOUD_NATIVE, "nvidia-sandbox-device-plugin", "v0.0.5")
 
     enabled: bool = False
     """Deploy the Kata sandbox device plugin (upstream treats unset as off)."""
@@ -100,6 +109,9 @@ class KataManagerConfig(K8sModel):
 class KataManagerSpec(ComponentSpec):
     """Kata manager: installs Kata runtime artifacts for confidential containers."""
 
+    default_image = DefaultImage(CLOUD_NATIVE, "k8s-kata-manager", "v0.2.3")
+    honours_host_network = False
+
     enabled: bool = False
     """Deploy the Kata manager."""
     config: KataManagerConfig | None = None
@@ -108,6 +120,8 @@ class KataManagerSpec(ComponentSpec):
 
 class CCManagerSpec(ComponentSpec):
     """Confidential computing manager: sets the GPUs' CC mode."""
+
+    default_image = DefaultImage(CLOUD_NATIVE, "k8s-cc-manager", "v0.4.3")
 
     enabled: bool = False
     """Deploy the CC manager."""

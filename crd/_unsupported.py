@@ -49,37 +49,17 @@ _FIELDS: tuple[tuple[str, _Check, str], ...] = (
 )
 
 
-_HOST_NETWORK_OPERANDS = frozenset(
-    {
-        "driver",
-        "toolkit",
-        "device_plugin",
-        "dcgm",
-        "dcgm_exporter",
-        "gfd",
-        "mig_manager",
-        "node_status_exporter",
-        "validator",
-        "vgpu_manager",
-        "vgpu_device_manager",
-        "vfio_manager",
-        "sandbox_device_plugin",
-        "kata_sandbox_device_plugin",
-        "cc_manager",
-    }
-)
-"""Sections whose `hostNetwork` puts their operand's pods in the node's network (the MPS
-control daemon follows `devicePlugin`'s, the sandbox validator `validator`'s), as
-upstream's transforms do."""
-
-
 def _host_network(spec: ClusterPolicySpec) -> Iterator[UnsupportedField]:
+    """A set `hostNetwork` on a section whose model says its operand does not honour it
+    (`ComponentSpec.honours_host_network`: the driver sidecars' and the Kata manager's;
+    the MPS control daemon follows `devicePlugin`'s, the sandbox validator `validator`'s,
+    as upstream's transforms do)."""
     for name, info in type(spec).model_fields.items():
         section = getattr(spec, name)
         if (
             isinstance(section, ComponentSpec)
             and section.host_network
-            and name not in _HOST_NETWORK_OPERANDS
+            and not section.honours_host_network
         ):
             reason = "no effect (upstream v26.7 ignores it too)"
             yield UnsupportedField(f"spec.{info.alias or name}.hostNetwork", reason)

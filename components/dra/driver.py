@@ -31,13 +31,19 @@ from components.dra._common import (
     tolerations,
     workload_meta,
 )
-from crd import GPUClusterSpec, ImageSpec, ResourceRequirements, image_ref, parse_quantity
+from crd import (
+    DefaultImage,
+    GPUClusterSpec,
+    ImageSpec,
+    ResourceRequirements,
+    image_ref,
+    parse_quantity,
+)
 from crd._gpucluster import (
     DEFAULT_COMPUTE_DOMAINS_HEALTHCHECK_PORT,
     DEFAULT_GPUS_HEALTHCHECK_PORT,
     DRADriverHealthcheckSpec,
 )
-from crd._images import DefaultImage
 
 DEFAULT_IMAGE = DefaultImage("nvcr.io/nvidia", "dra-driver-nvidia-gpu", "v0.5.0")
 """The chart's DRA driver image (upstream's DRA_DRIVER_IMAGE)."""

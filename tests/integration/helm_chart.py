@@ -12,6 +12,8 @@ from typing import Any
 
 import yaml
 
+from components import rbac
+from components.registry import COMPONENTS
 from gpuop.cluster._build import ensure_helm
 from tests.integration.values_schema import render_values_schema
 
@@ -21,7 +23,10 @@ MANIFESTS = ROOT / "deploy" / "manifests" / "gpu-operator.yaml"
 DRA_RBAC_MANIFESTS = ROOT / "deploy" / "manifests" / "gpu-operator-dra-rbac.yaml"
 CHART_FILES = CHART / "files"
 """Copies of components/data that the chart ships (rules, dashboard): plain files, not
-links, so Helm prints no symlink warning; kept equal by tests/integration/test_helm.py."""
+links, so Helm prints no symlink warning; kept equal by tests/integration/test_helm.py.
+Beside them, the operand ClusterRoles generated from the registry (`CHART_ROLES`)."""
+CHART_ROLES = ROOT / rbac.CHART_ROLES_FILE
+"""Kept equal to `rbac.chart_roles_yaml(COMPONENTS)` by tests/unit/test_registry.py."""
 VALUES_SCHEMA = CHART / "values.schema.json"
 """Generated from values.yaml (tests/integration/values_schema.py); kept equal by a test."""
 DATA_FILES = (
@@ -115,6 +120,8 @@ if __name__ == "__main__":
         print(f"wrote {target.relative_to(ROOT)}", file=sys.stderr)
     VALUES_SCHEMA.write_text(render_values_schema(CHART / "values.yaml"))
     print(f"wrote {VALUES_SCHEMA.relative_to(ROOT)}", file=sys.stderr)
+    CHART_ROLES.write_text(rbac.chart_roles_yaml(COMPONENTS))
+    print(f"wrote {CHART_ROLES.relative_to(ROOT)}", file=sys.stderr)
     for path, text in (
         (MANIFESTS, render_manifests()),
         (DRA_RBAC_MANIFESTS, render_dra_rbac_manifests()),

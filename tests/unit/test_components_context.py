@@ -91,7 +91,7 @@ def test_precompiled_driver_daemonset_per_kernel() -> None:
 
 def test_toolkit_configures_the_nodes_runtime() -> None:
     def main_and_volumes(runtime: str) -> tuple[dict[str, Any], dict[str, str]]:
-        (ds,) = daemonsets(toolkit.render(spec(), ctx(node("ubuntu", "22.04", runtime))))
+        (ds,) = daemonsets(toolkit.COMPONENT.render(spec(), ctx(node("ubuntu", "22.04", runtime))))
         pod = ds["spec"]["template"]["spec"]
         vols = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
         return pod["containers"][0], vols
@@ -119,7 +119,9 @@ def test_toolkit_configures_the_nodes_runtime() -> None:
 
 def test_toolkit_user_paths_move_the_mounts() -> None:
     policy = spec(toolkit={"env": [{"name": "CONTAINERD_CONFIG", "value": "/etc/k3s/c.toml"}]})
-    (ds,) = daemonsets(toolkit.render(policy, ctx(node("ubuntu", "22.04", "containerd://1"))))
+    (ds,) = daemonsets(
+        toolkit.COMPONENT.render(policy, ctx(node("ubuntu", "22.04", "containerd://1")))
+    )
     pod = ds["spec"]["template"]["spec"]
     vols = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
     assert vols["containerd-config"] == "/etc/k3s"

@@ -312,7 +312,7 @@ async def test_dev_char_links_can_be_turned_off(
     env = [{"name": "DISABLE_DEV_CHAR_SYMLINK_CREATION", "value": "true"}]
     spec = crd.ClusterPolicySpec.model_validate({"validator": {"driver": {"env": env}}})
     ctx = RenderContext(namespace="gpu-operator", operator_image="gpuop:test")
-    ds = next(o for o in validator.render(spec, ctx) if o["kind"] == "DaemonSet")
+    ds = next(o for o in validator.COMPONENT.render(spec, ctx) if o["kind"] == "DaemonSet")
     init = ds["spec"]["template"]["spec"]["initContainers"][0]
     assert init["name"] == validator.DRIVER_VALIDATION
     assert {"name": "DISABLE_DEV_CHAR_SYMLINK_CREATION", "value": "true"} in init["env"]

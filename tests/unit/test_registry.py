@@ -63,6 +63,25 @@ def test_declared_permissions_are_what_the_operand_grants(comp: c.Component) -> 
     assert cluster_roles == list(comp.permissions.cluster)
 
 
+@pytest.mark.parametrize("comp", c.COMPONENTS, ids=lambda x: x.name)
+def test_declared_cluster_roles_are_the_rendered_ones(comp: c.Component) -> None:
+    """The chart lets the operator write only the declared ClusterRoles: each rendered
+    one (and its binding) is declared, and each declared one is rendered."""
+    for kind in ("ClusterRole", "ClusterRoleBinding"):
+        rendered = {o["metadata"]["name"] for o in _rendered(comp) if o["kind"] == kind}
+        assert rendered == set(comp.cluster_roles), kind
+
+
+def test_the_charts_operand_roles_are_generated_from_the_registry() -> None:
+    """deploy/helm/gpu-operator/files/operand-roles.yaml is `rbac.chart_roles_yaml`'s
+    (regenerate with `python -m tests.integration.helm_chart`)."""
+    text = (ROOT / rbac.CHART_ROLES_FILE).read_text()
+    assert text == rbac.chart_roles_yaml(c.COMPONENTS)
+    assert rbac.chart_roles_missing(text, c.COMPONENTS) == []
+    without = text.replace("- nvidia-kata-sandbox-device-plugin\n", "")
+    assert rbac.chart_roles_missing(without, c.COMPONENTS) == ["nvidia-kata-sandbox-device-plugin"]
+
+
 def test_prometheus_operator_kinds_are_owned_but_watched_only_where_served() -> None:
     for kind in ("ServiceMonitor", "PrometheusRule"):
         found = next(k for k in c.OWNED_KINDS if k.kind == kind)
