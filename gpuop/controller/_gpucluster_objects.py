@@ -1,10 +1,21 @@
-"""How the GPUCluster controller marks what it applies: the owner reference, shared
-with the conformance test so both sides compare the same objects."""
+"""How the GPUCluster controller marks what it applies (the owner reference, shared
+with the conformance test so both sides compare the same objects), and what other
+passes may ask of it."""
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from crd import GC_API_VERSION, GC_KIND
 from gpuop.informer import Obj
+
+
+class GPUClusterPresence(Protocol):
+    """Whether a GPUCluster exists, as the node pass asks it (the GPUCluster pass is
+    another pass: named here, never imported, so the passes stay independent)."""
+
+    def knows_whether_one_exists(self) -> bool: ...
+    def active(self) -> bool: ...
 
 
 def gpucluster_owner(meta: Obj) -> Obj:

@@ -54,7 +54,7 @@ from statemachine.workload_handover import GPU_PODS_LEAVING
 
 if TYPE_CHECKING:
     from gpuop.controller._driver_owners import DriverOwners
-    from gpuop.controller._gpucluster import GPUClusters
+    from gpuop.controller._gpucluster_objects import GPUClusterPresence
     from gpuop.controller._preflight import Preflight
     from gpuop.controller._upgrade_window import UpgradeWindows
     from gpuop.workqueue import WorkQueue
@@ -81,7 +81,7 @@ class NodeReconciler:
     owners: DriverOwners
     """Which driver owns and runs on a node, and under which upgradePolicy."""
     workloads: WorkloadHandovers
-    gpuclusters: GPUClusters | None = None
+    gpuclusters: GPUClusterPresence | None = None
     """Set by the operator: with no ClusterPolicy, a GPUCluster's labels hold."""
     progress: Callable[[], None] = field(default=lambda: None)
     """Set by the operator: the paced cluster pass (``Operator._progress``)."""

@@ -47,6 +47,7 @@ from gpuop.controller._site_config import SiteConfigMaps
 from gpuop.controller._upgrade import Upgrades
 from gpuop.controller._upgrade_window import UpgradeWindows
 from gpuop.controller._workload import WorkloadHandovers
+from gpuop.events import EventRecorder
 from gpuop.informer import Informer, Obj, ResourceSpec
 from gpuop.log import get_logger
 from gpuop.metrics import OperatorMetrics
@@ -75,6 +76,8 @@ class Operator:
         self.queue = WorkQueue(self._reconcile, workers=config.workers)
         self.pace = ProgressPace()
         self.router = EventRouter(self)
+        #: One Event recorder, handed to every unit that tells an administrator.
+        self.events = EventRecorder(rest)
         self.caches = build_caches(
             rest, config.namespace, self.router, lambda: self.queue.add(CLUSTER_KEY)
         )
@@ -111,6 +114,7 @@ class Operator:
         self.upgrades = Upgrades(
             rest,
             self.metrics,
+            self.events,
             ns,
             pods=self.pods,
             revisions=self.revisions,
@@ -119,8 +123,6 @@ class Operator:
             owners=self.owners,
             dra_validators=self.dra_validators,
         )
-        #: One Event recorder, handed to every unit that tells an administrator.
-        self.events = self.upgrades.events
         self.gate = RolloutGate(rest, self.metrics, self.events, self.policies, self.owners.drivers)
         self.gate.on_rollback = lambda: self.router.wake(Wake(keys=(CLUSTER_KEY, NVD_KEY)))
         self.remediation = Remediation(

@@ -23,6 +23,8 @@ from typing_extensions import TypedDict
 from components.driver import COMPONENT_POD_LABEL, digest_in
 from components.driver import DAEMONSET_NAME as DRIVER_DS
 from components.validator import DAEMONSET_NAME as VALIDATOR_DS
+from components.vfio_manager import DAEMONSET_NAME as VFIO_MANAGER_APP
+from components.vgpu_manager import DAEMONSET_NAME as VGPU_MANAGER_APP
 from gpuop.compact import shared
 from gpuop.informer import Informer, key_of
 
@@ -33,6 +35,9 @@ Obj = dict[str, Any]
 #: is watched (the per-node rollout reads them all) but the others wake only the
 #: cluster pass, and only when what it reads of them changes.
 WATCHED_APPS = (DRIVER_DS, VALIDATOR_DS)
+HANDOVER_APPS = (VFIO_MANAGER_APP, VGPU_MANAGER_APP)
+"""The VM claimants' pods (their DaemonSets' `app`): their going wakes the node pass,
+as a driver pod's does."""
 
 
 def pod_selector(managed: str) -> str:

@@ -28,11 +28,10 @@ from gpuop.controller._keys import (
 )
 from gpuop.controller._nodes import is_ready, labels, node_fingerprint, node_out_of_service
 from gpuop.controller._objects import generation, is_policy_driver
-from gpuop.controller._pods import WATCHED_APPS, PodRecord, pod_app
+from gpuop.controller._pods import HANDOVER_APPS, WATCHED_APPS, PodRecord, pod_app
 from gpuop.controller._remediation_views import policy_facts
 from gpuop.controller._rollout_view import pod_facts
 from gpuop.controller._wake_facts import gate_facts, rollback_facts, window_facts
-from gpuop.controller._workload import HANDOVER_APPS
 from gpuop.informer import Obj
 from statemachine.driver_owner import NEXT_OWNER_LABEL
 from statemachine.upgrade_keys import STATE_LABEL, skipped

@@ -135,6 +135,7 @@ class Upgrades:
         self,
         rest: Rest,
         metrics: OperatorMetrics,
+        events: EventRecorder,
         namespace: str,
         pods: Informer[PodRecord],
         revisions: Any,
@@ -153,7 +154,7 @@ class Upgrades:
         self._revisions = revisions
         self._daemonsets = daemonsets
         self._nodes = nodes
-        self.events = EventRecorder(rest)
+        self.events = events
         self.emptying = Emptying(rest, namespace)
         self._blocked: dict[str, str] = {}
         #: Per node, the last decision that did nothing and started no clock

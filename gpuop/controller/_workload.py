@@ -50,9 +50,6 @@ log = get_logger(__name__)
 
 VGPU_HOST_MANAGER_COMPONENT = "nvidia-vgpu-host-manager"
 """An NVIDIADriver with ``driverType: vgpu-host-manager``: the vGPU manager of its nodes."""
-HANDOVER_APPS = (VFIO_MANAGER_APP, VGPU_MANAGER_APP)
-"""The VM claimants' pods (their DaemonSets' `app`): their going wakes the node pass,
-as a driver pod's does."""
 GPU_PODS_RECHECK_S = 5.0
 """How often a node held for container GPU pods is looked at again (they are not
 watched: only the operator's own pods are)."""

@@ -21,6 +21,7 @@ from components.driver import DAEMONSET_NAME as DRIVER_DS
 from gpuop.controller._nodes import trim_node
 from gpuop.controller._pods import pod_index, trim_pod
 from gpuop.controller._upgrade import Upgrades
+from gpuop.events import EventRecorder
 from gpuop.informer import Informer, ResourceSpec, key_of
 from gpuop.metrics import OperatorMetrics
 from statemachine import UpgradePolicyView
@@ -148,6 +149,7 @@ def _operator(server: _Server) -> tuple[Upgrades, Informer, OperatorMetrics]:
     upgrades = Upgrades(
         server,  # type: ignore[arg-type]
         metrics,
+        EventRecorder(server),  # type: ignore[arg-type]
         "gpu-operator",
         pods=pods,
         revisions=empty,
