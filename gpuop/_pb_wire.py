@@ -5,7 +5,7 @@ naming the kind and holding its bytes. A watch (``;stream=watch``) is a series o
 frames, each a 4-byte big-endian length and a ``metav1.WatchEvent`` whose object is
 again such an envelope (a Pod; a Status for an ERROR). The codec turns what it decodes
 into the dicts the JSON path builds for the same fields (the pods watch's
-:class:`~gpuop.controller._pods.PodShape`, less the env variables the transform
+:class:`~gpuop.controller.views.pod_records.PodShape`, less the env variables the transform
 skips), so the cache's transform, and therefore the cache, cannot tell which wire an
 object came by.
 

@@ -57,7 +57,7 @@ Obj = dict[str, Any]
 
 
 class Record(Protocol):
-    """A cache entry that is not a dict (:class:`gpuop.controller._pods.PodRecord`): a
+    """A cache entry that is not a dict (:class:`gpuop.controller.views.pod_records.PodRecord`): a
     projection kept for a big, numerous kind, naming what the cache itself reads."""
 
     @property

@@ -2,20 +2,20 @@
 cluster-wide rollout (key ``cluster``) and each node (key ``node/<name>``).
 
 Its floors, each importing only the ones below (import-linter, ``controller-floors``):
-``_operator``, ``_router``, ``_caches`` wire; the passes (``_cluster``, ``_node``,
-``_nvidiadriver``, ``_gpucluster``, ``_remediation``) decide; the writers talk to the
-API server; the read-only views derive from caches; the base is shared by all.
-Everything outside uses only the names below.
+``wiring`` builds and routes; ``passes`` (cluster, node, nvidiadriver, gpucluster,
+remediation: independent of each other) decide; ``writers`` talk to the API server;
+``views`` derive from caches, read-only; ``base`` is shared by all. Everything outside
+uses only the names below (``controller-public``).
 """
 
-from gpuop.controller._config import DEFAULT_NAMESPACE, DEFAULT_OPERATOR_IMAGE, OperatorConfig
-from gpuop.controller._eviction import drain_rules, gpu_pod_rules
-from gpuop.controller._gpucluster import conflict_message
-from gpuop.controller._objects import is_policy_driver, nvd_owner
-from gpuop.controller._operator import Operator
-from gpuop.controller._rollout_gate import gate_policy
-from gpuop.controller._upgrade_inputs import newest_revision, policy_view
-from gpuop.controller._upgrade_window import waiting_nodes
+from gpuop.controller.base.config import DEFAULT_NAMESPACE, DEFAULT_OPERATOR_IMAGE, OperatorConfig
+from gpuop.controller.passes.gpucluster import conflict_message
+from gpuop.controller.views.objects import is_policy_driver, nvd_owner
+from gpuop.controller.views.upgrade_inputs import newest_revision, policy_view
+from gpuop.controller.wiring.operator import Operator
+from gpuop.controller.writers.eviction import drain_rules, gpu_pod_rules
+from gpuop.controller.writers.rollout_gate import gate_policy
+from gpuop.controller.writers.upgrade_window import waiting_nodes
 
 __all__ = [
     "DEFAULT_NAMESPACE",

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import gpuop  # noqa: F401  (installs the lazy kubernetes-asyncio packages first)
 from gpuop._pb_wire import POD_CODEC, read_frame
-from gpuop.controller._pods import PodRecord, PodShape, same_pod, trim_pod
+from gpuop.controller.views.pod_records import PodRecord, PodShape, same_pod, trim_pod
 from gpuop.shapes import Decoder
 
 DATA = Path(__file__).parent.parent / "data"

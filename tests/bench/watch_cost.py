@@ -31,7 +31,7 @@ from typing import Any
 import gpuop  # noqa: F401  (installs the lazy kubernetes-asyncio packages first)
 from gpuop._pb_wire import POD_CODEC, PROTOBUF
 from gpuop.cluster import LocalCluster
-from gpuop.controller._pods import PodShape, trim_pod
+from gpuop.controller.views.pod_records import PodShape, trim_pod
 from gpuop.informer import Informer, ResourceSpec
 from gpuop.kinds import by_kind
 from gpuop.kube import api_client

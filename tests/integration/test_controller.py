@@ -20,7 +20,7 @@ from components.keys import (
 )
 from components.registry import DEPLOY_LABELS
 from gpuop.cluster import NFD_GPU_LABEL
-from gpuop.controller._operator import OPERAND_SELECTOR
+from gpuop.controller.wiring.operator import OPERAND_SELECTOR
 from gpuop.kinds import by_kind
 from gpuop.rest import Rest
 from statemachine.upgrade_keys import MANAGED_ANNOTATIONS, STATE_LABEL

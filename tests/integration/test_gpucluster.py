@@ -20,7 +20,7 @@ import crd
 from components import RenderContext
 from components.dra import KINDS, STATE_LABEL, render
 from gpuop.cluster._cluster import publish_dra
-from gpuop.controller._gpucluster import ADMIN_ACCESS_LABEL, FINALIZER
+from gpuop.controller.passes.gpucluster import ADMIN_ACCESS_LABEL, FINALIZER
 from gpuop.kinds import by_kind
 from gpuop.rest import Rest
 from tests.integration.harness import NAMESPACE, NODE, POLICY, Running, eventually, watch_from

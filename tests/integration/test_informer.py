@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gpuop.cluster import ClusterInfo
-from gpuop.controller._nodes import NodeTrim, selector_label_keys
+from gpuop.controller.views.node_views import NodeTrim, selector_label_keys
 from gpuop.health import Liveness
 from gpuop.informer import Informer, ResourceSpec
 from gpuop.kinds import KINDS, by_kind

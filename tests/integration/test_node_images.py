@@ -77,7 +77,7 @@ async def api(fleet: ClusterInfo) -> AsyncIterator[client.ApiClient]:
 @pytest.fixture(autouse=True)
 def _handoff(monkeypatch: pytest.MonkeyPatch) -> None:
     if NO_HANDOFF:
-        monkeypatch.setattr("gpuop.controller._node.handoff_wanted", lambda *_: None)
+        monkeypatch.setattr("gpuop.controller.passes.node.handoff_wanted", lambda *_: None)
 
 
 class FleetWatch:

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from gpuop._pb_wire import PodCodec
-from gpuop.controller._pods import PodShape, pod_index, same_pod, trim_pod
+from gpuop.controller.views.pod_records import PodShape, pod_index, same_pod, trim_pod
 from gpuop.informer import Informer, ResourceSpec
 from gpuop.kinds import KINDS, by_kind
 from gpuop.rest import Rest

@@ -10,7 +10,7 @@ import pytest
 from kubernetes_asyncio import client
 
 import crd
-from gpuop.controller._psa import PSA_LABELS
+from gpuop.controller.writers.pod_security import PSA_LABELS
 from gpuop.kinds import by_kind
 from gpuop.rest import Rest
 from tests.integration.harness import NAMESPACE, Running, eventually

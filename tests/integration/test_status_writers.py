@@ -14,9 +14,9 @@ from datetime import UTC, datetime
 import pytest
 
 import crd
-from gpuop.controller._objects import parse_status
-from gpuop.controller._policy_status import PolicyStatusWriter
-from gpuop.controller._status import condition_change, write_policy_conditions
+from gpuop.controller.views.objects import parse_status
+from gpuop.controller.writers.policy_status import PolicyStatusWriter
+from gpuop.controller.writers.status_write import condition_change, write_policy_conditions
 from gpuop.events import EventRecorder
 from gpuop.informer import Informer, ResourceSpec
 from gpuop.rest import Rest

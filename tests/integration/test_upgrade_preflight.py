@@ -24,8 +24,8 @@ from components.image_ref import Credential
 from gpuop.backoff import Backoff
 from gpuop.cluster import NFD_GPU_LABEL, ClusterInfo
 from gpuop.controller import OperatorConfig
-from gpuop.controller._preflight import SECRET
-from gpuop.controller._registry import RegistryClient
+from gpuop.controller.writers.preflight import SECRET
+from gpuop.controller.writers.registry import RegistryClient
 from gpuop.kinds import by_kind
 from gpuop.rest import Rest
 from statemachine.preflight import RECORD_ANNOTATION, Found, Mode, recorded_hold

@@ -13,7 +13,7 @@ import pytest
 from kubernetes_asyncio import client
 
 import crd
-from gpuop.controller._objects import nvd_owner
+from gpuop.controller.views.objects import nvd_owner
 from gpuop.informer import Informer, Obj, ResourceSpec
 from gpuop.kinds import by_kind
 from gpuop.rest import Rest

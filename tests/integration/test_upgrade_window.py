@@ -19,7 +19,7 @@ from kubernetes_asyncio import client
 
 import crd
 from gpuop.cluster import NFD_GPU_LABEL, ClusterInfo
-from gpuop.controller._upgrade_window import CONDITION_TYPE, INVALID_EVENT
+from gpuop.controller.writers.upgrade_window import CONDITION_TYPE, INVALID_EVENT
 from gpuop.informer import Informer, Obj, ResourceSpec
 from gpuop.kinds import by_kind
 from gpuop.rest import Rest

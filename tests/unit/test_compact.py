@@ -10,8 +10,8 @@ import pickle
 import pytest
 
 from gpuop.compact import FrozenDict, FrozenList, frozen, pool_size, shared
-from gpuop.controller._nodes import trim_node
-from gpuop.controller._pods import trim_pod
+from gpuop.controller.views.node_views import trim_node
+from gpuop.controller.views.pod_records import trim_pod
 
 
 def test_equal_values_share_one_instance() -> None:

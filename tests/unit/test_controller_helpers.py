@@ -8,10 +8,10 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 import crd
 from components import node_facts
-from gpuop.controller._eviction import eviction_error
-from gpuop.controller._nodes import is_ready, node_fingerprint, trim_node
-from gpuop.controller._status import status_patch
-from gpuop.controller._upgrade_inputs import policy_view
+from gpuop.controller.views.node_views import is_ready, node_fingerprint, trim_node
+from gpuop.controller.views.upgrade_inputs import policy_view
+from gpuop.controller.writers.eviction import eviction_error
+from gpuop.controller.writers.status_write import status_patch
 from gpuop.kinds import by_kind
 from gpuop.rest import collection_path, item_path
 
@@ -140,7 +140,7 @@ def test_rest_paths() -> None:
 
 
 def test_only_driver_and_validator_pods_are_watched() -> None:
-    from gpuop.controller._pods import pod_selector
+    from gpuop.controller.views.pod_records import pod_selector
 
     assert pod_selector("app.kubernetes.io/managed-by=gpuop") == (
         "app.kubernetes.io/managed-by=gpuop,"
@@ -180,7 +180,7 @@ def test_trimmed_node_keeps_the_facts_rendering_needs() -> None:
 
 def test_trimmed_driver_pod_keeps_why_it_is_not_running() -> None:
     """The failure reason of a driver pod that never turns Ready names ImagePullBackOff."""
-    from gpuop.controller._pods import trim_pod
+    from gpuop.controller.views.pod_records import trim_pod
 
     raw = {
         "metadata": {"name": "d", "namespace": "gpu-operator", "uid": "u", "labels": {}},

@@ -7,8 +7,7 @@ import json
 
 import pytest
 
-from gpuop.controller._policy_status import _new_error
-from gpuop.controller._refusals import (
+from gpuop.controller.views.refusals import (
     REFUSAL_RETRY_CAP,
     Refusal,
     is_refusal,
@@ -16,6 +15,7 @@ from gpuop.controller._refusals import (
     refusals_message,
     server_message,
 )
+from gpuop.controller.writers.policy_status import _new_error
 
 
 @pytest.mark.parametrize(

@@ -12,16 +12,16 @@ import pytest
 import crd
 from components.hashing import with_hash
 from gpuop.compact import shared
-from gpuop.controller._apply import Applier, object_key, owned_by, owner_reference
-from gpuop.controller._cluster_status import (
+from gpuop.controller.base.memo import VersionMemo
+from gpuop.controller.views.cluster_status import (
     NFD_MISSING_MESSAGE,
     ClusterObservation,
     cluster_status,
     invalid_status,
 )
-from gpuop.controller._memo import VersionMemo
-from gpuop.controller._refusals import Refusal
-from gpuop.controller._rollout_view import RolloutView
+from gpuop.controller.views.refusals import Refusal
+from gpuop.controller.views.rollout_view import RolloutView
+from gpuop.controller.writers.apply import Applier, object_key, owned_by, owner_reference
 from gpuop.informer import Informer, ResourceSpec
 from gpuop.metrics import STATUS_ERROR, STATUS_NOT_READY, STATUS_READY
 from statemachine.node_rollout import ComponentCounts

@@ -11,9 +11,9 @@ import pytest
 
 import crd
 from crd import OWNER_LABEL
-from gpuop.controller._node import NodeReconciler
-from gpuop.controller._nodes import trim_node
-from gpuop.controller._routes import route_nvidiadriver
+from gpuop.controller.passes.node import NodeReconciler
+from gpuop.controller.views.node_views import trim_node
+from gpuop.controller.views.routes import route_nvidiadriver
 from gpuop.informer import Informer, ResourceSpec
 from statemachine import UpgradePolicyView
 from statemachine.driver_handoff import (

@@ -12,7 +12,7 @@ from components.driver import COMPONENT_POD_LABEL
 from components.keys import NFD_GPU_LABELS
 from crd import OWNER_LABEL
 from gpuop.controller import Operator, OperatorConfig
-from gpuop.controller._keys import (
+from gpuop.controller.base.keys import (
     CLUSTER_KEY,
     GC_KEY,
     NVD_KEY,
@@ -20,10 +20,10 @@ from gpuop.controller._keys import (
     UPGRADES_KEY,
     node_key,
 )
-from gpuop.controller._nodes import trim_node
-from gpuop.controller._pods import trim_pod
-from gpuop.controller._rollout_gate import RECORD_ANNOTATION
-from gpuop.controller._routes import route_node
+from gpuop.controller.views.node_views import trim_node
+from gpuop.controller.views.pod_records import trim_pod
+from gpuop.controller.views.routes import route_node
+from gpuop.controller.writers.rollout_gate import RECORD_ANNOTATION
 from gpuop.informer import Informer, key_of
 from gpuop.metrics import OperatorMetrics
 from statemachine.driver_owner import NEXT_OWNER_LABEL

@@ -7,9 +7,9 @@ from typing import Any, cast
 
 import pytest
 
-from gpuop.controller._keys import FLEET_COALESCE_MAX_S, FLEET_COALESCE_S, UPGRADES_KEY
-from gpuop.controller._node import NodeReconciler
-from gpuop.controller._nodes import trim_node
+from gpuop.controller.base.keys import FLEET_COALESCE_MAX_S, FLEET_COALESCE_S, UPGRADES_KEY
+from gpuop.controller.passes.node import NodeReconciler
+from gpuop.controller.views.node_views import trim_node
 from gpuop.informer import Informer, ResourceSpec
 from statemachine import BudgetNode
 from statemachine.upgrade_keys import STATE_LABEL

@@ -9,8 +9,8 @@ import asyncio
 import copy
 from typing import Any
 
-from gpuop.controller._gpucluster import DRAIN_RETRY_S, FINALIZER, FOREGROUND, GPUClusters
-from gpuop.controller._result import Result
+from gpuop.controller.base.result import Result
+from gpuop.controller.passes.gpucluster import DRAIN_RETRY_S, FINALIZER, FOREGROUND, GPUClusters
 from gpuop.informer import Informer, Obj, ResourceSpec
 
 NS = "gpu-operator"

@@ -25,9 +25,9 @@ from kubernetes_asyncio.client.exceptions import ApiException
 import crd
 from components.keys import NFD_GPU_LABELS
 from gpuop.backoff import Backoff
-from gpuop.controller._config import OperatorConfig
-from gpuop.controller._keys import CLUSTER_KEY
-from gpuop.controller._operator import Operator
+from gpuop.controller.base.config import OperatorConfig
+from gpuop.controller.base.keys import CLUSTER_KEY
+from gpuop.controller.wiring.operator import Operator
 from gpuop.informer import Informer, ResourceSpec
 from gpuop.metrics import OperatorMetrics
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gpuop.controller._pods import pod_index, pods_on, trim_pod, trim_revision
+from gpuop.controller.views.pod_records import pod_index, pods_on, trim_pod, trim_revision
 from gpuop.informer import Informer, ResourceSpec
 
 

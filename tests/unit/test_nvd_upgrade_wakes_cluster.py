@@ -12,8 +12,8 @@ from typing import Any, cast
 import pytest
 
 from crd import OWNER_LABEL
-from gpuop.controller._node import NodeReconciler
-from gpuop.controller._nodes import trim_node
+from gpuop.controller.passes.node import NodeReconciler
+from gpuop.controller.views.node_views import trim_node
 from gpuop.informer import Informer, ResourceSpec
 from statemachine import Action, UpgradePolicyView
 from statemachine.upgrade_keys import STATE_LABEL, UpgradeState

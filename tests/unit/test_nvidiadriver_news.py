@@ -15,12 +15,12 @@ from typing import Any
 
 from components.driver import COMPONENT_POD_LABEL
 from crd import OWNER_LABEL
-from gpuop.controller._driver_owners import DriverOwners
-from gpuop.controller._keys import CLUSTER_KEY, NVD_KEY, UPGRADES_KEY, node_key
-from gpuop.controller._nodes import trim_node
-from gpuop.controller._nvidiadriver import NVIDIADrivers
-from gpuop.controller._pods import PodRecord, trim_pod
-from gpuop.controller._routes import Wake, route_pod
+from gpuop.controller.base.keys import CLUSTER_KEY, NVD_KEY, UPGRADES_KEY, node_key
+from gpuop.controller.passes.nvidiadriver import NVIDIADrivers
+from gpuop.controller.views.driver_owners import DriverOwners
+from gpuop.controller.views.node_views import trim_node
+from gpuop.controller.views.pod_records import PodRecord, trim_pod
+from gpuop.controller.views.routes import Wake, route_pod
 from gpuop.informer import Informer, ResourceSpec, key_of
 
 Obj = dict[str, Any]

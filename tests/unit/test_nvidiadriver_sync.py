@@ -12,10 +12,10 @@ from typing import Any
 import crd
 from components.keys import NFD_GPU_LABELS
 from components.labels import apply_label_changes, node_label_changes
-from gpuop.controller._config import OperatorConfig
-from gpuop.controller._keys import NVD_KEY, UPGRADES_KEY, node_key
-from gpuop.controller._nodes import trim_node
-from gpuop.controller._operator import Operator
+from gpuop.controller.base.config import OperatorConfig
+from gpuop.controller.base.keys import NVD_KEY, UPGRADES_KEY, node_key
+from gpuop.controller.views.node_views import trim_node
+from gpuop.controller.wiring.operator import Operator
 from gpuop.metrics import OperatorMetrics
 from statemachine.upgrade_keys import (
     INITIAL_UNSCHEDULABLE_ANNOTATION,

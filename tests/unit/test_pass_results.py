@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from gpuop.controller import Operator, OperatorConfig
-from gpuop.controller._keys import CLUSTER_KEY, GC_KEY, NVD_KEY, REMEDIATION_KEY, UPGRADES_KEY
-from gpuop.controller._result import Again, Result
+from gpuop.controller.base.keys import CLUSTER_KEY, GC_KEY, NVD_KEY, REMEDIATION_KEY, UPGRADES_KEY
+from gpuop.controller.base.result import Again, Result
 from gpuop.metrics import OperatorMetrics
 
 

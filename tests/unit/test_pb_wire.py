@@ -24,7 +24,7 @@ from gpuop._pb_wire import (
     read_frame,
     unwrap,
 )
-from gpuop.controller._pods import PodShape, pod_index, same_pod, trim_pod
+from gpuop.controller.views.pod_records import PodShape, pod_index, same_pod, trim_pod
 from gpuop.informer import GoneError, Informer, ResourceSpec
 from gpuop.shapes import Decoder
 

@@ -21,8 +21,8 @@ from components.image_ref import (
     parse_image,
 )
 from gpuop.backoff import Backoff
-from gpuop.controller._preflight import Preflight
-from gpuop.controller._registry import parse_challenge
+from gpuop.controller.writers.preflight import Preflight
+from gpuop.controller.writers.registry import parse_challenge
 from gpuop.events import EventRecorder
 from statemachine.preflight import (
     RECORD_ANNOTATION,

@@ -216,7 +216,7 @@ sys.meta_path.insert(0, Patched())
 import components as c
 import crd
 from components import rbac
-from gpuop.controller import _owned
+from gpuop.controller.base import optional_watches as _owned
 from gpuop.kinds import kind_of
 from gpuop.rest import collection_path
 from statemachine.rollout import ROLLOUT_ORDER, ComponentStatus, plan_rollout

@@ -17,9 +17,9 @@ from unittest.mock import AsyncMock, MagicMock
 import pytest
 
 import crd
-from gpuop.controller import _remediation
-from gpuop.controller._nodes import trim_node
-from gpuop.controller._remediation import Remediation
+from gpuop.controller.passes import remediation as _remediation
+from gpuop.controller.passes.remediation import Remediation
+from gpuop.controller.views.node_views import trim_node
 from gpuop.informer import Obj
 from statemachine.remediation import QUARANTINED_ANNOTATION, TAINT_KEY
 

@@ -15,7 +15,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from crd import ClusterPolicySpec
-from gpuop.controller._rollout_gate import RolloutGate
+from gpuop.controller.writers.rollout_gate import RolloutGate
 from gpuop.metrics import OperatorMetrics
 from statemachine.remediation import RESUME_ANNOTATION as REMEDIATION_RESUME
 from statemachine.remediation import resume_requested as remediation_resume_requested

@@ -13,8 +13,8 @@ import pytest
 
 import crd
 from components import RenderContext, desired_objects
-from gpuop.controller._pods import pod_index, trim_pod
-from gpuop.controller._rollout_view import NodeRollouts, RolloutView
+from gpuop.controller.views.pod_records import pod_index, trim_pod
+from gpuop.controller.views.rollout_view import NodeRollouts, RolloutView
 from gpuop.informer import Informer, ResourceSpec
 
 Obj = dict[str, Any]
@@ -186,7 +186,7 @@ def test_nodes_alike_share_one_observation() -> None:
 def test_the_times_kept_per_node_read_like_the_dict_they_replace() -> None:
     """Every GPU node keeps since when each component waits; kept compact (a shared
     list of names, an array of times), it must still read as that mapping."""
-    from gpuop.controller._rollout_view import _Since
+    from gpuop.controller.views.rollout_view import _Since
 
     times = {"driver": 10.5, "container-toolkit": float("-inf"), "device-plugin": 12.0}
     a, b = _Since(times), _Since({k: v + 1 for k, v in times.items()})

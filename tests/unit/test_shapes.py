@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from components.driver import CONFIG_DIGEST_ENV
-from gpuop.controller._pods import PodShape, pod_index, trim_pod
+from gpuop.controller.views.pod_records import PodShape, pod_index, trim_pod
 from gpuop.informer import Informer, ResourceSpec
 from gpuop.shapes import Decoder
 

@@ -12,10 +12,10 @@ from typing import Any
 import crd
 from components import RenderContext, desired_objects
 from components.keys import NFD_GPU_LABELS
-from gpuop.controller._nodes import GpuNodes, trim_node
-from gpuop.controller._pods import pod_index, trim_pod
-from gpuop.controller._rollout_status import REASON_STALE_PODS_DELETED, RolloutReports
-from gpuop.controller._rollout_view import NodeRollouts
+from gpuop.controller.views.node_views import GpuNodes, trim_node
+from gpuop.controller.views.pod_records import pod_index, trim_pod
+from gpuop.controller.views.rollout_view import NodeRollouts
+from gpuop.controller.writers.rollout_reports import REASON_STALE_PODS_DELETED, RolloutReports
 from gpuop.informer import Informer, ResourceSpec
 from gpuop.metrics import OperatorMetrics
 from statemachine.node_rollout import UNREACHABLE_TAINT

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-import gpuop.controller._upgrade as upgrade_module
-from gpuop.controller._nodes import trim_node
-from gpuop.controller._pods import trim_pod
-from gpuop.controller._upgrade import Upgrades
+import gpuop.controller.writers.upgrade as upgrade_module
+from gpuop.controller.views.node_views import trim_node
+from gpuop.controller.views.pod_records import trim_pod
+from gpuop.controller.writers.upgrade import Upgrades
 from gpuop.informer import Informer, key_of
 from statemachine.upgrade import next_step
 from statemachine.upgrade_bookkeeping import NO_CHANGES

@@ -13,8 +13,8 @@ from typing import Any
 
 import crd
 from components.keys import NFD_GPU_LABELS
-from gpuop.controller._config import OperatorConfig
-from gpuop.controller._operator import Operator
+from gpuop.controller.base.config import OperatorConfig
+from gpuop.controller.wiring.operator import Operator
 from gpuop.metrics import OperatorMetrics
 from statemachine.upgrade_keys import STATE_LABEL
 from tests.unit.test_nvidiadriver_sync import _RecordingRest

@@ -18,9 +18,9 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry
 
 from components.driver import DAEMONSET_NAME as DRIVER_DS
-from gpuop.controller._nodes import trim_node
-from gpuop.controller._pods import pod_index, trim_pod
-from gpuop.controller._upgrade import Upgrades
+from gpuop.controller.views.node_views import trim_node
+from gpuop.controller.views.pod_records import pod_index, trim_pod
+from gpuop.controller.writers.upgrade import Upgrades
 from gpuop.events import EventRecorder
 from gpuop.informer import Informer, ResourceSpec, key_of
 from gpuop.metrics import OperatorMetrics

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, cast
 
 import crd
-from gpuop.controller._workload import WorkloadHandovers
+from gpuop.controller.writers.workload_handover import WorkloadHandovers
 from statemachine.workload_handover import (
     DRIVER_LEAVING,
     GPU_PODS_LEAVING,
@@ -94,7 +94,7 @@ async def test_a_handover_says_each_wait_once_and_its_end() -> None:
 
 def _pod_cache(*pods: tuple[str, dict[str, str]]) -> Any:
     """A pods cache holding ``(name, labels)`` pods on gpu-node-0001."""
-    from gpuop.controller._pods import pod_index, trim_pod
+    from gpuop.controller.views.pod_records import pod_index, trim_pod
     from gpuop.informer import Informer, ResourceSpec
 
     cache: Informer[Any] = Informer(
