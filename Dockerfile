@@ -25,11 +25,11 @@ COPY crd ./crd
 RUN /opt/gpuop/bin/pip wheel --no-deps --wheel-dir /wheels . \
  && /opt/gpuop/bin/pip install --only-binary=:all: /wheels/gpuop-*.whl
 # The version is baked into the installed package's metadata (`gpuop version`);
-# the simulator and NVML fake stayed out (.dockerignore); compile bytecode now,
+# the development wing, gpuop/devcluster, stayed out (.dockerignore); compile bytecode now,
 # since the root filesystem is read-only at run time.
 RUN /opt/gpuop/bin/gpuop version \
  && /opt/gpuop/bin/python -I -c 'import importlib.util as u, sys; \
-      sys.exit(any(u.find_spec(m) for m in ("gpuop.cluster", "gpuop.nvml.fake")))' \
+      sys.exit(u.find_spec("gpuop.devcluster") is not None)' \
  && /opt/gpuop/bin/python -m compileall -q /opt/gpuop/lib \
  && /opt/gpuop/bin/pip uninstall -y pip
 

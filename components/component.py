@@ -32,7 +32,7 @@ def rule(group: str, resources: str, verbs: str) -> Rule:
 @dataclass(frozen=True)
 class ObjectKind:
     """A Kubernetes kind: enough to list, watch, write and prune it. The one kind type:
-    operands declare theirs here, `gpuop.kinds` adds the operator's own."""
+    operands declare theirs here, `gpuop.kube.kinds` adds the operator's own."""
 
     api_version: str
     kind: str

@@ -3,7 +3,7 @@
 This tuple is the one place an operand is registered. What used to be kept in parallel
 lists is read from it: the rollout order (`statemachine.rollout`), the per-operand deploy
 labels and which nodes get them (`components.labels`), the kinds the controller watches
-and prunes (`gpuop.controller`), the permissions the operator must hold to grant
+and prunes (`gpuop.operator.controller`), the permissions the operator must hold to grant
 operands their RBAC (checked against the chart by a unit test), and the ClusterRoles the
 chart lets it write (its generated `files/operand-roles.yaml`).
 """

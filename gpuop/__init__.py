@@ -1,13 +1,15 @@
 """gpuop: a GPU operator for Kubernetes.
 
-The process side of the project: CLI, API client, watch caches, workers, HTTP server,
-logging and the local simulated cluster. The pure core lives in ``statemachine``,
+The process side of the project, one wing per program: the operator
+(``gpuop.operator``), the node agent (``gpuop.nodeagent``), the local development
+cluster (``gpuop.devcluster``) and the Kubernetes client they share (``gpuop.kube``);
+the CLI, logging and progress at the top. The pure core lives in ``statemachine``,
 ``components`` and ``crd``.
 """
 
 from importlib.metadata import PackageNotFoundError, version
 
-from gpuop import _lazy_client
+from gpuop.kube import _lazy_client
 
 # Before anything imports kubernetes_asyncio: its generated classes load on demand.
 _lazy_client.install()

@@ -1,6 +1,6 @@
 """The CLI's way to the local cluster (`gpuop cluster`, `gpuop run` without a kubeconfig).
 
-The simulator (`gpuop.cluster`) and the NVML fake it seeds its nodes from ship in the
+The simulator (`gpuop.devcluster`) and the NVML fake it seeds its nodes from ship in the
 wheel, but not in the operator image (.dockerignore leaves them out): the operator and
 node agent never import them (the import contracts in pyproject.toml say so), and the
 CLI imports them only here, when a command asks for the local cluster.
@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gpuop.cluster import LocalCluster
+    from gpuop.devcluster import LocalCluster
 
-PACKAGE = "gpuop.cluster"
+PACKAGE = "gpuop.devcluster"
 
 
 class LocalClusterMissing(Exception):
@@ -35,7 +35,7 @@ def _missing(err: ModuleNotFoundError) -> bool:
 def require_local_cluster() -> None:
     """Raise `LocalClusterMissing` where this install has no local cluster."""
     try:
-        import gpuop.cluster  # noqa: F401
+        import gpuop.devcluster  # noqa: F401
     except ModuleNotFoundError as err:
         if not _missing(err):
             raise
@@ -45,7 +45,7 @@ def require_local_cluster() -> None:
 def local_cluster(directory: Path | None) -> LocalCluster:
     """The local cluster in `directory` (default: its usual place)."""
     require_local_cluster()
-    from gpuop.cluster import LocalCluster
+    from gpuop.devcluster import LocalCluster
 
     return LocalCluster(directory)
 
@@ -53,7 +53,7 @@ def local_cluster(directory: Path | None) -> LocalCluster:
 def cluster_errors() -> tuple[type[BaseException], ...]:
     """The local cluster's own expected error, where this install has the cluster."""
     try:
-        from gpuop.cluster import ClusterError
+        from gpuop.devcluster import ClusterError
     except ModuleNotFoundError as err:
         if not _missing(err):
             raise

@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING
 from gpuop import __version__
 from gpuop._local import local_cluster, require_local_cluster
 from gpuop.cli_errors import EXPECTED, Parser, report
-from gpuop.controller import DEFAULT_NAMESPACE, DEFAULT_OPERATOR_IMAGE
 from gpuop.log import LEVELS
+from gpuop.operator.controller import DEFAULT_NAMESPACE, DEFAULT_OPERATOR_IMAGE
 from statemachine.preflight import Mode
 
 if TYPE_CHECKING:
-    from gpuop.cluster import LocalCluster
+    from gpuop.devcluster import LocalCluster
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -33,7 +33,7 @@ def _cluster(args: argparse.Namespace) -> LocalCluster:
 
 def _workloads(args: argparse.Namespace) -> dict[str, str]:
     """``--workload`` values as node name to workload (checked against the fleet)."""
-    from gpuop.cluster import workload_labels
+    from gpuop.devcluster import workload_labels
 
     return workload_labels(args.workload, args.gpu_nodes)
 
@@ -85,7 +85,7 @@ def _cmd_cluster_status(args: argparse.Namespace) -> int:
 def _cmd_cluster_gpu_health(args: argparse.Namespace) -> int:
     import asyncio
 
-    from gpuop.cluster._health import mark_gpu_health_with_kubeconfig, verdict_for
+    from gpuop.devcluster._health import mark_gpu_health_with_kubeconfig, verdict_for
 
     cluster = _cluster(args)
     if cluster.info() is None:
@@ -99,8 +99,8 @@ def _cmd_cluster_gpu_health(args: argparse.Namespace) -> int:
 
 def _cmd_cluster_build(args: argparse.Namespace) -> int:
     require_local_cluster()
-    from gpuop.cluster import cache_dir, ensure_binaries
-    from gpuop.cluster._build import ensure_helm, ensure_prometheus, ensure_promtool
+    from gpuop.devcluster import cache_dir, ensure_binaries
+    from gpuop.devcluster._build import ensure_helm, ensure_prometheus, ensure_promtool
 
     paths = ensure_binaries()
     built = list(paths.all())
@@ -110,7 +110,7 @@ def _cmd_cluster_build(args: argparse.Namespace) -> int:
         built.append(ensure_promtool())  # the alert rule tests run it
         built.append(ensure_prometheus())  # and the alert integration test this
     if args.registry:
-        from gpuop.cluster._build_registry import ensure_registry
+        from gpuop.devcluster._build_registry import ensure_registry
 
         built.append(ensure_registry())  # the upgrade pre-flight tests run it
     print(f"cache: {cache_dir()}")
@@ -122,8 +122,8 @@ def _cmd_cluster_build(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     import asyncio
 
-    from gpuop.app import run_operator
-    from gpuop.controller import OperatorConfig
+    from gpuop.operator.app import run_operator
+    from gpuop.operator.controller import OperatorConfig
 
     kubeconfig = Path(args.kubeconfig) if args.kubeconfig else None
     local = args.local or (
@@ -180,10 +180,10 @@ def _cmd_crds(args: argparse.Namespace) -> int:
     `crds/` once and never upgrades or deletes it."""
     import asyncio
 
-    from gpuop.install import delete_crds, install_crd
-    from gpuop.kinds import KINDS
-    from gpuop.kube import api_client
-    from gpuop.rest import Rest
+    from gpuop.kube.client import api_client
+    from gpuop.kube.kinds import KINDS
+    from gpuop.kube.rest import Rest
+    from gpuop.operator.install import delete_crds, install_crd
 
     kubeconfig = Path(args.kubeconfig) if args.kubeconfig else None
 
@@ -213,7 +213,7 @@ def _cmd_version(args: argparse.Namespace) -> int:
 
 
 def _parse_workload(text: str) -> tuple[str, str]:
-    from gpuop.cluster import parse_workload
+    from gpuop.devcluster import parse_workload
 
     try:
         return parse_workload(text)

@@ -3,7 +3,7 @@ slots, evictions, health remediation, driver ownership. No I/O and no clock of t
 every input (time included) arrives in a view the controller builds from its caches, so
 an operator restarted at any moment computes the same decisions from the cluster.
 
-How the controller (gpuop/controller) drives them:
+How the controller (gpuop/operator/controller) drives them:
 
 - Rollout (`cluster` key): every enabled component's objects are applied on every pass
   and owned objects no enabled component renders any more are deleted. Each node's

@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 from kubernetes_asyncio import client
 
-from gpuop.cluster import ClusterInfo, LocalCluster
-from gpuop.kube import api_client as make_api_client
+from gpuop.devcluster import ClusterInfo, LocalCluster
+from gpuop.kube.client import api_client as make_api_client
 from tests.integration.harness import cluster_dir
 
 #: Simulated fleet for integration tests: enough GPU nodes to see ordering and

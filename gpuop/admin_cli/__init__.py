@@ -8,7 +8,7 @@ import argparse
 import os
 from typing import Any
 
-from gpuop.controller import DEFAULT_NAMESPACE
+from gpuop.operator.controller import DEFAULT_NAMESPACE
 
 
 def _parse_since(text: str) -> float:

@@ -30,10 +30,10 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpuop import __version__
-from gpuop.kinds import KINDS, by_kind
-from gpuop.kube import api_client
+from gpuop.kube.client import api_client
+from gpuop.kube.kinds import KINDS, by_kind
+from gpuop.kube.rest import Rest
 from gpuop.progress import Progress
-from gpuop.rest import Rest
 from gpuop.upgrades_cli._commands import kubeconfig_for
 
 Obj = dict[str, Any]

@@ -18,7 +18,7 @@ from pathlib import Path
 from gpuop.admin_cli.bundle import Bundle, collect
 from gpuop.admin_cli.doctor_facts import Finding, snapshot_from_files, troubled
 from gpuop.admin_cli.doctor_rules import diagnose
-from gpuop.kube import api_client
+from gpuop.kube.client import api_client
 from gpuop.progress import Progress
 from gpuop.upgrades_cli._commands import kubeconfig_for
 

@@ -29,10 +29,10 @@ from components.labels import any_mig_capable, is_gpu_node
 from components.registry import desired_objects
 from crd import ClusterPolicySpec, parse_policy
 from gpuop.admin_cli.validate import SOURCE_CHART, Doc, _is_values, _render
-from gpuop.controller import DEFAULT_NAMESPACE
-from gpuop.kinds import KINDS, by_kind
-from gpuop.kube import api_client
-from gpuop.rest import Rest
+from gpuop.kube.client import api_client
+from gpuop.kube.kinds import KINDS, by_kind
+from gpuop.kube.rest import Rest
+from gpuop.operator.controller import DEFAULT_NAMESPACE
 from gpuop.upgrades_cli._commands import kubeconfig_for
 from gpuop.upgrades_cli._render import plan_json
 from gpuop.upgrades_cli._snapshot import Objects, PlanError, list_objects, snapshot

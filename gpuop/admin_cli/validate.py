@@ -28,7 +28,7 @@ import yaml
 from pydantic import ValidationError
 
 import crd
-from gpuop.controller import conflict_message
+from gpuop.operator.controller import conflict_message
 from statemachine.driver_owner import DriverResource, assign_owners
 
 Obj = dict[str, Any]
@@ -113,7 +113,7 @@ def _helm() -> Path | None:
     """The cached Helm binary, where this install has the local cluster's cache and it
     was built (`gpuop cluster build`); never built here."""
     try:
-        from gpuop.cluster._versions import cache_dir, helm_path, helm_version
+        from gpuop.devcluster._versions import cache_dir, helm_path, helm_version
     except ModuleNotFoundError:
         return None
     path = helm_path(cache_dir(), helm_version())

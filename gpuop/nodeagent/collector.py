@@ -22,9 +22,7 @@ from prometheus_client.registry import Collector
 
 from gpuop.log import get_logger
 from gpuop.nodeagent.devices import DevicePluginDevices
-from gpuop.nodeagent.status import CHECK_NAMES, StatusFiles
-from gpuop.nodeagent.xid import XidCounts, XidWatcher
-from gpuop.nvml import (
+from gpuop.nodeagent.nvml import (
     KNOWN_THROTTLE_REASONS,
     DriverNotLoaded,
     GpuLost,
@@ -33,6 +31,8 @@ from gpuop.nvml import (
     Nvml,
     NvmlError,
 )
+from gpuop.nodeagent.status import CHECK_NAMES, StatusFiles
+from gpuop.nodeagent.xid import XidCounts, XidWatcher
 
 log = get_logger(__name__)
 T = TypeVar("T")

@@ -23,6 +23,8 @@ from gpuop.nodeagent.driver import DriverCheck, DriverLayout
 from gpuop.nodeagent.exporter import serve
 from gpuop.nodeagent.health import HealthReporter, KubernetesNodeStatus, NodeStatusApi
 from gpuop.nodeagent.kube import KubeApi, KubernetesApi
+from gpuop.nodeagent.nvml import Nvml
+from gpuop.nodeagent.nvml.real import PynvmlNvml
 from gpuop.nodeagent.plugin import PluginCheck
 from gpuop.nodeagent.sandbox import SandboxPaths, validate_sandbox
 from gpuop.nodeagent.status import StatusFiles
@@ -30,8 +32,6 @@ from gpuop.nodeagent.toolkit import ToolkitCheck
 from gpuop.nodeagent.validate import Backoff, Validator
 from gpuop.nodeagent.workload import OwnerPod, WorkloadSpec
 from gpuop.nodeagent.xid import XidCounts, XidWatcher
-from gpuop.nvml import Nvml
-from gpuop.nvml.real import PynvmlNvml
 
 log = get_logger(__name__)
 

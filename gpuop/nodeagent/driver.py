@@ -24,8 +24,15 @@ from gpuop.nodeagent.driver_root import (
     host_nvidia_smi,
     is_wsl,
 )
+from gpuop.nodeagent.nvml import (
+    DriverNotLoaded,
+    GpuLost,
+    LibraryNotFound,
+    Nvml,
+    NvmlError,
+    read_inventory,
+)
 from gpuop.nodeagent.status import DEFAULT_VALIDATIONS_DIR
-from gpuop.nvml import DriverNotLoaded, GpuLost, LibraryNotFound, Nvml, NvmlError, read_inventory
 
 log = get_logger(__name__)
 

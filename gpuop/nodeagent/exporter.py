@@ -17,9 +17,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from gpuop.log import get_logger
 from gpuop.nodeagent.collector import NodeCollector
 from gpuop.nodeagent.devices import DevicePluginDevices
+from gpuop.nodeagent.nvml import Nvml
 from gpuop.nodeagent.status import StatusFiles
 from gpuop.nodeagent.xid import XidCounts, XidWatcher
-from gpuop.nvml import Nvml
 
 log = get_logger(__name__)
 

@@ -21,8 +21,8 @@ from typing import Any, Protocol, TypeVar
 
 from gpuop.log import get_logger
 from gpuop.nodeagent.driver import nvml_failure
+from gpuop.nodeagent.nvml import GpuLost, NotSupported, Nvml, NvmlError, ThrottleReason
 from gpuop.nodeagent.xid import XidCounts
-from gpuop.nvml import GpuLost, NotSupported, Nvml, NvmlError, ThrottleReason
 
 log = get_logger(__name__)
 T = TypeVar("T")

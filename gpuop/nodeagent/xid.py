@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 from gpuop.log import get_logger
 from gpuop.nodeagent.driver import nvml_failure
+from gpuop.nodeagent.nvml import Nvml, NvmlError, XidEvent, XidEventSet
 from gpuop.nodeagent.timing import sleep_or_stop
-from gpuop.nvml import Nvml, NvmlError, XidEvent, XidEventSet
 
 log = get_logger(__name__)
 

@@ -6,7 +6,7 @@ import argparse
 import os
 from typing import Any
 
-from gpuop.controller import DEFAULT_NAMESPACE
+from gpuop.operator.controller import DEFAULT_NAMESPACE
 
 
 def _common(parser: argparse.ArgumentParser) -> None:

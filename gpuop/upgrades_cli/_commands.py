@@ -15,10 +15,10 @@ from typing import Any
 from kubernetes_asyncio.config.kube_config import KUBE_CONFIG_DEFAULT_LOCATION
 
 from gpuop._local import LocalClusterMissing, local_cluster
-from gpuop.informer import Informer, ResourceSpec
-from gpuop.kinds import KINDS
-from gpuop.kube import KubeconfigError, api_client
-from gpuop.rest import Rest
+from gpuop.kube.client import KubeconfigError, api_client
+from gpuop.kube.informer import Informer, ResourceSpec
+from gpuop.kube.kinds import KINDS
+from gpuop.kube.rest import Rest
 from gpuop.upgrades_cli._owners import owner_plans, plans_json, render_plans
 from gpuop.upgrades_cli._preflight import preflight_lines
 from gpuop.upgrades_cli._render import nvd_gate_lines, render_status, status_json

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from crd import ClusterPolicySpec
-from gpuop.controller import drain_rules, gpu_pod_rules, policy_view
+from gpuop.operator.controller import drain_rules, gpu_pod_rules, policy_view
 from gpuop.upgrades_cli._render import plan_json, render_plan
 from gpuop.upgrades_cli._snapshot import Snapshot
 from gpuop.upgrades_cli._windows import Window, window_line

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from gpuop.informer import Obj
+from gpuop.kube.informer import Obj
 from statemachine.fleet_report import NodeFacts
 from statemachine.preflight import recorded_hold
 from statemachine.upgrade_keys import UpgradeState

@@ -24,7 +24,9 @@ from crd import (
     parse_nvidiadriver,
     parse_policy,
 )
-from gpuop.controller import (
+from gpuop.kube.kinds import by_kind
+from gpuop.kube.rest import Rest
+from gpuop.operator.controller import (
     drain_rules,
     gate_policy,
     gpu_pod_rules,
@@ -33,8 +35,6 @@ from gpuop.controller import (
     nvd_owner,
     policy_view,
 )
-from gpuop.kinds import by_kind
-from gpuop.rest import Rest
 from gpuop.upgrades_cli._preflight import pool_holds, preflight_held
 from gpuop.upgrades_cli._windows import owner_windows
 from statemachine.driver_owner import NEXT_OWNER_LABEL

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gpuop.controller import waiting_nodes
+from gpuop.operator.controller import waiting_nodes
 from statemachine.fleet_report import NodeFacts
 from statemachine.maintenance_window import plan_windows, window_status
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuop import log
-from gpuop.cluster import ClientTuning, Versions
+from gpuop.devcluster import ClientTuning, Versions
 
 from . import baseline, cache_size, latency, rollout, upgrade
 from ._harness import REPO_ROOT, BenchCluster, OperatorProcess, Settings, dump_json

@@ -25,7 +25,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuop.rest import Rest
+from gpuop.kube.rest import Rest
 
 #: (metric family, the labels a sample must have) for each figure kept.
 _COUNTED: dict[str, tuple[str, dict[str, str]]] = {

@@ -27,11 +27,11 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from gpuop.cluster import SIMULATED_LABEL, ClientTuning, LocalCluster
-from gpuop.install import ensure_namespace, install_crd
-from gpuop.kinds import KINDS, by_kind
-from gpuop.kube import api_client
-from gpuop.rest import Rest
+from gpuop.devcluster import SIMULATED_LABEL, ClientTuning, LocalCluster
+from gpuop.kube.client import api_client
+from gpuop.kube.kinds import KINDS, by_kind
+from gpuop.kube.rest import Rest
+from gpuop.operator.install import ensure_namespace, install_crd
 
 from ._audit import AUDIT_POLICY, OPERATOR_USER, AuditCounter, wall_seconds
 
@@ -244,7 +244,7 @@ class OperatorProcess:
     rss_samples: list[float] = field(default_factory=list)
 
     def start(self) -> None:
-        from gpuop.cluster._cluster import _free_port
+        from gpuop.devcluster._cluster import _free_port
 
         self.metrics_port = _free_port()
         self.probe_port = _free_port()

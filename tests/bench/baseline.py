@@ -38,10 +38,10 @@ from components import (
 )
 from components.labels import is_gpu_node
 from crd import parse_policy
-from gpuop.cluster import SIMULATED_LABEL
-from gpuop.controller import OperatorConfig
+from gpuop.devcluster import SIMULATED_LABEL
+from gpuop.kube.rest import Rest
+from gpuop.operator.controller import OperatorConfig
 from gpuop.progress import Progress
-from gpuop.rest import Rest
 
 from ._apiserver import ApiserverCounters
 from ._harness import (

@@ -4,11 +4,11 @@ No cluster needed: one GPU node and its seven operand pods, as the API server
 returned them (captured from a local cluster into ``fixtures/gpu-node.json``),
 are copied to N nodes with unique names, uids and resourceVersions, decoded one
 watch event at a time the way the operator's watches decode them (pods through
-:class:`~gpuop.controller.views.pod_records.PodShape`), and fed through the operator's own
-transforms into real :class:`~gpuop.informer.Informer` stores with the pod
+:class:`~gpuop.operator.controller.views.pod_records.PodShape`), and fed through the operator's own
+transforms into real :class:`~gpuop.kube.informer.Informer` stores with the pod
 index. Every operand pod is kept, as the operator's pods watch selects them all.
 tracemalloc reports what stays allocated; then, apart, what the per-node rollout
-view (:class:`~gpuop.controller.views.rollout_view.NodeRollouts`) keeps after one pass
+view (:class:`~gpuop.operator.controller.views.rollout_view.NodeRollouts`) keeps after one pass
 over every node for the sample policy's DaemonSets. The slope over the sizes is
 their share of the operator's growth per 1,000 GPU nodes (the rest of its peak RSS
 is the import floor and what LIST pages and watch streams leave behind).
@@ -28,11 +28,11 @@ import crd
 import gpuop  # noqa: F401  (installs the lazy kubernetes-asyncio packages first)
 from components import RenderContext, desired_objects, node_facts
 from components.labels import is_gpu_node
-from gpuop.controller.views.node_views import labels, trim_node
-from gpuop.controller.views.pod_records import PodShape, pod_index, trim_pod
-from gpuop.controller.views.rollout_view import NodeRollouts
-from gpuop.informer import Informer, ResourceSpec, key_of
-from gpuop.shapes import Decoder
+from gpuop.kube.informer import Informer, ResourceSpec, key_of
+from gpuop.kube.shapes import Decoder
+from gpuop.operator.controller.views.node_views import labels, trim_node
+from gpuop.operator.controller.views.pod_records import PodShape, pod_index, trim_pod
+from gpuop.operator.controller.views.rollout_view import NodeRollouts
 
 FIXTURE = Path(__file__).parent / "fixtures" / "gpu-node.json"
 SIZES = (1000, 3000, 10000)

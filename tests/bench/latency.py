@@ -20,8 +20,8 @@ from typing import Any
 import aiohttp
 
 from components import GPU_PRESENT_LABEL
+from gpuop.kube.rest import Rest
 from gpuop.progress import Progress
-from gpuop.rest import Rest
 
 from ._harness import NODE, BenchCluster, OperatorProcess, gpu_node_names
 from ._stats import percentile

@@ -3,13 +3,13 @@
 No cluster needed. The operand pods in ``tests/data/operand_pods.json`` (captured from
 a 1,000-node benchmark cluster, managedFields and all) are wrapped as watch events
 and turned into cache entries both ways: ``json.loads`` then ``trim_pod``, and
-:class:`gpuop.shapes.Decoder` with :class:`PodShape` then ``trim_pod``. Prints
+:class:`gpuop.kube.shapes.Decoder` with :class:`PodShape` then ``trim_pod``. Prints
 microseconds per event for each (best of ``--rounds``).
 
 Then the same for the pods watch as the API server sent it both ways (recorded by
 ``python -m tests.bench.record_wire``: the same events of ten operand pods in JSON
 and in Kubernetes protobuf): JSON through the shape, and protobuf through
-:data:`gpuop._pb_wire.POD_CODEC`, each then ``trim_pod``; and how many of those events
+:data:`gpuop.kube._pb_wire.POD_CODEC`, each then ``trim_pod``; and how many of those events
 the pods cache takes at intake because they change no record (``same_pod``).
 """
 
@@ -23,9 +23,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import gpuop  # noqa: F401  (installs the lazy kubernetes-asyncio packages first)
-from gpuop._pb_wire import POD_CODEC, read_frame
-from gpuop.controller.views.pod_records import PodRecord, PodShape, same_pod, trim_pod
-from gpuop.shapes import Decoder
+from gpuop.kube._pb_wire import POD_CODEC, read_frame
+from gpuop.kube.shapes import Decoder
+from gpuop.operator.controller.views.pod_records import PodRecord, PodShape, same_pod, trim_pod
 
 DATA = Path(__file__).parent.parent / "data"
 FIXTURE = DATA / "operand_pods.json"

@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import gpuop  # noqa: F401  (installs the lazy kubernetes-asyncio packages first)
-from gpuop._pb_wire import PROTOBUF, read_frame
-from gpuop.kinds import by_kind
-from gpuop.kube import api_client
-from gpuop.rest import Rest
+from gpuop.kube._pb_wire import PROTOBUF, read_frame
+from gpuop.kube.client import api_client
+from gpuop.kube.kinds import by_kind
+from gpuop.kube.rest import Rest
 
 POD = by_kind("v1", "Pod")
 NAMESPACE = by_kind("v1", "Namespace")

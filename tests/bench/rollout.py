@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import crd
+from gpuop.kube.rest import Rest
 from gpuop.progress import Progress
-from gpuop.rest import Rest
 
 from ._apiserver import ApiserverCounters
 from ._audit import as_table, by_verb, writes

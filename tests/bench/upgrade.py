@@ -20,9 +20,9 @@ import math
 import time
 from typing import Any
 
-from gpuop.informer import Informer, Obj, ResourceSpec
+from gpuop.kube.informer import Informer, Obj, ResourceSpec
+from gpuop.kube.rest import Rest
 from gpuop.progress import Progress
-from gpuop.rest import Rest
 
 from ._audit import as_table, writes
 from ._harness import NODE, POLICY, BenchCluster, OperatorProcess, gpu_node_names

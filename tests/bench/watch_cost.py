@@ -5,7 +5,7 @@ The API server encodes each watch event once per encoding and shares it among th
 watchers of that encoding; the operator's was the cluster's only JSON pods watch, so
 every pod event was encoded to JSON for it alone. Here ``--pods`` operand pods (the
 driver pod of ``tests/bench/fixtures/gpu-node.json``) run on kwok nodes; then, in
-alternating rounds, one pods cache (``gpuop.informer.Informer`` with the operator's
+alternating rounds, one pods cache (``gpuop.kube.informer.Informer`` with the operator's
 pod transform) watches them as JSON or as protobuf while every pod gets
 ``--patches`` annotation patches (one watch event each). Per round: kube-apiserver's
 CPU seconds, and this process's (the watch's decoding plus the patch requests, the
@@ -29,14 +29,14 @@ from pathlib import Path
 from typing import Any
 
 import gpuop  # noqa: F401  (installs the lazy kubernetes-asyncio packages first)
-from gpuop._pb_wire import POD_CODEC, PROTOBUF
-from gpuop.cluster import LocalCluster
-from gpuop.controller.views.pod_records import PodShape, trim_pod
-from gpuop.informer import Informer, ResourceSpec
-from gpuop.kinds import by_kind
-from gpuop.kube import api_client
-from gpuop.rest import Rest
-from gpuop.shapes import Decoder
+from gpuop.devcluster import LocalCluster
+from gpuop.kube._pb_wire import POD_CODEC, PROTOBUF
+from gpuop.kube.client import api_client
+from gpuop.kube.informer import Informer, ResourceSpec
+from gpuop.kube.kinds import by_kind
+from gpuop.kube.rest import Rest
+from gpuop.kube.shapes import Decoder
+from gpuop.operator.controller.views.pod_records import PodShape, trim_pod
 
 from ._harness import process_cpu_seconds
 

@@ -1,7 +1,7 @@
 """Differential conformance: what our components render for a scenario's policy on the
 simulated nodes, against what NVIDIA's operator v26.7 created for it (`rendered.yaml`).
 
-Pure: the nodes are built from `gpuop.cluster._nodes` (the same 6 nodes `gpuop cluster up
+Pure: the nodes are built from `gpuop.devcluster._nodes` (the same 6 nodes `gpuop cluster up
 --nodes 6 --gpu-nodes 4` makes), the policy (and a scenario's NVIDIADrivers) is parsed
 with our models, and rendering and labelling run as the controller runs them, without a
 cluster: NVIDIADriver owner labels from the same assignment, the nodes' upgrade label
@@ -37,14 +37,14 @@ from components.dra import render as render_gpucluster
 from components.keys import CONTAINER_WORKLOAD, DEPLOY_DRIVER_LABEL, TRUE
 from components.nvidiadriver import render as render_nvidiadriver
 from crd import OWNER_LABEL
-from gpuop.cluster._nodes import node_manifests
-from gpuop.controller.passes.node import target_owner
-from gpuop.controller.passes.nvidiadriver import driver_resources
-from gpuop.controller.views.driver_owners import upgrade_policy
-from gpuop.controller.views.gpucluster_objects import gpucluster_owner
-from gpuop.controller.views.objects import is_driver_object
-from gpuop.controller.views.upgrade_inputs import policy_view
-from gpuop.controller.writers.apply import owned_by, owner_reference
+from gpuop.devcluster._nodes import node_manifests
+from gpuop.operator.controller.passes.node import target_owner
+from gpuop.operator.controller.passes.nvidiadriver import driver_resources
+from gpuop.operator.controller.views.driver_owners import upgrade_policy
+from gpuop.operator.controller.views.gpucluster_objects import gpucluster_owner
+from gpuop.operator.controller.views.objects import is_driver_object
+from gpuop.operator.controller.views.upgrade_inputs import policy_view
+from gpuop.operator.controller.writers.apply import owned_by, owner_reference
 from statemachine import Action, UpgradePolicyView
 from statemachine.driver_handoff import handoff_patch, handoff_wanted
 from statemachine.driver_owner import NEXT_OWNER_LABEL, assign_owners
@@ -195,7 +195,7 @@ def _nvd_uid(name: str) -> str:
 
 def _uses_nvidiadrivers(spec: crd.ClusterPolicySpec) -> bool:
     """Whether the policy hands its driver to NVIDIADrivers
-    (`gpuop.controller.views.driver_owners.DriverOwners.enabled`)."""
+    (`gpuop.operator.controller.views.driver_owners.DriverOwners.enabled`)."""
     return spec.driver.enabled and spec.driver.use_nvidia_driver_crd
 
 
@@ -213,7 +213,8 @@ def _owner_labels(
     nodes: list[dict[str, Any]], spec: crd.ClusterPolicySpec, drivers: Sequence[crd.NVIDIADriver]
 ) -> tuple[list[dict[str, Any]], set[str]]:
     """`nodes` with the owner labels our NVIDIADriver pass writes
-    (`gpuop.controller.passes.nvidiadriver`), passed until it changes nothing, and the resources
+    (`gpuop.operator.controller.passes.nvidiadriver`), passed until it changes nothing, and the
+    resources
     it reports a problem for (they render nothing). At rest on a fresh cluster nothing is
     held (the policy renders no driver DaemonSet of its own with `useNvidiaDriverCRD`, and
     no driver pod ran before) and no node is busy upgrading."""
@@ -276,7 +277,8 @@ def _upgrade_labels(
     runs_driver: bool,
 ) -> dict[str, str]:
     """`labels` with the upgrade machine's label writes applied, under the node pass's
-    own conditions (`gpuop.controller.passes.node`): the policy's or the owning NVIDIADriver's
+    own conditions (`gpuop.operator.controller.passes.node`): the policy's or the owning
+    NVIDIADriver's
     upgradePolicy; the enrolment step (a GPU node getting the policy's driver, in the
     deploy labels' write); then the step for the node with its driver pod current (or,
     where no driver DaemonSet selects the node, with none)."""
@@ -364,7 +366,8 @@ def _our_cluster(
         gpu_nodes=tuple(c.node_facts(n) for n in gpu),
         config_map_keys=dict(config_map_keys or {}),
     )
-    # As the controller applies them (`gpuop.controller.passes.cluster`): owned by the policy,
+    # As the controller applies them (`gpuop.operator.controller.passes.cluster`): owned by the
+    # policy,
     # with our content hash.
     owner = owner_reference("nvidia.com/v1", "ClusterPolicy", {"name": POLICY, "uid": "-"})
     objects = [
@@ -465,7 +468,7 @@ def _gpu_node_annotations(nodes: Iterable[Mapping[str, Any]]) -> dict[str, dict[
 
 def ours_gpucluster(folder: Path) -> Side:
     """Our objects and GPU node labels for a scenario whose policy is a GPUCluster, as
-    `gpuop.controller.passes.gpucluster` applies and labels them. With a GPUCluster and no
+    `gpuop.operator.controller.passes.gpucluster` applies and labels them. With a GPUCluster and no
     ClusterPolicy our node pass writes no hand-off annotation: the nodes keep the none
     they started with."""
     cluster = crd.parse_gpucluster(yaml.safe_load((folder / "policy.yaml").read_text()))

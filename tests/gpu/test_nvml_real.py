@@ -18,8 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpuop.nodeagent.driver import DriverCheck, DriverLayout
 from gpuop.nodeagent.exporter import build_registry
-from gpuop.nodeagent.status import StatusFiles
-from gpuop.nvml import (
+from gpuop.nodeagent.nvml import (
     DriverNotLoaded,
     LibraryNotFound,
     NotSupported,
@@ -27,7 +26,8 @@ from gpuop.nvml import (
     XidEvent,
     read_inventory,
 )
-from gpuop.nvml.real import PynvmlNvml
+from gpuop.nodeagent.nvml.real import PynvmlNvml
+from gpuop.nodeagent.status import StatusFiles
 
 pytestmark = pytest.mark.gpu
 T = TypeVar("T")

@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuop.kinds import by_kind
-from gpuop.rest import Rest
+from gpuop.kube.kinds import by_kind
+from gpuop.kube.rest import Rest
 from tests.integration.harness import eventually
 from tests.integration.test_chaos import NODE, POD, OperatorProcess, Watcher
 

@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator
 import pytest
 from kubernetes_asyncio import client
 
-from gpuop.install import ensure_namespace, install_crd
-from gpuop.kinds import KINDS
-from gpuop.rest import Rest
+from gpuop.kube.kinds import KINDS
+from gpuop.kube.rest import Rest
+from gpuop.operator.install import ensure_namespace, install_crd
 from tests.integration.harness import NAMESPACE, POLICY
 
 

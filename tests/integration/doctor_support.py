@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpuop.cluster import ClusterInfo
-from gpuop.kinds import by_kind
-from gpuop.rest import Rest
+from gpuop.devcluster import ClusterInfo
+from gpuop.kube.kinds import by_kind
+from gpuop.kube.rest import Rest
 from tests.integration.harness import NAMESPACE, eventually
 
 POD = by_kind("v1", "Pod")

@@ -15,11 +15,11 @@ from typing import Any
 import aiohttp
 from kubernetes_asyncio import client
 
-from gpuop.cluster import ClusterInfo, LocalCluster, cache_dir
-from gpuop.controller import Operator, OperatorConfig
-from gpuop.kinds import KINDS, by_kind
-from gpuop.metrics import OperatorMetrics
-from gpuop.rest import Rest
+from gpuop.devcluster import ClusterInfo, LocalCluster, cache_dir
+from gpuop.kube.kinds import KINDS, by_kind
+from gpuop.kube.rest import Rest
+from gpuop.operator.controller import Operator, OperatorConfig
+from gpuop.operator.metrics import OperatorMetrics
 
 NAMESPACE = "gpuop-it"
 POLICY = by_kind("nvidia.com/v1", "ClusterPolicy")
@@ -39,7 +39,7 @@ def own_cluster(
     suffix: str, *, gpu_nodes: int, cpu_nodes: int = 1, node_images: bool = False
 ) -> Iterator[ClusterInfo]:
     """A control plane of a module's own, for fleets bigger than the session cluster's
-    (``node_images``: with the node-image simulator, see ``gpuop.cluster.node_images``)."""
+    (``node_images``: with the node-image simulator, see ``gpuop.devcluster.node_images``)."""
     cluster = LocalCluster(cluster_dir(suffix))
     cluster.down()
     info = cluster.up(

@@ -14,7 +14,7 @@ import yaml
 
 from components import rbac
 from components.registry import COMPONENTS
-from gpuop.cluster._build import ensure_helm
+from gpuop.devcluster._build import ensure_helm
 from tests.integration.values_schema import render_values_schema
 
 ROOT = Path(__file__).resolve().parents[2]

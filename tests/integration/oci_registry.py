@@ -28,7 +28,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 
-from gpuop.cluster._build_registry import ensure_registry
+from gpuop.devcluster._build_registry import ensure_registry
 
 SERVICE = "gpuop-test-registry"
 ISSUER = "gpuop-test-issuer"

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 from kubernetes_asyncio import client
 
-from gpuop.kube import load_configuration
+from gpuop.kube.client import load_configuration
 
 
 class Proxy:

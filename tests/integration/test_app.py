@@ -12,10 +12,10 @@ import aiohttp
 import pytest
 import yaml
 
-from gpuop.app import run_operator
-from gpuop.cluster import ClusterInfo
-from gpuop.controller import OperatorConfig
-from gpuop.rest import Rest
+from gpuop.devcluster import ClusterInfo
+from gpuop.kube.rest import Rest
+from gpuop.operator.app import run_operator
+from gpuop.operator.controller import OperatorConfig
 from tests.integration.harness import NAMESPACE, eventually
 from tests.integration.harness import free_port as _free_port
 from tests.integration.proxy import Proxy

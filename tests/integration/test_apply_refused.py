@@ -12,8 +12,8 @@ import pytest
 from kubernetes_asyncio import client
 
 import crd
-from gpuop.kinds import by_kind
-from gpuop.rest import Rest
+from gpuop.kube.kinds import by_kind
+from gpuop.kube.rest import Rest
 from tests.integration.harness import NAMESPACE, POLICY, Running, eventually, policy_state_is
 
 pytestmark = pytest.mark.integration

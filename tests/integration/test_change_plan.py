@@ -17,10 +17,10 @@ from kubernetes_asyncio import client
 
 import crd
 from gpuop.admin_cli.plan import compute
-from gpuop.cluster import ClusterInfo
-from gpuop.informer import Informer, Obj, ResourceSpec
-from gpuop.kinds import by_kind
-from gpuop.rest import Rest
+from gpuop.devcluster import ClusterInfo
+from gpuop.kube.informer import Informer, Obj, ResourceSpec
+from gpuop.kube.kinds import by_kind
+from gpuop.kube.rest import Rest
 from tests.integration.harness import NAMESPACE, POLICY, Running, eventually, policy_state_is
 
 pytestmark = pytest.mark.integration

@@ -30,11 +30,11 @@ import pytest
 from kubernetes_asyncio import client
 
 import crd
-from gpuop.cluster import NFD_GPU_LABEL, ClusterInfo
-from gpuop.install import ensure_namespace, install_crd
-from gpuop.kinds import KINDS, by_kind
-from gpuop.kube import api_client as make_api_client
-from gpuop.rest import Kind, Rest
+from gpuop.devcluster import NFD_GPU_LABEL, ClusterInfo
+from gpuop.kube.client import api_client as make_api_client
+from gpuop.kube.kinds import KINDS, by_kind
+from gpuop.kube.rest import Kind, Rest
+from gpuop.operator.install import ensure_namespace, install_crd
 from statemachine.driver_owner import NEXT_OWNER_LABEL
 from statemachine.upgrade_keys import (
     IN_PROGRESS_STATES,

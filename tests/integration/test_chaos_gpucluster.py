@@ -32,11 +32,11 @@ import pytest
 
 import crd
 from components.dra import DRA_DEPLOY_LABELS
-from gpuop.cluster import NFD_GPU_LABEL, ClusterInfo
-from gpuop.install import ensure_namespace, install_crd
-from gpuop.kinds import KINDS
-from gpuop.kube import api_client as make_api_client
-from gpuop.rest import Rest
+from gpuop.devcluster import NFD_GPU_LABEL, ClusterInfo
+from gpuop.kube.client import api_client as make_api_client
+from gpuop.kube.kinds import KINDS
+from gpuop.kube.rest import Rest
+from gpuop.operator.install import ensure_namespace, install_crd
 from tests.integration.chaos_support import (
     EveryEvent,
     Killer,

@@ -50,11 +50,11 @@ from components.keys import (
     WORKLOAD_CONFIG_LABEL,
     WORKLOADS,
 )
-from gpuop.cluster import ClusterInfo
-from gpuop.install import ensure_namespace, install_crd
-from gpuop.kinds import KINDS, by_kind
-from gpuop.kube import api_client as make_api_client
-from gpuop.rest import Rest
+from gpuop.devcluster import ClusterInfo
+from gpuop.kube.client import api_client as make_api_client
+from gpuop.kube.kinds import KINDS, by_kind
+from gpuop.kube.rest import Rest
+from gpuop.operator.install import ensure_namespace, install_crd
 from tests.integration.chaos_support import (
     EveryEvent,
     Killer,

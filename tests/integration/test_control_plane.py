@@ -10,7 +10,7 @@ import pytest
 from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from gpuop.cluster import NFD_GPU_LABEL, ClusterInfo
+from gpuop.devcluster import NFD_GPU_LABEL, ClusterInfo
 from tests.conftest import TEST_GPU_NODES, TEST_NODES
 from tests.integration.harness import eventually
 

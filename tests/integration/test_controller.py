@@ -19,10 +19,10 @@ from components.keys import (
     MIG_CONFIG_LABEL,
 )
 from components.registry import DEPLOY_LABELS
-from gpuop.cluster import NFD_GPU_LABEL
-from gpuop.controller.wiring.operator import OPERAND_SELECTOR
-from gpuop.kinds import by_kind
-from gpuop.rest import Rest
+from gpuop.devcluster import NFD_GPU_LABEL
+from gpuop.kube.kinds import by_kind
+from gpuop.kube.rest import Rest
+from gpuop.operator.controller.wiring.operator import OPERAND_SELECTOR
 from statemachine.upgrade_keys import MANAGED_ANNOTATIONS, STATE_LABEL
 from tests.conftest import TEST_GPU_NODES
 from tests.integration.harness import NAMESPACE, NODE, POLICY, Running, eventually, policy_state_is

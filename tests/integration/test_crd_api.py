@@ -22,8 +22,8 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 import crd
-from gpuop.kinds import by_kind
-from gpuop.rest import Rest
+from gpuop.kube.kinds import by_kind
+from gpuop.kube.rest import Rest
 from tests.integration.harness import POLICY, Running, eventually
 from tests.unit.test_crd_strategies import SPEC_SCHEMA, specs
 from tests.unit.test_crd_upstream import UPSTREAM_SPECS

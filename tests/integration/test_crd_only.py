@@ -26,11 +26,11 @@ import pytest
 import crd
 from components import COMPONENTS, RenderContext
 from components.labels import node_label_changes
-from gpuop.cluster import ClusterInfo
-from gpuop.install import ensure_namespace
-from gpuop.kinds import KINDS, by_kind
-from gpuop.kube import api_client as make_api_client
-from gpuop.rest import Rest
+from gpuop.devcluster import ClusterInfo
+from gpuop.kube.client import api_client as make_api_client
+from gpuop.kube.kinds import KINDS, by_kind
+from gpuop.kube.rest import Rest
+from gpuop.operator.install import ensure_namespace
 from tests.integration.harness import NAMESPACE, NODE, POLICY, Running, eventually, own_cluster
 
 pytestmark = pytest.mark.integration

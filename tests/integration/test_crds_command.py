@@ -13,9 +13,9 @@ import sys
 import pytest
 
 import crd
-from gpuop.cluster import ClusterInfo
-from gpuop.install import CRD_KIND
-from gpuop.rest import Rest
+from gpuop.devcluster import ClusterInfo
+from gpuop.kube.rest import Rest
+from gpuop.operator.install import CRD_KIND
 
 pytestmark = pytest.mark.integration
 

@@ -16,9 +16,9 @@ from kubernetes_asyncio import client
 
 import crd
 from components.monitoring import rule_groups
-from gpuop.cluster import ClusterInfo
-from gpuop.kinds import by_kind
-from gpuop.rest import Rest
+from gpuop.devcluster import ClusterInfo
+from gpuop.kube.kinds import by_kind
+from gpuop.kube.rest import Rest
 from tests.integration.doctor_support import (
     GPU_NODE,
     bare_pod,

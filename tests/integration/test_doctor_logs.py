@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuop.cluster import ClusterInfo
-from gpuop.rest import Rest
+from gpuop.devcluster import ClusterInfo
+from gpuop.kube.rest import Rest
 from tests.integration.doctor_support import (
     bare_pod,
     clear_daemonsets,

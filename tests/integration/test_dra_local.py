@@ -9,10 +9,10 @@ import pytest
 from kubernetes_asyncio import client
 
 from components import ObjectKind
-from gpuop.cluster import GPU_MODELS, node_manifest
-from gpuop.cluster._dra import DEVICE_CLASS, DRIVER, RESOURCE_SLICE, Published, publish
-from gpuop.kinds import KINDS, by_kind
-from gpuop.rest import Rest
+from gpuop.devcluster import GPU_MODELS, node_manifest
+from gpuop.devcluster._dra import DEVICE_CLASS, DRIVER, RESOURCE_SLICE, Published, publish
+from gpuop.kube.kinds import KINDS, by_kind
+from gpuop.kube.rest import Rest
 from tests.conftest import TEST_GPU_NODES
 from tests.integration.harness import NODE, eventually
 

@@ -19,8 +19,8 @@ import pytest
 from kubernetes_asyncio import client
 
 import crd
-from gpuop.cluster import NFD_GPU_LABEL
-from gpuop.rest import Rest
+from gpuop.devcluster import NFD_GPU_LABEL
+from gpuop.kube.rest import Rest
 from statemachine.upgrade_keys import STATE_LABEL
 from tests.integration.harness import NODE, POLICY, Running, eventually, policy_state_is
 

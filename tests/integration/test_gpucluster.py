@@ -19,10 +19,10 @@ from kubernetes_asyncio import client
 import crd
 from components import RenderContext
 from components.dra import KINDS, STATE_LABEL, render
-from gpuop.cluster._cluster import publish_dra
-from gpuop.controller.passes.gpucluster import ADMIN_ACCESS_LABEL, FINALIZER
-from gpuop.kinds import by_kind
-from gpuop.rest import Rest
+from gpuop.devcluster._cluster import publish_dra
+from gpuop.kube.kinds import by_kind
+from gpuop.kube.rest import Rest
+from gpuop.operator.controller.passes.gpucluster import ADMIN_ACCESS_LABEL, FINALIZER
 from tests.integration.harness import NAMESPACE, NODE, POLICY, Running, eventually, watch_from
 
 pytestmark = pytest.mark.integration

@@ -14,9 +14,9 @@ import pytest
 from kubernetes_asyncio import client
 
 import crd
-from gpuop.cluster._cluster import publish_dra
-from gpuop.kinds import by_kind
-from gpuop.rest import Rest
+from gpuop.devcluster._cluster import publish_dra
+from gpuop.kube.kinds import by_kind
+from gpuop.kube.rest import Rest
 from tests.integration.harness import NAMESPACE, Running, eventually
 from tests.integration.test_gpucluster import GC, _condition, _delete_policies, _gone, _sample
 from tests.integration.test_service_monitor import CRD, CRD_NAME, MONITOR, SERVICE_MONITOR_CRD

@@ -15,10 +15,10 @@ import yaml
 from kubernetes_asyncio import client
 
 import crd
-from gpuop.cluster._cluster import publish_dra
-from gpuop.informer import Informer, Obj, ResourceSpec
-from gpuop.kinds import by_kind
-from gpuop.rest import Rest
+from gpuop.devcluster._cluster import publish_dra
+from gpuop.kube.informer import Informer, Obj, ResourceSpec
+from gpuop.kube.kinds import by_kind
+from gpuop.kube.rest import Rest
 from statemachine.upgrade_keys import IN_PROGRESS_STATES, STATE_LABEL, UpgradeState
 from tests.integration.harness import NAMESPACE, NODE, POLICY, Running, eventually
 from tests.integration.test_dra_local import CLAIM, _claim_spec, _pod

@@ -20,11 +20,11 @@ import crd
 from components import COMPONENTS, RenderContext, monitoring, rbac
 from components.dra import KINDS as DRA_KINDS
 from components.dra import render as render_dra
-from gpuop.cluster._build import ensure_helm
-from gpuop.controller.base.optional_watches import OWNED_CLUSTER, OWNED_NAMESPACED
-from gpuop.leader import DEFAULT_LEASES
+from gpuop.devcluster._build import ensure_helm
+from gpuop.kube.rest import Kind
 from gpuop.nodeagent import health
-from gpuop.rest import Kind
+from gpuop.operator.controller.base.optional_watches import OWNED_CLUSTER, OWNED_NAMESPACED
+from gpuop.operator.leader import DEFAULT_LEASES
 from tests.integration.helm_chart import (
     CHART,
     CHART_FILES,
@@ -379,13 +379,13 @@ def test_operator_holds_what_it_does_and_what_it_grants_nothing_more() -> None:
     ) -> None:
         needed.extend((cluster_wide, group, resource, v, name) for v in verbs)
 
-    # The operator's own calls (see gpuop/controller/wiring/operator.py).
+    # The operator's own calls (see gpuop/operator/controller/wiring/operator.py).
     need(True, "", "nodes", ["get", "list", "watch", "patch"])
     need(True, "nvidia.com", "clusterpolicies", ["list", "watch"])
     # GPU health remediation: removing the administrator's resume annotation.
     need(True, "nvidia.com", "clusterpolicies", ["patch"])
     need(True, "nvidia.com", "clusterpolicies/status", ["patch"])
-    # NVIDIADrivers (gpuop/controller/passes/nvidiadriver.py).
+    # NVIDIADrivers (gpuop/operator/controller/passes/nvidiadriver.py).
     need(True, "nvidia.com", "nvidiadrivers", ["list", "watch"])
     need(True, "nvidia.com", "nvidiadrivers/status", ["patch"])
     need(False, "", "pods", ["list", "watch"])
@@ -395,16 +395,17 @@ def test_operator_holds_what_it_does_and_what_it_grants_nothing_more() -> None:
     # Driver upgrades (cordon is a node patch): evict or delete GPU pods anywhere.
     need(True, "", "pods", ["delete"])
     need(True, "", "pods/eviction", ["create"])
-    # Events about the policy (in `default`), nodes and pods (gpuop/events.py).
+    # Events about the policy (in `default`), nodes and pods (gpuop/operator/events.py).
     need(True, "", "events", ["create"])
     # spec.psa.enabled: its own namespace's Pod Security labels
-    # (gpuop/controller/writers/pod_security.py).
+    # (gpuop/operator/controller/writers/pod_security.py).
     need(True, "", "namespaces", ["get", "patch"], NAMESPACE)
     # The driver's site configuration: keys of the namespace's ConfigMaps (_site_config.py).
     need(False, "", "configmaps", ["list", "watch"])
-    # The upgrade pre-flight: driver pools' pull Secrets (gpuop/controller/writers/preflight.py).
+    # The upgrade pre-flight: driver pools' pull Secrets
+    # (gpuop/operator/controller/writers/preflight.py).
     need(False, "", "secrets", ["get"])
-    # Leader election (gpuop/leader.py).
+    # Leader election (gpuop/operator/leader.py).
     need(False, "coordination.k8s.io", "leases", ["create"])
     for lease in DEFAULT_LEASES:
         need(False, "coordination.k8s.io", "leases", ["get", "update"], lease)
@@ -432,7 +433,8 @@ def test_operator_holds_what_it_does_and_what_it_grants_nothing_more() -> None:
     assert {"ClusterRole", "Role", "ServiceMonitor", "PrometheusRule"} <= kinds
     for plural in ("servicemonitors", "prometheusrules"):
         need(False, "monitoring.coreos.com", plural, ["list", "watch", "create", "patch", "delete"])
-    # The GPUCluster (gpuop/controller/passes/gpucluster.py): its cache and its stack's caches
+    # The GPUCluster (gpuop/operator/controller/passes/gpucluster.py): its cache and its stack's
+    # caches
     # run under any policy, and a GPUCluster the chart gives no DRA rights is reported in
     # its own status.
     need(True, "nvidia.com", "gpuclusters", ["get", "list", "watch", "patch"])

@@ -25,12 +25,12 @@ from components import COMPONENTS, DEPLOY_LABELS, RenderContext, rbac
 from components.dra import KINDS as DRA_KINDS
 from components.dra import render as render_dra
 from components.keys import GPU_PRESENT_LABEL
-from gpuop.cluster import NFD_GPU_LABEL, SIMULATED_LABEL, ClusterInfo
-from gpuop.controller import Operator, OperatorConfig
-from gpuop.kinds import KINDS, by_kind
-from gpuop.leader import DEFAULT_LEASES, LeaderElector
-from gpuop.metrics import OperatorMetrics
-from gpuop.rest import Rest
+from gpuop.devcluster import NFD_GPU_LABEL, SIMULATED_LABEL, ClusterInfo
+from gpuop.kube.kinds import KINDS, by_kind
+from gpuop.kube.rest import Rest
+from gpuop.operator.controller import Operator, OperatorConfig
+from gpuop.operator.leader import DEFAULT_LEASES, LeaderElector
+from gpuop.operator.metrics import OperatorMetrics
 from statemachine.upgrade_keys import STATE_LABEL, UpgradeState
 from tests.integration.harness import eventually
 from tests.integration.helm_chart import CHART, helm

@@ -39,10 +39,10 @@ from kubernetes_asyncio import client
 from components import ObjectKind
 from components.driver import digest_in
 from components.keys import NFD_LABEL_PREFIX
-from gpuop.cluster import ClusterInfo
-from gpuop.controller import OperatorConfig
-from gpuop.kinds import by_kind, kind_of
-from gpuop.rest import Rest
+from gpuop.devcluster import ClusterInfo
+from gpuop.kube.kinds import by_kind, kind_of
+from gpuop.kube.rest import Rest
+from gpuop.operator.controller import OperatorConfig
 from statemachine.driver_handoff import HANDOFF_ANNOTATION
 from tests.integration.handover import Disturbances, Watcher
 from tests.integration.harness import NODE, POLICY, Running, eventually, policy_state

@@ -12,13 +12,13 @@ import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gpuop.cluster import ClusterInfo
-from gpuop.controller.views.node_views import NodeTrim, selector_label_keys
-from gpuop.health import Liveness
-from gpuop.informer import Informer, ResourceSpec
-from gpuop.kinds import KINDS, by_kind
-from gpuop.rest import Rest
-from gpuop.server import make_app, start
+from gpuop.devcluster import ClusterInfo
+from gpuop.kube.informer import Informer, ResourceSpec
+from gpuop.kube.kinds import KINDS, by_kind
+from gpuop.kube.rest import Rest
+from gpuop.operator.controller.views.node_views import NodeTrim, selector_label_keys
+from gpuop.operator.health import Liveness
+from gpuop.operator.server import make_app, start
 from tests.integration.harness import NAMESPACE, eventually
 from tests.integration.proxy import proxied_client
 from tests.integration.test_control_plane import _compact_etcd

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from gpuop.cluster import ClusterInfo
-from gpuop.kinds import KINDS
-from gpuop.leader import LEASE, LeaderElector, LostLeadership
-from gpuop.rest import Rest
+from gpuop.devcluster import ClusterInfo
+from gpuop.kube.kinds import KINDS
+from gpuop.kube.rest import Rest
+from gpuop.operator.leader import LEASE, LeaderElector, LostLeadership
 from tests.integration.harness import NAMESPACE, eventually
 from tests.integration.proxy import proxied_client
 

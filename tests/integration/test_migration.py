@@ -25,11 +25,11 @@ import yaml
 from kubernetes_asyncio import client
 
 from components.driver import digest_in
-from gpuop.cluster import NFD_GPU_LABEL
-from gpuop.controller import OperatorConfig
-from gpuop.kinds import by_kind, kind_of
-from gpuop.leader import LEASE, UPSTREAM_LEASE, LeaderElector, Leases
-from gpuop.rest import Rest
+from gpuop.devcluster import NFD_GPU_LABEL
+from gpuop.kube.kinds import by_kind, kind_of
+from gpuop.kube.rest import Rest
+from gpuop.operator.controller import OperatorConfig
+from gpuop.operator.leader import LEASE, UPSTREAM_LEASE, LeaderElector, Leases
 from statemachine.driver_handoff import HANDOFF_ANNOTATION
 from tests.integration.handover import Watcher
 from tests.integration.harness import NODE, POLICY, Running, eventually, policy_state_is

@@ -17,18 +17,18 @@ import pytest
 from kubernetes_asyncio import client
 
 import crd
-from gpuop.app import run_operator
-from gpuop.cluster import ClusterInfo
-from gpuop.controller import OperatorConfig
-from gpuop.kinds import by_kind
+from gpuop.devcluster import ClusterInfo
+from gpuop.devcluster.nvml_fake import A100_SXM4_80GB, TESLA_T4, FakeNvml, make_gpus
+from gpuop.kube.kinds import by_kind
+from gpuop.kube.rest import Rest
 from gpuop.nodeagent.devices import DevicePluginDevices, nvidia_pci_devices
 from gpuop.nodeagent.exporter import serve
 from gpuop.nodeagent.kube import KubernetesApi
+from gpuop.nodeagent.nvml import DriverNotLoaded
 from gpuop.nodeagent.status import CHECK_NAMES, StatusFiles
 from gpuop.nodeagent.xid import XidCounts, XidWatcher
-from gpuop.nvml import DriverNotLoaded
-from gpuop.nvml.fake import A100_SXM4_80GB, TESLA_T4, FakeNvml, make_gpus
-from gpuop.rest import Rest
+from gpuop.operator.app import run_operator
+from gpuop.operator.controller import OperatorConfig
 from tests.integration.harness import NAMESPACE, POLICY, eventually, policy_state_is
 from tests.integration.harness import free_port as _free_port
 from tests.monitoring_queries import queried, served_in_text

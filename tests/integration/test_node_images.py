@@ -1,4 +1,4 @@
-"""Driver upgrades with NVIDIA's node images played (`gpuop.cluster.node_images`): the
+"""Driver upgrades with NVIDIA's node images played (`gpuop.devcluster.node_images`): the
 driver manager in every driver pod pauses the node's operands, and without the hand-off
 annotation (`statemachine.driver_handoff`) cordons, evicts and uncordons the node itself.
 
@@ -29,13 +29,13 @@ from kubernetes_asyncio import client
 
 import crd
 from components.keys import DEPLOY_LABEL_PREFIX, PAUSED_PREFIX
-from gpuop.cluster import ClusterInfo
-from gpuop.cluster._health import mark_gpu_health, verdict_for
-from gpuop.informer import Informer, Obj, ResourceSpec
-from gpuop.install import ensure_namespace, install_crd
-from gpuop.kinds import KINDS, by_kind
-from gpuop.kube import api_client as make_api_client
-from gpuop.rest import Rest
+from gpuop.devcluster import ClusterInfo
+from gpuop.devcluster._health import mark_gpu_health, verdict_for
+from gpuop.kube.client import api_client as make_api_client
+from gpuop.kube.informer import Informer, Obj, ResourceSpec
+from gpuop.kube.kinds import KINDS, by_kind
+from gpuop.kube.rest import Rest
+from gpuop.operator.install import ensure_namespace, install_crd
 from statemachine.cordon import CORDONED_BY_ANNOTATION
 from statemachine.driver_handoff import HANDOFF_ANNOTATION
 from statemachine.upgrade_keys import IN_PROGRESS_STATES, SKIP_LABEL, STATE_LABEL, UpgradeState
@@ -77,7 +77,7 @@ async def api(fleet: ClusterInfo) -> AsyncIterator[client.ApiClient]:
 @pytest.fixture(autouse=True)
 def _handoff(monkeypatch: pytest.MonkeyPatch) -> None:
     if NO_HANDOFF:
-        monkeypatch.setattr("gpuop.controller.passes.node.handoff_wanted", lambda *_: None)
+        monkeypatch.setattr("gpuop.operator.controller.passes.node.handoff_wanted", lambda *_: None)
 
 
 class FleetWatch:

@@ -24,14 +24,14 @@ from typing import Any
 
 import pytest
 
-from gpuop.cluster import ClusterInfo
-from gpuop.cluster import _driver_manager as dm
-from gpuop.cluster import _node_files as nf
-from gpuop.informer import Informer, Obj, ResourceSpec
-from gpuop.install import ensure_namespace
-from gpuop.kinds import KINDS, by_kind
-from gpuop.kube import api_client as make_api_client
-from gpuop.rest import Rest
+from gpuop.devcluster import ClusterInfo
+from gpuop.devcluster import _driver_manager as dm
+from gpuop.devcluster import _node_files as nf
+from gpuop.kube.client import api_client as make_api_client
+from gpuop.kube.informer import Informer, Obj, ResourceSpec
+from gpuop.kube.kinds import KINDS, by_kind
+from gpuop.kube.rest import Rest
+from gpuop.operator.install import ensure_namespace
 from tests.integration.harness import eventually, own_cluster
 
 pytestmark = pytest.mark.integration

@@ -17,9 +17,10 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 import crd
 from components import COMPONENTS, RenderContext, node_status_exporter
-from gpuop.cluster import ClusterInfo
-from gpuop.cluster._health import mark_gpu_health
-from gpuop.kinds import by_kind
+from gpuop.devcluster import ClusterInfo
+from gpuop.devcluster._health import mark_gpu_health
+from gpuop.kube.kinds import by_kind
+from gpuop.kube.rest import Rest
 from gpuop.nodeagent.cuda import CudaCheck
 from gpuop.nodeagent.health import CONDITION_TYPE, REASON_HEALTHY, Verdict
 from gpuop.nodeagent.kube import KubernetesApi
@@ -27,7 +28,6 @@ from gpuop.nodeagent.plugin import PluginCheck
 from gpuop.nodeagent.status import StatusFiles
 from gpuop.nodeagent.validate import Validator
 from gpuop.nodeagent.workload import WorkloadSpec
-from gpuop.rest import Rest
 from tests.integration.harness import eventually
 from tests.integration.helm_chart import documents, template
 

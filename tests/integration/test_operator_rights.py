@@ -24,10 +24,10 @@ from kubernetes_asyncio.client.exceptions import ApiException as ApiError
 import crd
 from components import COMPONENTS, RenderContext
 from components.dra import render as render_dra
-from gpuop.cluster import ClusterInfo
-from gpuop.cluster._versions import BinaryPaths, Versions, cache_dir
-from gpuop.kinds import KINDS, by_kind
-from gpuop.rest import Rest
+from gpuop.devcluster import ClusterInfo
+from gpuop.devcluster._versions import BinaryPaths, Versions, cache_dir
+from gpuop.kube.kinds import KINDS, by_kind
+from gpuop.kube.rest import Rest
 from tests.integration.harness import eventually
 from tests.integration.helm_chart import documents, template
 from tests.integration.test_helm_install import service_account_client

@@ -32,13 +32,13 @@ from typing import Any
 import pytest
 
 import crd
-from gpuop.cluster import NFD_GPU_LABEL, BinaryPaths, ClusterInfo, Versions, cache_dir
-from gpuop.cluster._nodes import KWOK_ANNOTATION, node_manifest
-from gpuop.controller import OperatorConfig
-from gpuop.install import ensure_namespace, install_crd
-from gpuop.kinds import KINDS, by_kind
-from gpuop.kube import api_client as make_api_client
-from gpuop.rest import Rest
+from gpuop.devcluster import NFD_GPU_LABEL, BinaryPaths, ClusterInfo, Versions, cache_dir
+from gpuop.devcluster._nodes import KWOK_ANNOTATION, node_manifest
+from gpuop.kube.client import api_client as make_api_client
+from gpuop.kube.kinds import KINDS, by_kind
+from gpuop.kube.rest import Rest
+from gpuop.operator.controller import OperatorConfig
+from gpuop.operator.install import ensure_namespace, install_crd
 from statemachine.node_rollout import UNREACHABLE_TAINT
 from tests.integration.harness import (
     NAMESPACE,

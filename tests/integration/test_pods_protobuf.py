@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from gpuop._pb_wire import PodCodec
-from gpuop.controller.views.pod_records import PodShape, pod_index, same_pod, trim_pod
-from gpuop.informer import Informer, ResourceSpec
-from gpuop.kinds import KINDS, by_kind
-from gpuop.rest import Rest
+from gpuop.kube._pb_wire import PodCodec
+from gpuop.kube.informer import Informer, ResourceSpec
+from gpuop.kube.kinds import KINDS, by_kind
+from gpuop.kube.rest import Rest
+from gpuop.operator.controller.views.pod_records import PodShape, pod_index, same_pod, trim_pod
 from tests.integration.harness import POLICY, eventually
 
 pytestmark = pytest.mark.integration

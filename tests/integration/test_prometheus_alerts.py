@@ -35,13 +35,13 @@ import yaml
 
 import crd
 from components import COMPONENTS, RenderContext
-from gpuop.cluster import NFD_GPU_LABEL, ClusterInfo
-from gpuop.cluster._build import ensure_prometheus
+from gpuop.devcluster import NFD_GPU_LABEL, ClusterInfo
+from gpuop.devcluster._build import ensure_prometheus
+from gpuop.devcluster.nvml_fake import A100_SXM4_80GB, FakeNvml, make_gpus
+from gpuop.kube.rest import Rest
 from gpuop.nodeagent.exporter import serve
 from gpuop.nodeagent.status import CHECK_NAMES, StatusFiles
 from gpuop.nodeagent.xid import XidCounts, XidWatcher
-from gpuop.nvml.fake import A100_SXM4_80GB, FakeNvml, make_gpus
-from gpuop.rest import Rest
 from tests.integration.harness import NAMESPACE, NODE, POLICY, eventually, policy_state_is
 from tests.integration.helm_chart import documents, one, template
 from tests.integration.test_chaos import OperatorProcess, _free_port

@@ -10,9 +10,9 @@ import pytest
 from kubernetes_asyncio import client
 
 import crd
-from gpuop.controller.writers.pod_security import PSA_LABELS
-from gpuop.kinds import by_kind
-from gpuop.rest import Rest
+from gpuop.kube.kinds import by_kind
+from gpuop.kube.rest import Rest
+from gpuop.operator.controller.writers.pod_security import PSA_LABELS
 from tests.integration.harness import NAMESPACE, Running, eventually
 
 pytestmark = pytest.mark.integration

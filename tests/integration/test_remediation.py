@@ -17,15 +17,15 @@ from kubernetes_asyncio import client
 
 import crd
 from gpuop.cli import main
-from gpuop.cluster import ClusterInfo
-from gpuop.cluster._health import mark_gpu_health, verdict_for
-from gpuop.install import ensure_namespace, install_crd
-from gpuop.kinds import KINDS, by_kind
-from gpuop.kube import api_client as make_api_client
+from gpuop.devcluster import ClusterInfo
+from gpuop.devcluster._health import mark_gpu_health, verdict_for
+from gpuop.devcluster.nvml_fake import H100_80GB_HBM3, FakeNvml, make_gpus
+from gpuop.kube.client import api_client as make_api_client
+from gpuop.kube.kinds import KINDS, by_kind
+from gpuop.kube.rest import Rest
 from gpuop.nodeagent.health import HealthReporter, KubernetesNodeStatus
 from gpuop.nodeagent.xid import XidCounts
-from gpuop.nvml.fake import H100_80GB_HBM3, FakeNvml, make_gpus
-from gpuop.rest import Rest
+from gpuop.operator.install import ensure_namespace, install_crd
 from statemachine.cordon import CLEARED, CORDONED_BY_ANNOTATION
 from statemachine.remediation import (
     CONDITION_REMEDIATION_BLIND,

@@ -8,9 +8,9 @@ import asyncio
 
 import pytest
 
-from gpuop.cluster import ClusterInfo
-from gpuop.kinds import KINDS, by_kind
-from gpuop.rest import REQUEST_TIMEOUT, Rest
+from gpuop.devcluster import ClusterInfo
+from gpuop.kube.kinds import KINDS, by_kind
+from gpuop.kube.rest import REQUEST_TIMEOUT, Rest
 from tests.integration.harness import NAMESPACE
 from tests.integration.proxy import proxied_client
 

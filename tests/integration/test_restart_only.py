@@ -14,9 +14,9 @@ import pytest
 from kubernetes_asyncio import client
 
 import crd
-from gpuop.cluster import NFD_GPU_LABEL
-from gpuop.kinds import by_kind
-from gpuop.rest import Rest
+from gpuop.devcluster import NFD_GPU_LABEL
+from gpuop.kube.kinds import by_kind
+from gpuop.kube.rest import Rest
 from statemachine.upgrade_keys import STATE_LABEL, UpgradeState
 from tests.integration.handover import Watcher
 from tests.integration.harness import NAMESPACE, NODE, POLICY, Running, eventually, policy_state_is

@@ -17,9 +17,9 @@ import yaml
 from kubernetes_asyncio import client
 
 from components.keys import WORKLOAD_CONFIG_LABEL
-from gpuop.informer import Informer, Obj, ResourceSpec
-from gpuop.kinds import by_kind
-from gpuop.rest import Rest
+from gpuop.kube.informer import Informer, Obj, ResourceSpec
+from gpuop.kube.kinds import by_kind
+from gpuop.kube.rest import Rest
 from statemachine.upgrade_keys import STATE_LABEL
 from tests.integration.harness import NAMESPACE, NODE, POLICY, Running, eventually
 

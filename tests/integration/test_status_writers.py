@@ -14,12 +14,12 @@ from datetime import UTC, datetime
 import pytest
 
 import crd
-from gpuop.controller.views.objects import parse_status
-from gpuop.controller.writers.policy_status import PolicyStatusWriter
-from gpuop.controller.writers.status_write import condition_change, write_policy_conditions
-from gpuop.events import EventRecorder
-from gpuop.informer import Informer, ResourceSpec
-from gpuop.rest import Rest
+from gpuop.kube.informer import Informer, ResourceSpec
+from gpuop.kube.rest import Rest
+from gpuop.operator.controller.views.objects import parse_status
+from gpuop.operator.controller.writers.policy_status import PolicyStatusWriter
+from gpuop.operator.controller.writers.status_write import condition_change, write_policy_conditions
+from gpuop.operator.events import EventRecorder
 from tests.integration.harness import POLICY
 
 pytestmark = pytest.mark.integration

@@ -19,9 +19,9 @@ import pytest
 from kubernetes_asyncio import client
 
 import crd
-from gpuop.cluster import ClusterInfo
-from gpuop.kinds import by_kind
-from gpuop.rest import Rest
+from gpuop.devcluster import ClusterInfo
+from gpuop.kube.kinds import by_kind
+from gpuop.kube.rest import Rest
 from tests.conftest import TEST_NODES
 from tests.integration.harness import NAMESPACE, Running, eventually
 

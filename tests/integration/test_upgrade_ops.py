@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
-from gpuop.cluster import ClusterInfo
-from gpuop.kinds import by_kind
-from gpuop.rest import Rest
+from gpuop.devcluster import ClusterInfo
+from gpuop.kube.kinds import by_kind
+from gpuop.kube.rest import Rest
 from statemachine.rollout_gate import RECORD_ANNOTATION, GateRecord
 from statemachine.upgrade_keys import IN_PROGRESS_STATES, UpgradeState
 from tests.integration.harness import NAMESPACE, NODE, POLICY, Running, eventually, policy_state_is

@@ -14,9 +14,9 @@ import pytest
 from kubernetes_asyncio import client, watch
 
 from components.context import KERNEL_LABEL
-from gpuop.cluster import NFD_GPU_LABEL, ClusterInfo
-from gpuop.kinds import by_kind
-from gpuop.rest import Rest
+from gpuop.devcluster import NFD_GPU_LABEL, ClusterInfo
+from gpuop.kube.kinds import by_kind
+from gpuop.kube.rest import Rest
 from statemachine.rollout_gate import RECORD_ANNOTATION, GateRecord
 from statemachine.upgrade_keys import IN_PROGRESS_STATES, STATE_LABEL, UpgradeState
 from tests.integration.harness import NAMESPACE, NODE, POLICY, Running, eventually, policy_state_is

@@ -21,13 +21,13 @@ from kubernetes_asyncio import client
 
 import crd
 from components.image_ref import Credential
-from gpuop.backoff import Backoff
-from gpuop.cluster import NFD_GPU_LABEL, ClusterInfo
-from gpuop.controller import OperatorConfig
-from gpuop.controller.writers.preflight import SECRET
-from gpuop.controller.writers.registry import RegistryClient
-from gpuop.kinds import by_kind
-from gpuop.rest import Rest
+from gpuop.devcluster import NFD_GPU_LABEL, ClusterInfo
+from gpuop.kube.backoff import Backoff
+from gpuop.kube.kinds import by_kind
+from gpuop.kube.rest import Rest
+from gpuop.operator.controller import OperatorConfig
+from gpuop.operator.controller.writers.preflight import SECRET
+from gpuop.operator.controller.writers.registry import RegistryClient
 from statemachine.preflight import RECORD_ANNOTATION, Found, Mode, recorded_hold
 from statemachine.upgrade_keys import STATE_LABEL
 from tests.integration.harness import NAMESPACE, NODE, POLICY, Running, eventually, policy_state_is

@@ -13,10 +13,10 @@ import pytest
 from kubernetes_asyncio import client
 
 import crd
-from gpuop.controller.views.objects import nvd_owner
-from gpuop.informer import Informer, Obj, ResourceSpec
-from gpuop.kinds import by_kind
-from gpuop.rest import Rest
+from gpuop.kube.informer import Informer, Obj, ResourceSpec
+from gpuop.kube.kinds import by_kind
+from gpuop.kube.rest import Rest
+from gpuop.operator.controller.views.objects import nvd_owner
 from statemachine.rollback import ROLLBACK_ANNOTATION
 from statemachine.upgrade_keys import STATE_LABEL
 from tests.integration.harness import NAMESPACE, NODE, POLICY, Running, eventually, policy_state_is

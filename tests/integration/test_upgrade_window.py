@@ -18,11 +18,11 @@ import pytest
 from kubernetes_asyncio import client
 
 import crd
-from gpuop.cluster import NFD_GPU_LABEL, ClusterInfo
-from gpuop.controller.writers.upgrade_window import CONDITION_TYPE, INVALID_EVENT
-from gpuop.informer import Informer, Obj, ResourceSpec
-from gpuop.kinds import by_kind
-from gpuop.rest import Rest
+from gpuop.devcluster import NFD_GPU_LABEL, ClusterInfo
+from gpuop.kube.informer import Informer, Obj, ResourceSpec
+from gpuop.kube.kinds import by_kind
+from gpuop.kube.rest import Rest
+from gpuop.operator.controller.writers.upgrade_window import CONDITION_TYPE, INVALID_EVENT
 from gpuop.upgrades_cli._owners import owner_plans
 from gpuop.upgrades_cli._snapshot import list_objects, snapshot
 from statemachine.maintenance_window import CLOSED, INVALID, OPEN, WINDOWS_ANNOTATION

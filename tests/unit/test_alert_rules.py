@@ -28,9 +28,9 @@ from components.monitoring import (
     data_text,
     rule_groups,
 )
-from gpuop.cluster._build import ensure_promtool
-from gpuop.metrics import OperatorMetrics
+from gpuop.devcluster._build import ensure_promtool
 from gpuop.nodeagent.collector import _Families
+from gpuop.operator.metrics import OperatorMetrics
 from tests.monitoring_queries import alert_rules, metrics_in, queried, served
 
 ROOT = Path(__file__).resolve().parents[2]

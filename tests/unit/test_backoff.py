@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuop.backoff import Backoff, Retry
+from gpuop.kube.backoff import Backoff, Retry
 
 
 def test_ceiling_doubles_to_the_cap_and_never_overflows() -> None:

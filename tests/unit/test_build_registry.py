@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuop.cluster import _build
-from gpuop.cluster._build_registry import (
+from gpuop.devcluster import _build
+from gpuop.devcluster._build_registry import (
     REGISTRY_IMPORTS,
     ensure_registry,
     main_source,

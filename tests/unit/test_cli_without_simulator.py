@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-LEFT_OUT = ("gpuop.cluster", "gpuop.nvml.fake")
+LEFT_OUT = ("gpuop.devcluster", "gpuop.devcluster.nvml_fake")
 
 #: Runs before the code under test: every module the image leaves out cannot be imported.
 BLOCK = f"""
@@ -43,7 +43,12 @@ def _gpuop(*argv: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_operator_and_node_agent_import_without_the_simulator() -> None:
-    modules = ["gpuop.app", "gpuop.controller", "gpuop.nodeagent.cli", "gpuop.nodeagent.validate"]
+    modules = [
+        "gpuop.operator.app",
+        "gpuop.operator.controller",
+        "gpuop.nodeagent.cli",
+        "gpuop.nodeagent.validate",
+    ]
     result = _run(
         "import importlib\n" + "".join(f"importlib.import_module({m!r})\n" for m in modules)
     )

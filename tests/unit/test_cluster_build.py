@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuop.cluster import BinaryPaths, ClusterError, Versions, cache_dir
-from gpuop.cluster._build import _STAGING_REPLACE, _minor
-from gpuop.cluster._go import go_failure
+from gpuop.devcluster import BinaryPaths, ClusterError, Versions, cache_dir
+from gpuop.devcluster._build import _STAGING_REPLACE, _minor
+from gpuop.devcluster._go import go_failure
 
 
 def test_missing_version_is_named_as_such() -> None:
@@ -61,8 +61,8 @@ def test_prometheus_is_cached_beside_promtool_at_its_release(
     """The server the alert integration test runs is the release promtool checks the rules
     with (one variable moves both), cached under its own stamped directory; its build
     leaves out the cloud service discoveries and needs no web UI assets."""
-    from gpuop.cluster import _build
-    from gpuop.cluster._versions import prometheus_path, prometheus_version, promtool_version
+    from gpuop.devcluster import _build
+    from gpuop.devcluster._versions import prometheus_path, prometheus_version, promtool_version
 
     monkeypatch.setenv("GPUOP_PROMTOOL_VERSION", "v0.399.1")
     assert prometheus_version() == promtool_version() == "v0.399.1"

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from gpuop.cli import main
-from gpuop.cluster import ClusterError, LocalCluster
-from gpuop.cluster._cluster import MARKER
+from gpuop.devcluster import ClusterError, LocalCluster
+from gpuop.devcluster._cluster import MARKER
 
 
 def _as_after_up(cluster: LocalCluster) -> None:
@@ -125,8 +125,8 @@ def test_a_file_in_place_of_the_directory_is_refused(tmp_path: Path) -> None:
 
 def _fake_start(monkeypatch: pytest.MonkeyPatch, taken: int) -> tuple[list[int], list[str]]:
     """``up`` without processes: the first ``taken`` starts find their port taken."""
-    from gpuop.cluster import _cluster
-    from gpuop.cluster._errors import PortTaken
+    from gpuop.devcluster import _cluster
+    from gpuop.devcluster._errors import PortTaken
 
     ports: list[int] = []
     events: list[str] = []
@@ -162,7 +162,7 @@ def test_up_starts_again_on_fresh_ports_when_one_was_taken(
 def test_up_gives_up_after_the_attempts_and_cleans_up(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from gpuop.cluster._cluster import PORT_ATTEMPTS
+    from gpuop.devcluster._cluster import PORT_ATTEMPTS
 
     ports, _ = _fake_start(monkeypatch, taken=PORT_ATTEMPTS)
     cluster = LocalCluster(tmp_path / "c")
@@ -175,7 +175,7 @@ def test_up_gives_up_after_the_attempts_and_cleans_up(
 def test_a_port_given_by_the_user_is_not_retried(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from gpuop.cluster import _cluster
+    from gpuop.devcluster import _cluster
 
     ports, _ = _fake_start(monkeypatch, taken=1)
     monkeypatch.setattr(_cluster, "_check_port", lambda port: port)

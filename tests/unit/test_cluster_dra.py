@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuop.cluster import GPU_MODELS, node_manifest
-from gpuop.cluster._dra import (
+from gpuop.devcluster import GPU_MODELS, node_manifest
+from gpuop.devcluster._dra import (
     DEVICE_CLASS_SELECTOR,
     DRIVER,
     MIG_CAPABLE_ATTRIBUTE,
@@ -19,7 +19,7 @@ from gpuop.cluster._dra import (
     model_of,
     resource_slice,
 )
-from gpuop.nvml.fake import A100_SXM4_80GB, H100_80GB_HBM3, TESLA_T4, make_gpus
+from gpuop.devcluster.nvml_fake import A100_SXM4_80GB, H100_80GB_HBM3, TESLA_T4, make_gpus
 
 MiB = 1024 * 1024
 RECORDED = Path(__file__).parents[1] / "conformance/upstream/gpucluster-default/rendered.yaml"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuop.cluster import (
+from gpuop.devcluster import (
     GPU_MODELS,
     NFD_GPU_LABEL,
     SIMULATED_LABEL,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuop.cluster import _pki
+from gpuop.devcluster import _pki
 
 
 @pytest.fixture

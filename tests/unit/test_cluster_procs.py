@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from gpuop.cluster import _procs
+from gpuop.devcluster import _procs
 
 
 def test_spawn_record_and_terminate(tmp_path: Path) -> None:

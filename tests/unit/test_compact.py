@@ -9,9 +9,9 @@ import pickle
 
 import pytest
 
-from gpuop.compact import FrozenDict, FrozenList, frozen, pool_size, shared
-from gpuop.controller.views.node_views import trim_node
-from gpuop.controller.views.pod_records import trim_pod
+from gpuop.kube.compact import FrozenDict, FrozenList, frozen, pool_size, shared
+from gpuop.operator.controller.views.node_views import trim_node
+from gpuop.operator.controller.views.pod_records import trim_pod
 
 
 def test_equal_values_share_one_instance() -> None:

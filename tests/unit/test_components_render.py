@@ -14,7 +14,7 @@ import yaml
 import components as c
 import crd
 from components import dcgm_exporter, driver, validator
-from gpuop.controller.wiring import operator as operator
+from gpuop.operator.controller.wiring import operator as operator
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 NS = "gpu-ops"

@@ -8,12 +8,12 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 import crd
 from components import node_facts
-from gpuop.controller.views.node_views import is_ready, node_fingerprint, trim_node
-from gpuop.controller.views.upgrade_inputs import policy_view
-from gpuop.controller.writers.eviction import eviction_error
-from gpuop.controller.writers.status_write import status_patch
-from gpuop.kinds import by_kind
-from gpuop.rest import collection_path, item_path
+from gpuop.kube.kinds import by_kind
+from gpuop.kube.rest import collection_path, item_path
+from gpuop.operator.controller.views.node_views import is_ready, node_fingerprint, trim_node
+from gpuop.operator.controller.views.upgrade_inputs import policy_view
+from gpuop.operator.controller.writers.eviction import eviction_error
+from gpuop.operator.controller.writers.status_write import status_patch
 
 
 def test_status_patch_is_none_when_equal_and_nulls_removed_keys() -> None:
@@ -113,7 +113,7 @@ def test_eviction_error_names_the_budget() -> None:
     )
     bare = ApiException(status=500, reason="Internal Server Error")
     assert eviction_error(bare) == "500 Internal Server Error"
-    # gpuop.rest raises with the response body as the reason: read there too.
+    # gpuop.kube.rest raises with the response body as the reason: read there too.
     raised = ApiException(status=429, reason=err.body)
     assert eviction_error(raised) == eviction_error(err)
 
@@ -140,7 +140,7 @@ def test_rest_paths() -> None:
 
 
 def test_only_driver_and_validator_pods_are_watched() -> None:
-    from gpuop.controller.views.pod_records import pod_selector
+    from gpuop.operator.controller.views.pod_records import pod_selector
 
     assert pod_selector("app.kubernetes.io/managed-by=gpuop") == (
         "app.kubernetes.io/managed-by=gpuop,"
@@ -180,7 +180,7 @@ def test_trimmed_node_keeps_the_facts_rendering_needs() -> None:
 
 def test_trimmed_driver_pod_keeps_why_it_is_not_running() -> None:
     """The failure reason of a driver pod that never turns Ready names ImagePullBackOff."""
-    from gpuop.controller.views.pod_records import trim_pod
+    from gpuop.operator.controller.views.pod_records import trim_pod
 
     raw = {
         "metadata": {"name": "d", "namespace": "gpu-operator", "uid": "u", "labels": {}},

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from gpuop.controller.views.refusals import (
+from gpuop.operator.controller.views.refusals import (
     REFUSAL_RETRY_CAP,
     Refusal,
     is_refusal,
@@ -15,7 +15,7 @@ from gpuop.controller.views.refusals import (
     refusals_message,
     server_message,
 )
-from gpuop.controller.writers.policy_status import _new_error
+from gpuop.operator.controller.writers.policy_status import _new_error
 
 
 @pytest.mark.parametrize(

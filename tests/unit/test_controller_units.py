@@ -11,19 +11,19 @@ import pytest
 
 import crd
 from components.hashing import with_hash
-from gpuop.compact import shared
-from gpuop.controller.base.memo import VersionMemo
-from gpuop.controller.views.cluster_status import (
+from gpuop.kube.compact import shared
+from gpuop.kube.informer import Informer, ResourceSpec
+from gpuop.operator.controller.base.memo import VersionMemo
+from gpuop.operator.controller.views.cluster_status import (
     NFD_MISSING_MESSAGE,
     ClusterObservation,
     cluster_status,
     invalid_status,
 )
-from gpuop.controller.views.refusals import Refusal
-from gpuop.controller.views.rollout_view import RolloutView
-from gpuop.controller.writers.apply import Applier, object_key, owned_by, owner_reference
-from gpuop.informer import Informer, ResourceSpec
-from gpuop.metrics import STATUS_ERROR, STATUS_NOT_READY, STATUS_READY
+from gpuop.operator.controller.views.refusals import Refusal
+from gpuop.operator.controller.views.rollout_view import RolloutView
+from gpuop.operator.controller.writers.apply import Applier, object_key, owned_by, owner_reference
+from gpuop.operator.metrics import STATUS_ERROR, STATUS_NOT_READY, STATUS_READY
 from statemachine.node_rollout import ComponentCounts
 from statemachine.rollout import ROLLOUT_ORDER, ComponentStatus, plan_rollout
 

@@ -195,7 +195,7 @@ def test_remediation_never_lifts_a_cordon_it_does_not_own() -> None:
 
 
 def test_the_remediation_view_reads_the_owner_record() -> None:
-    from gpuop.controller.views.remediation_views import node_view
+    from gpuop.operator.controller.views.remediation_views import node_view
 
     def node(annotations: dict[str, str], state: S | None = None) -> dict[str, Any]:
         labels = {"feature.node.kubernetes.io/pci-10de.present": "true"}

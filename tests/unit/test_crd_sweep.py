@@ -10,7 +10,7 @@ base policies and watches three things:
   compares with upstream's recordings), or a GPUCluster's / NVIDIADriver's objects;
 - the controller's decision inputs that are not objects: the upgrade machine's view of
   the upgrade policy (`policy_view`, `upgrade_policy`), the Pod Security switch
-  (`gpuop.controller.passes.cluster` hands `psa.enabled` to `_psa`);
+  (`gpuop.operator.controller.passes.cluster` hands `psa.enabled` to `_psa`);
 - the UnsupportedFields condition (`crd.unsupported_fields` and its siblings).
 
 A field that changes the condition is *reported*; one that changes the render or a
@@ -44,8 +44,8 @@ import components as c
 import crd
 from components.dra import gpucluster_label_changes
 from components.dra import render as render_gpucluster
-from gpuop.controller.views.driver_owners import upgrade_policy
-from gpuop.controller.views.upgrade_inputs import policy_view
+from gpuop.operator.controller.views.driver_owners import upgrade_policy
+from gpuop.operator.controller.views.upgrade_inputs import policy_view
 from tests.conformance._diff import NAMESPACE, OPERATOR_IMAGE, ours, simulated_nodes
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "upstream"

@@ -48,7 +48,8 @@ ACTED_ON: dict[str, dict[str, Any]] = {
     "virtualTopology": {"driver": {"virtualTopology": {"config": "t"}}},
     "kernelModuleConfig": {"driver": {"kernelModuleConfig": {"name": "k"}}},
     "secretEnv": {"driver": {"secretEnv": "driver-env"}},
-    # The operator's namespace gets the Pod Security labels (gpuop.controller.writers.pod_security).
+    # The operator's namespace gets the Pod Security labels
+    # (gpuop.operator.controller.writers.pod_security).
     "psa": {"psa": {"enabled": True}},
     # Pod-wide settings of every operand DaemonSet (components._k8s.daemonset).
     "podSecurityContext": {"daemonsets": {"podSecurityContext": {"fsGroup": 1}}},

@@ -9,7 +9,7 @@ from typing import Any
 
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from gpuop.install import COMPUTE_DOMAIN, CRD_KIND, delete_crds
+from gpuop.operator.install import COMPUTE_DOMAIN, CRD_KIND, delete_crds
 
 OURS = ["clusterpolicies.nvidia.com", "nvidiadrivers.nvidia.com", "gpuclusters.nvidia.com"]
 COMPUTE_DOMAINS = ["computedomains.resource.nvidia.com", "computedomaincliques.resource.nvidia.com"]

@@ -20,9 +20,9 @@ import yaml
 
 from components import dashboard as generator
 from components.monitoring import DASHBOARD_FILE, data_text
-from gpuop.cluster._build import ensure_promtool
-from gpuop.metrics import OperatorMetrics
+from gpuop.devcluster._build import ensure_promtool
 from gpuop.nodeagent.collector import _Families
+from gpuop.operator.metrics import OperatorMetrics
 from tests.monitoring_queries import (
     METRIC,
     dashboard,

@@ -11,10 +11,10 @@ import pytest
 
 import crd
 from crd import OWNER_LABEL
-from gpuop.controller.passes.node import NodeReconciler
-from gpuop.controller.views.node_views import trim_node
-from gpuop.controller.views.routes import route_nvidiadriver
-from gpuop.informer import Informer, ResourceSpec
+from gpuop.kube.informer import Informer, ResourceSpec
+from gpuop.operator.controller.passes.node import NodeReconciler
+from gpuop.operator.controller.views.node_views import trim_node
+from gpuop.operator.controller.views.routes import route_nvidiadriver
 from statemachine import UpgradePolicyView
 from statemachine.driver_handoff import (
     HANDOFF_ANNOTATION,

@@ -9,9 +9,9 @@ from typing import Any
 import crd
 from components.keys import NFD_GPU_LABELS
 from components.labels import apply_label_changes, node_label_changes
-from gpuop.controller.base.config import OperatorConfig
-from gpuop.controller.wiring.operator import Operator
-from gpuop.metrics import OperatorMetrics
+from gpuop.operator.controller.base.config import OperatorConfig
+from gpuop.operator.controller.wiring.operator import Operator
+from gpuop.operator.metrics import OperatorMetrics
 from statemachine.driver_handoff import HANDOFF_ANNOTATION
 from statemachine.upgrade_keys import STATE_LABEL, STATE_SINCE_ANNOTATION
 from tests.unit.test_nvidiadriver_sync import _RecordingRest

@@ -11,8 +11,9 @@ from typing import Any
 from components.driver import COMPONENT_POD_LABEL
 from components.keys import NFD_GPU_LABELS
 from crd import OWNER_LABEL
-from gpuop.controller import Operator, OperatorConfig
-from gpuop.controller.base.keys import (
+from gpuop.kube.informer import Informer, key_of
+from gpuop.operator.controller import Operator, OperatorConfig
+from gpuop.operator.controller.base.keys import (
     CLUSTER_KEY,
     GC_KEY,
     NVD_KEY,
@@ -20,12 +21,11 @@ from gpuop.controller.base.keys import (
     UPGRADES_KEY,
     node_key,
 )
-from gpuop.controller.views.node_views import trim_node
-from gpuop.controller.views.pod_records import trim_pod
-from gpuop.controller.views.routes import route_node
-from gpuop.controller.writers.rollout_gate import RECORD_ANNOTATION
-from gpuop.informer import Informer, key_of
-from gpuop.metrics import OperatorMetrics
+from gpuop.operator.controller.views.node_views import trim_node
+from gpuop.operator.controller.views.pod_records import trim_pod
+from gpuop.operator.controller.views.routes import route_node
+from gpuop.operator.controller.writers.rollout_gate import RECORD_ANNOTATION
+from gpuop.operator.metrics import OperatorMetrics
 from statemachine.driver_owner import NEXT_OWNER_LABEL
 from statemachine.upgrade_keys import SKIP_LABEL, STATE_LABEL
 

@@ -7,10 +7,10 @@ from typing import Any, cast
 
 import pytest
 
-from gpuop.controller.base.keys import FLEET_COALESCE_MAX_S, FLEET_COALESCE_S, UPGRADES_KEY
-from gpuop.controller.passes.node import NodeReconciler
-from gpuop.controller.views.node_views import trim_node
-from gpuop.informer import Informer, ResourceSpec
+from gpuop.kube.informer import Informer, ResourceSpec
+from gpuop.operator.controller.base.keys import FLEET_COALESCE_MAX_S, FLEET_COALESCE_S, UPGRADES_KEY
+from gpuop.operator.controller.passes.node import NodeReconciler
+from gpuop.operator.controller.views.node_views import trim_node
 from statemachine import BudgetNode
 from statemachine.upgrade_keys import STATE_LABEL
 

@@ -6,8 +6,8 @@ import json
 from typing import Any
 
 from components.keys import MIG_CAPABLE_LABEL, NFD_GPU_LABELS
-from gpuop.controller.views.node_views import GpuNodes, trim_node
-from gpuop.informer import Informer, ResourceSpec
+from gpuop.kube.informer import Informer, ResourceSpec
+from gpuop.operator.controller.views.node_views import GpuNodes, trim_node
 from statemachine.node_rollout import UNREACHABLE_TAINT
 from statemachine.stale_pods import OUT_OF_SERVICE_TAINT
 

@@ -9,9 +9,14 @@ import asyncio
 import copy
 from typing import Any
 
-from gpuop.controller.base.result import Result
-from gpuop.controller.passes.gpucluster import DRAIN_RETRY_S, FINALIZER, FOREGROUND, GPUClusters
-from gpuop.informer import Informer, Obj, ResourceSpec
+from gpuop.kube.informer import Informer, Obj, ResourceSpec
+from gpuop.operator.controller.base.result import Result
+from gpuop.operator.controller.passes.gpucluster import (
+    DRAIN_RETRY_S,
+    FINALIZER,
+    FOREGROUND,
+    GPUClusters,
+)
 
 NS = "gpu-operator"
 UID = "gc-uid"

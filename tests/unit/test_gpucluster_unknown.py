@@ -24,12 +24,12 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 import crd
 from components.keys import NFD_GPU_LABELS
-from gpuop.backoff import Backoff
-from gpuop.controller.base.config import OperatorConfig
-from gpuop.controller.base.keys import CLUSTER_KEY
-from gpuop.controller.wiring.operator import Operator
-from gpuop.informer import Informer, ResourceSpec
-from gpuop.metrics import OperatorMetrics
+from gpuop.kube.backoff import Backoff
+from gpuop.kube.informer import Informer, ResourceSpec
+from gpuop.operator.controller.base.config import OperatorConfig
+from gpuop.operator.controller.base.keys import CLUSTER_KEY
+from gpuop.operator.controller.wiring.operator import Operator
+from gpuop.operator.metrics import OperatorMetrics
 
 Obj = dict[str, Any]
 QUICK = Backoff(0.001, 0.001)

@@ -8,9 +8,9 @@ import contextlib
 import time
 from typing import Any
 
-from gpuop.health import Liveness
-from gpuop.informer import Informer, ResourceSpec
-from gpuop.workqueue import WorkQueue
+from gpuop.kube.informer import Informer, ResourceSpec
+from gpuop.kube.workqueue import WorkQueue
+from gpuop.operator.health import Liveness
 
 
 async def _down(**_: Any) -> Any:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gpuop.controller.views.pod_records import pod_index, pods_on, trim_pod, trim_revision
-from gpuop.informer import Informer, ResourceSpec
+from gpuop.kube.informer import Informer, ResourceSpec
+from gpuop.operator.controller.views.pod_records import pod_index, pods_on, trim_pod, trim_revision
 
 
 async def _never(**_: Any) -> Any:

@@ -1,4 +1,5 @@
-"""The TLS read buffer every API connection allocates (``gpuop.kube.limit_tls_read_buffer``)."""
+"""The TLS read buffer every API connection allocates
+(``gpuop.kube.client.limit_tls_read_buffer``)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import asyncio
 import ssl
 from asyncio import sslproto
 
-from gpuop.kube import TLS_READ_BUFFER, limit_tls_read_buffer
+from gpuop.kube.client import TLS_READ_BUFFER, limit_tls_read_buffer
 
 
 def test_a_new_tls_connection_reads_into_the_smaller_buffer() -> None:

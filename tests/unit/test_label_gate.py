@@ -9,7 +9,7 @@ import pytest
 import crd
 from components.labels import apply_label_changes, node_label_changes
 from crd import ClusterPolicySpec, parse_policy
-from gpuop.controller.views.label_gate import RECHECK_S, LabelGate, adds_labels
+from gpuop.operator.controller.views.label_gate import RECHECK_S, LabelGate, adds_labels
 
 GPU = {"feature.node.kubernetes.io/pci-10de.present": "true"}
 POLICY = ("uid-1", 1)

@@ -22,7 +22,7 @@ def test_operator_imports_load_no_generated_model_or_api() -> None:
     out = _run(
         """
         import sys
-        import gpuop.app, gpuop.rest, gpuop.kube, gpuop.informer
+        import gpuop.operator.app, gpuop.kube.rest, gpuop.kube.client, gpuop.kube.informer
         loaded = [m for m in sys.modules
                   if m.startswith(("kubernetes_asyncio.client.models.",
                                    "kubernetes_asyncio.client.api."))]
@@ -70,7 +70,7 @@ def test_already_imported_package_is_left_alone() -> None:
     out = _run(
         """
         import kubernetes_asyncio.client
-        from gpuop import _lazy_client
+        from gpuop.kube import _lazy_client
         print(_lazy_client.install(), type(kubernetes_asyncio.client.__spec__.loader).__name__)
         """
     )

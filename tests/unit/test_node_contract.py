@@ -21,14 +21,14 @@ import pytest
 
 import crd
 from components import RenderContext, validator
+from gpuop.devcluster.nvml_fake import A100_SXM4_80GB, TESLA_T4, FakeNvml, make_gpus
 from gpuop.nodeagent import cli, commands
 from gpuop.nodeagent.devchar import DevCharError, DevCharLinker, possible_nodes
 from gpuop.nodeagent.driver_root import DriverInfo, container_driver, host_driver
 from gpuop.nodeagent.kube_memory import InMemoryKube
+from gpuop.nodeagent.nvml import Nvml
 from gpuop.nodeagent.status import StatusFiles
 from gpuop.nodeagent.validate import Validator
-from gpuop.nvml import Nvml
-from gpuop.nvml.fake import A100_SXM4_80GB, TESLA_T4, FakeNvml, make_gpus
 
 NODE = "gpu-node-0000"
 GPU_MAJOR, UVM_MAJOR, CAPS_MAJOR = 195, 510, 235

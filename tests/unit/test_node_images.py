@@ -1,5 +1,5 @@
 """The driver manager's rules as the node-image simulator plays them
-(``gpuop/cluster/_driver_manager.py``), rule by rule against NVIDIA/k8s-driver-manager's
+(``gpuop/devcluster/_driver_manager.py``), rule by rule against NVIDIA/k8s-driver-manager's
 ``cmd/driver-manager/main.go``."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gpuop.cluster import _driver_manager as dm
+from gpuop.devcluster import _driver_manager as dm
 
 NODE = "gpu-node-0000"
 PAUSED = dm.PAUSED

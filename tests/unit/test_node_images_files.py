@@ -1,4 +1,4 @@
-"""The status-file rules of the node-image simulator (``gpuop/cluster/_node_files.py``)
+"""The status-file rules of the node-image simulator (``gpuop/devcluster/_node_files.py``)
 against our rendered operands, and kwok's hold of the pods it plays."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import yaml
 
 import components as c
 import crd
-from gpuop.cluster import _argv, _stages
-from gpuop.cluster import _node_files as nf
+from gpuop.devcluster import _argv, _stages
+from gpuop.devcluster import _node_files as nf
 
 CTX = c.RenderContext(namespace="gpu-operator", operator_image="img", mig_capable=True)
 

@@ -1,11 +1,12 @@
 """What the node cache keeps of a node's labels: the prefixes the operator reads, plus
-the keys NVIDIADriver node selectors name (`gpuop.controller.views.node_views.NodeTrim`)."""
+the keys NVIDIADriver node selectors name
+(`gpuop.operator.controller.views.node_views.NodeTrim`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from gpuop.controller.views.node_views import NodeTrim, selector_label_keys, trim_node
+from gpuop.operator.controller.views.node_views import NodeTrim, selector_label_keys, trim_node
 
 POOL = "cloud.google.com/gke-nodepool"
 

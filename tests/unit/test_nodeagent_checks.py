@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from gpuop.devcluster.nvml_fake import A100_SXM4_80GB, H100_80GB_HBM3, TESLA_T4, FakeNvml, make_gpus
 from gpuop.nodeagent.driver import DriverCheck, DriverLayout
+from gpuop.nodeagent.nvml import Unknown
 from gpuop.nodeagent.toolkit import ToolkitCheck, find_toolkit
-from gpuop.nvml import Unknown
-from gpuop.nvml.fake import A100_SXM4_80GB, H100_80GB_HBM3, TESLA_T4, FakeNvml, make_gpus
 
 
 def layout(tmp_path: Path) -> DriverLayout:

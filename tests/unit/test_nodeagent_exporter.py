@@ -15,13 +15,13 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpuop.devcluster.nvml_fake import A100_SXM4_80GB, H100_80GB_HBM3, TESLA_T4, FakeNvml, make_gpus
 from gpuop.nodeagent.devices import DevicePluginDevices, gpu_capacity, nvidia_pci_devices
 from gpuop.nodeagent.exporter import build_registry, make_app, serve
 from gpuop.nodeagent.kube import KubeError
+from gpuop.nodeagent.nvml import EccErrors, RemappedRows, RetiredPages, ThrottleReason, Utilization
 from gpuop.nodeagent.status import StatusFiles
 from gpuop.nodeagent.xid import XidCounts, XidWatcher
-from gpuop.nvml import EccErrors, RemappedRows, RetiredPages, ThrottleReason, Utilization
-from gpuop.nvml.fake import A100_SXM4_80GB, H100_80GB_HBM3, TESLA_T4, FakeNvml, make_gpus
 
 NODE = "gpu-node-1"
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from gpuop.devcluster.nvml_fake import A100_SXM4_80GB, H100_80GB_HBM3, TESLA_T4, FakeNvml, make_gpus
 from gpuop.nodeagent.health import (
     CONDITION_TYPE,
     CRITICAL_XIDS,
@@ -20,7 +21,6 @@ from gpuop.nodeagent.health import (
     verdict,
 )
 from gpuop.nodeagent.xid import XidCounts, XidWatcher
-from gpuop.nvml.fake import A100_SXM4_80GB, H100_80GB_HBM3, TESLA_T4, FakeNvml, make_gpus
 
 
 def fake() -> FakeNvml:

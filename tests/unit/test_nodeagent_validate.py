@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import structlog.testing
 
+from gpuop.devcluster.nvml_fake import A100_SXM4_80GB, FakeNvml, make_gpus
 from gpuop.nodeagent.checks import CheckResult
 from gpuop.nodeagent.driver import DriverCheck, DriverLayout
 from gpuop.nodeagent.status import StatusFiles
 from gpuop.nodeagent.validate import Backoff, Validator
-from gpuop.nvml.fake import A100_SXM4_80GB, FakeNvml, make_gpus
 
 FAST = Backoff(initial_s=0.001, maximum_s=0.002)
 

@@ -12,9 +12,9 @@ from typing import Any, cast
 import pytest
 
 from crd import OWNER_LABEL
-from gpuop.controller.passes.node import NodeReconciler
-from gpuop.controller.views.node_views import trim_node
-from gpuop.informer import Informer, ResourceSpec
+from gpuop.kube.informer import Informer, ResourceSpec
+from gpuop.operator.controller.passes.node import NodeReconciler
+from gpuop.operator.controller.views.node_views import trim_node
 from statemachine import Action, UpgradePolicyView
 from statemachine.upgrade_keys import STATE_LABEL, UpgradeState
 

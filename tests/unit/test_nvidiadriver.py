@@ -503,7 +503,7 @@ spec:
 
 # ------------------------------------------------------------ controller helpers
 def test_policy_driver_names_and_resource_ownership() -> None:
-    from gpuop.controller.views.objects import is_policy_driver, nvd_owner
+    from gpuop.operator.controller.views.objects import is_policy_driver, nvd_owner
 
     assert is_policy_driver("nvidia-driver-daemonset")
     assert is_policy_driver("nvidia-driver-daemonset-5.15.0-124-generic-ubuntu22.04")
@@ -516,8 +516,8 @@ def test_policy_driver_names_and_resource_ownership() -> None:
 
 
 def test_owner_label_changes_wake_the_cluster_and_budget_passes() -> None:
-    from gpuop.controller.views.routes import budget_facts as _budget_facts
-    from gpuop.controller.views.routes import gpu_facts as _gpu_facts
+    from gpuop.operator.controller.views.routes import budget_facts as _budget_facts
+    from gpuop.operator.controller.views.routes import gpu_facts as _gpu_facts
 
     def node(**extra: str) -> dict[str, Any]:
         labels = {"nvidia.com/gpu.present": "true", **extra}

@@ -15,13 +15,13 @@ from typing import Any
 
 from components.driver import COMPONENT_POD_LABEL
 from crd import OWNER_LABEL
-from gpuop.controller.base.keys import CLUSTER_KEY, NVD_KEY, UPGRADES_KEY, node_key
-from gpuop.controller.passes.nvidiadriver import NVIDIADrivers
-from gpuop.controller.views.driver_owners import DriverOwners
-from gpuop.controller.views.node_views import trim_node
-from gpuop.controller.views.pod_records import PodRecord, trim_pod
-from gpuop.controller.views.routes import Wake, route_pod
-from gpuop.informer import Informer, ResourceSpec, key_of
+from gpuop.kube.informer import Informer, ResourceSpec, key_of
+from gpuop.operator.controller.base.keys import CLUSTER_KEY, NVD_KEY, UPGRADES_KEY, node_key
+from gpuop.operator.controller.passes.nvidiadriver import NVIDIADrivers
+from gpuop.operator.controller.views.driver_owners import DriverOwners
+from gpuop.operator.controller.views.node_views import trim_node
+from gpuop.operator.controller.views.pod_records import PodRecord, trim_pod
+from gpuop.operator.controller.views.routes import Wake, route_pod
 
 Obj = dict[str, Any]
 

@@ -14,10 +14,10 @@ from prometheus_client import CollectorRegistry
 
 from components.nvidiadriver import policy_for
 from crd import NVD_KIND, OWNER_LABEL, ClusterPolicySpec, parse_nvidiadriver
-from gpuop.controller.base.keys import UPGRADES_KEY
-from gpuop.controller.views.routes import route_nvidiadriver
-from gpuop.controller.writers.rollout_gate import CONDITION_TYPE, RolloutGate, gate_policy
-from gpuop.metrics import OperatorMetrics
+from gpuop.operator.controller.base.keys import UPGRADES_KEY
+from gpuop.operator.controller.views.routes import route_nvidiadriver
+from gpuop.operator.controller.writers.rollout_gate import CONDITION_TYPE, RolloutGate, gate_policy
+from gpuop.operator.metrics import OperatorMetrics
 from statemachine.rollout_gate import (
     RECORD_ANNOTATION,
     RESUME_ANNOTATION,

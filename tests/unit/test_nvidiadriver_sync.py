@@ -12,11 +12,11 @@ from typing import Any
 import crd
 from components.keys import NFD_GPU_LABELS
 from components.labels import apply_label_changes, node_label_changes
-from gpuop.controller.base.config import OperatorConfig
-from gpuop.controller.base.keys import NVD_KEY, UPGRADES_KEY, node_key
-from gpuop.controller.views.node_views import trim_node
-from gpuop.controller.wiring.operator import Operator
-from gpuop.metrics import OperatorMetrics
+from gpuop.operator.controller.base.config import OperatorConfig
+from gpuop.operator.controller.base.keys import NVD_KEY, UPGRADES_KEY, node_key
+from gpuop.operator.controller.views.node_views import trim_node
+from gpuop.operator.controller.wiring.operator import Operator
+from gpuop.operator.metrics import OperatorMetrics
 from statemachine.upgrade_keys import (
     INITIAL_UNSCHEDULABLE_ANNOTATION,
     REPLACE_POD_ANNOTATION,

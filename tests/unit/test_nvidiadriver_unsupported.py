@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 import crd
-from gpuop.controller.writers.nvidiadriver_status import desired_status, unsupported
+from gpuop.operator.controller.writers.nvidiadriver_status import desired_status, unsupported
 
 
 def paths(spec: dict[str, Any]) -> list[str]:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpuop.nvml import (
+from gpuop.devcluster.nvml_fake import A100_SXM4_80GB, H100_80GB_HBM3, TESLA_T4, FakeNvml, make_gpus
+from gpuop.nodeagent.nvml import (
     DriverNotLoaded,
     GpuLost,
     LibraryNotFound,
@@ -15,7 +16,6 @@ from gpuop.nvml import (
     XidEvent,
     read_inventory,
 )
-from gpuop.nvml.fake import A100_SXM4_80GB, H100_80GB_HBM3, TESLA_T4, FakeNvml, make_gpus
 
 
 @pytest.fixture

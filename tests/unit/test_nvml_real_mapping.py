@@ -7,9 +7,16 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from gpuop.nvml import DriverNotLoaded, GpuLost, LibraryNotFound, NotSupported, NvmlError, Unknown
-from gpuop.nvml.real import PynvmlNvml, library_candidates, load_library, translate_error
-from gpuop.nvml.types import CudaVersion
+from gpuop.nodeagent.nvml import (
+    DriverNotLoaded,
+    GpuLost,
+    LibraryNotFound,
+    NotSupported,
+    NvmlError,
+    Unknown,
+)
+from gpuop.nodeagent.nvml.real import PynvmlNvml, library_candidates, load_library, translate_error
+from gpuop.nodeagent.nvml.types import CudaVersion
 
 
 @pytest.mark.parametrize(

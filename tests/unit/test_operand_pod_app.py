@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import components as c
-from gpuop.controller.views.pod_records import daemonset_app, pod_app, pod_index, trim_pod
+from gpuop.operator.controller.views.pod_records import daemonset_app, pod_app, pod_index, trim_pod
 from tests.conformance._diff import conformance_dir, load_policy
 
 

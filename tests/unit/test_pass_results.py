@@ -9,10 +9,16 @@ from typing import Any
 
 import pytest
 
-from gpuop.controller import Operator, OperatorConfig
-from gpuop.controller.base.keys import CLUSTER_KEY, GC_KEY, NVD_KEY, REMEDIATION_KEY, UPGRADES_KEY
-from gpuop.controller.base.result import Again, Result
-from gpuop.metrics import OperatorMetrics
+from gpuop.operator.controller import Operator, OperatorConfig
+from gpuop.operator.controller.base.keys import (
+    CLUSTER_KEY,
+    GC_KEY,
+    NVD_KEY,
+    REMEDIATION_KEY,
+    UPGRADES_KEY,
+)
+from gpuop.operator.controller.base.result import Again, Result
+from gpuop.operator.metrics import OperatorMetrics
 
 
 async def _never(**_: Any) -> None:

@@ -1,4 +1,4 @@
-"""The pods watch as Kubernetes protobuf (gpuop._pb_wire, gpuop._pb_pod): what the API
+"""The pods watch as Kubernetes protobuf (gpuop.kube._pb_wire, gpuop.kube._pb_pod): what the API
 server sent of the same pods in JSON and in protobuf (recorded by ``python -m
 tests.bench.record_wire``) becomes the same cache entries, and what a recording does
 not hold (waiting containers, restarts, ERROR and BOOKMARK events) is built with our
@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from gpuop import _pb_pod as pb
-from gpuop._pb_wire import (
+from gpuop.kube import _pb_pod as pb
+from gpuop.kube._pb_wire import (
     MAGIC,
     POD_CODEC,
     WireError,
@@ -24,9 +24,9 @@ from gpuop._pb_wire import (
     read_frame,
     unwrap,
 )
-from gpuop.controller.views.pod_records import PodShape, pod_index, same_pod, trim_pod
-from gpuop.informer import GoneError, Informer, ResourceSpec
-from gpuop.shapes import Decoder
+from gpuop.kube.informer import GoneError, Informer, ResourceSpec
+from gpuop.kube.shapes import Decoder
+from gpuop.operator.controller.views.pod_records import PodShape, pod_index, same_pod, trim_pod
 
 DATA = Path(__file__).parent.parent / "data"
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuop.controller.base.keys import node_key
+from gpuop.operator.controller.base.keys import node_key
 from tests.unit.test_event_routes import PACED, _operator
 
 

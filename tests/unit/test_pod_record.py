@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from components.driver import CONFIG_DIGEST_ENV
-from gpuop.controller.views.node_views import trim_node
-from gpuop.controller.views.pod_records import PodRecord, trim_pod
-from gpuop.controller.views.rollout_view import pod_facts
-from gpuop.controller.views.upgrade_inputs import driver_pod_view
+from gpuop.operator.controller.views.node_views import trim_node
+from gpuop.operator.controller.views.pod_records import PodRecord, trim_pod
+from gpuop.operator.controller.views.rollout_view import pod_facts
+from gpuop.operator.controller.views.upgrade_inputs import driver_pod_view
 from statemachine.upgrade_keys import DRIVER_REVISION_LABEL
 
 PODS: list[dict[str, Any]] = json.loads(

@@ -20,10 +20,10 @@ from components.image_ref import (
     docker_auths,
     parse_image,
 )
-from gpuop.backoff import Backoff
-from gpuop.controller.writers.preflight import Preflight
-from gpuop.controller.writers.registry import parse_challenge
-from gpuop.events import EventRecorder
+from gpuop.kube.backoff import Backoff
+from gpuop.operator.controller.writers.preflight import Preflight
+from gpuop.operator.controller.writers.registry import parse_challenge
+from gpuop.operator.events import EventRecorder
 from statemachine.preflight import (
     RECORD_ANNOTATION,
     Found,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuop.controller.base.pace import LEAST_WAIT_S, ProgressPace
+from gpuop.operator.controller.base.pace import LEAST_WAIT_S, ProgressPace
 
 
 def _ds(ready: int, desired: int = 3) -> dict[str, Any]:

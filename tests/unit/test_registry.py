@@ -216,9 +216,9 @@ sys.meta_path.insert(0, Patched())
 import components as c
 import crd
 from components import rbac
-from gpuop.controller.base import optional_watches as _owned
-from gpuop.kinds import kind_of
-from gpuop.rest import collection_path
+from gpuop.operator.controller.base import optional_watches as _owned
+from gpuop.kube.kinds import kind_of
+from gpuop.kube.rest import collection_path
 from statemachine.rollout import ROLLOUT_ORDER, ComponentStatus, plan_rollout
 
 out = {}

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gpuop.controller.views.remediation_views import node_view
+from gpuop.operator.controller.views.remediation_views import node_view
 from statemachine.remediation import (
     ACTION_ANNOTATION,
     DRAINED_ANNOTATION,

@@ -17,10 +17,10 @@ from unittest.mock import AsyncMock, MagicMock
 import pytest
 
 import crd
-from gpuop.controller.passes import remediation as _remediation
-from gpuop.controller.passes.remediation import Remediation
-from gpuop.controller.views.node_views import trim_node
-from gpuop.informer import Obj
+from gpuop.kube.informer import Obj
+from gpuop.operator.controller.passes import remediation as _remediation
+from gpuop.operator.controller.passes.remediation import Remediation
+from gpuop.operator.controller.views.node_views import trim_node
 from statemachine.remediation import QUARANTINED_ANNOTATION, TAINT_KEY
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)

@@ -8,10 +8,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import crd
-from gpuop.controller.passes.remediation import Remediation
-from gpuop.controller.views.cluster_status import flag_spec_conditions
-from gpuop.controller.views.node_views import node_fingerprint, trim_node
-from gpuop.controller.views.remediation_views import (
+from gpuop.operator.controller.passes.remediation import Remediation
+from gpuop.operator.controller.views.cluster_status import flag_spec_conditions
+from gpuop.operator.controller.views.node_views import node_fingerprint, trim_node
+from gpuop.operator.controller.views.remediation_views import (
     node_facts,
     node_view,
     policy_facts,

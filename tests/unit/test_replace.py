@@ -8,7 +8,7 @@ from typing import Any
 
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from gpuop.controller.writers.replace import replace_orphaning, selector_refused
+from gpuop.operator.controller.writers.replace import replace_orphaning, selector_refused
 
 IMMUTABLE = (
     '{"kind":"Status","message":"DaemonSet.apps \\"gpu-feature-discovery\\" is invalid: '

@@ -15,8 +15,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from crd import ClusterPolicySpec
-from gpuop.controller.writers.rollout_gate import RolloutGate
-from gpuop.metrics import OperatorMetrics
+from gpuop.operator.controller.writers.rollout_gate import RolloutGate
+from gpuop.operator.metrics import OperatorMetrics
 from statemachine.remediation import RESUME_ANNOTATION as REMEDIATION_RESUME
 from statemachine.remediation import resume_requested as remediation_resume_requested
 from statemachine.rollout_gate import RECORD_ANNOTATION, GatePhase, GateRecord

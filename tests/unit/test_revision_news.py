@@ -11,8 +11,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from components.keys import NFD_GPU_LABELS
-from gpuop.controller.base.keys import UPGRADES_KEY, node_key
-from gpuop.controller.wiring.router import EventRouter
+from gpuop.operator.controller.base.keys import UPGRADES_KEY, node_key
+from gpuop.operator.controller.wiring.router import EventRouter
 
 NS = "gpu-operator"
 

@@ -13,9 +13,9 @@ import pytest
 
 import crd
 from components import RenderContext, desired_objects
-from gpuop.controller.views.pod_records import pod_index, trim_pod
-from gpuop.controller.views.rollout_view import NodeRollouts, RolloutView
-from gpuop.informer import Informer, ResourceSpec
+from gpuop.kube.informer import Informer, ResourceSpec
+from gpuop.operator.controller.views.pod_records import pod_index, trim_pod
+from gpuop.operator.controller.views.rollout_view import NodeRollouts, RolloutView
 
 Obj = dict[str, Any]
 NS = "gpu-operator"
@@ -186,7 +186,7 @@ def test_nodes_alike_share_one_observation() -> None:
 def test_the_times_kept_per_node_read_like_the_dict_they_replace() -> None:
     """Every GPU node keeps since when each component waits; kept compact (a shared
     list of names, an array of times), it must still read as that mapping."""
-    from gpuop.controller.views.rollout_view import _Since
+    from gpuop.operator.controller.views.rollout_view import _Since
 
     times = {"driver": 10.5, "container-toolkit": float("-inf"), "device-plugin": 12.0}
     a, b = _Since(times), _Since({k: v + 1 for k, v in times.items()})

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from components.driver import CONFIG_DIGEST_ENV
-from gpuop.controller.views.pod_records import PodShape, pod_index, trim_pod
-from gpuop.informer import Informer, ResourceSpec
-from gpuop.shapes import Decoder
+from gpuop.kube.informer import Informer, ResourceSpec
+from gpuop.kube.shapes import Decoder
+from gpuop.operator.controller.views.pod_records import PodShape, pod_index, trim_pod
 
 PODS: list[dict[str, Any]] = json.loads(
     (Path(__file__).parent.parent / "data" / "operand_pods.json").read_text()

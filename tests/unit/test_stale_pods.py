@@ -12,12 +12,15 @@ from typing import Any
 import crd
 from components import RenderContext, desired_objects
 from components.keys import NFD_GPU_LABELS
-from gpuop.controller.views.node_views import GpuNodes, trim_node
-from gpuop.controller.views.pod_records import pod_index, trim_pod
-from gpuop.controller.views.rollout_view import NodeRollouts
-from gpuop.controller.writers.rollout_reports import REASON_STALE_PODS_DELETED, RolloutReports
-from gpuop.informer import Informer, ResourceSpec
-from gpuop.metrics import OperatorMetrics
+from gpuop.kube.informer import Informer, ResourceSpec
+from gpuop.operator.controller.views.node_views import GpuNodes, trim_node
+from gpuop.operator.controller.views.pod_records import pod_index, trim_pod
+from gpuop.operator.controller.views.rollout_view import NodeRollouts
+from gpuop.operator.controller.writers.rollout_reports import (
+    REASON_STALE_PODS_DELETED,
+    RolloutReports,
+)
+from gpuop.operator.metrics import OperatorMetrics
 from statemachine.node_rollout import UNREACHABLE_TAINT
 from statemachine.stale_pods import (
     MAX_RELEASED_PER_PASS,

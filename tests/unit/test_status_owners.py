@@ -17,9 +17,9 @@ import pytest
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from crd import ready_status
-from gpuop.controller.views.objects import parse_status
-from gpuop.controller.writers.policy_status import PolicyStatusWriter
-from gpuop.controller.writers.status_write import (
+from gpuop.operator.controller.views.objects import parse_status
+from gpuop.operator.controller.writers.policy_status import PolicyStatusWriter
+from gpuop.operator.controller.writers.status_write import (
     CLUSTER_PASS_CONDITIONS,
     StatusWrite,
     condition_change,

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-import gpuop.controller.writers.upgrade as upgrade_module
-from gpuop.controller.views.node_views import trim_node
-from gpuop.controller.views.pod_records import trim_pod
-from gpuop.controller.writers.upgrade import Upgrades
-from gpuop.informer import Informer, key_of
+import gpuop.operator.controller.writers.upgrade as upgrade_module
+from gpuop.kube.informer import Informer, key_of
+from gpuop.operator.controller.views.node_views import trim_node
+from gpuop.operator.controller.views.pod_records import trim_pod
+from gpuop.operator.controller.writers.upgrade import Upgrades
 from statemachine.upgrade import next_step
 from statemachine.upgrade_bookkeeping import NO_CHANGES
 from statemachine.upgrade_keys import UpgradeState

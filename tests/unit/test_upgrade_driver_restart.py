@@ -310,7 +310,7 @@ def test_the_driver_ready_bound_is_the_startup_probes_budget() -> None:
     """Issue 31 item 4: the default probe allows 60 + 10 x 120 s; a policy's own probe
     gives its own budget, through the policy view the controller builds."""
     from components.driver import startup_budget_seconds
-    from gpuop.controller.views.upgrade_inputs import policy_view
+    from gpuop.operator.controller.views.upgrade_inputs import policy_view
 
     default = crd.ClusterPolicySpec()
     assert startup_budget_seconds(default.driver) == 1260

@@ -13,9 +13,9 @@ from typing import Any
 
 import crd
 from components.keys import NFD_GPU_LABELS
-from gpuop.controller.base.config import OperatorConfig
-from gpuop.controller.wiring.operator import Operator
-from gpuop.metrics import OperatorMetrics
+from gpuop.operator.controller.base.config import OperatorConfig
+from gpuop.operator.controller.wiring.operator import Operator
+from gpuop.operator.metrics import OperatorMetrics
 from statemachine.upgrade_keys import STATE_LABEL
 from tests.unit.test_nvidiadriver_sync import _RecordingRest
 

@@ -18,12 +18,12 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry
 
 from components.driver import DAEMONSET_NAME as DRIVER_DS
-from gpuop.controller.views.node_views import trim_node
-from gpuop.controller.views.pod_records import pod_index, trim_pod
-from gpuop.controller.writers.upgrade import Upgrades
-from gpuop.events import EventRecorder
-from gpuop.informer import Informer, ResourceSpec, key_of
-from gpuop.metrics import OperatorMetrics
+from gpuop.kube.informer import Informer, ResourceSpec, key_of
+from gpuop.operator.controller.views.node_views import trim_node
+from gpuop.operator.controller.views.pod_records import pod_index, trim_pod
+from gpuop.operator.controller.writers.upgrade import Upgrades
+from gpuop.operator.events import EventRecorder
+from gpuop.operator.metrics import OperatorMetrics
 from statemachine import UpgradePolicyView
 from statemachine.upgrade_keys import IN_PROGRESS_STATES, STATE_LABEL, UpgradeState
 

@@ -8,9 +8,13 @@ import copy
 from typing import Any
 
 from crd import NVD_KIND, OWNER_LABEL
-from gpuop.controller.base.keys import UPGRADES_KEY
-from gpuop.controller.views.routes import route_nvidiadriver, route_policy
-from gpuop.controller.writers.upgrade_window import CONDITION_TYPE, INVALID_EVENT, UpgradeWindows
+from gpuop.operator.controller.base.keys import UPGRADES_KEY
+from gpuop.operator.controller.views.routes import route_nvidiadriver, route_policy
+from gpuop.operator.controller.writers.upgrade_window import (
+    CONDITION_TYPE,
+    INVALID_EVENT,
+    UpgradeWindows,
+)
 from gpuop.upgrades_cli._owners import owner_plans, plans_json, render_plans
 from gpuop.upgrades_cli._snapshot import Objects, snapshot
 from gpuop.upgrades_cli._windows import status_window_lines

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, cast
 
 import crd
-from gpuop.controller.writers.workload_handover import WorkloadHandovers
+from gpuop.operator.controller.writers.workload_handover import WorkloadHandovers
 from statemachine.workload_handover import (
     DRIVER_LEAVING,
     GPU_PODS_LEAVING,
@@ -94,8 +94,8 @@ async def test_a_handover_says_each_wait_once_and_its_end() -> None:
 
 def _pod_cache(*pods: tuple[str, dict[str, str]]) -> Any:
     """A pods cache holding ``(name, labels)`` pods on gpu-node-0001."""
-    from gpuop.controller.views.pod_records import pod_index, trim_pod
-    from gpuop.informer import Informer, ResourceSpec
+    from gpuop.kube.informer import Informer, ResourceSpec
+    from gpuop.operator.controller.views.pod_records import pod_index, trim_pod
 
     cache: Informer[Any] = Informer(
         ResourceSpec("pods", cast(Any, None), transform=trim_pod, index=pod_index),

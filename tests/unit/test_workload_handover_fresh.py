@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from gpuop.controller.writers.workload_handover import WorkloadHandovers
+from gpuop.operator.controller.writers.workload_handover import WorkloadHandovers
 from statemachine.workload_handover import CLAIMING, DRIVER_LEAVING, VM_MANAGER_LEAVING
 from tests.unit.test_workload_events import NVD_DRIVER, _Events, _node, _pod_cache
 

@@ -7,7 +7,7 @@ import contextlib
 import itertools
 from collections import Counter
 
-from gpuop.workqueue import WorkQueue
+from gpuop.kube.workqueue import WorkQueue
 
 
 async def _run(queue: WorkQueue) -> asyncio.Task[None]:
