@@ -22,8 +22,8 @@ from statemachine.driver_handoff import (
     handoff_wanted,
 )
 from statemachine.driver_owner import NEXT_OWNER_LABEL
-from statemachine.upgrade_views import NodeUpgradeView
-from tests.unit.test_nvd_upgrade_wakes_cluster import _Queue
+from statemachine.node_plan import DriverFacts
+from tests.unit.test_nvd_upgrade_wakes_cluster import _Queue, _Workloads
 
 GPU = {"nvidia.com/gpu.present": "true"}
 
@@ -99,13 +99,6 @@ def test_patch(annotations: dict[str, str], wanted: bool | None, patch: dict[str
 # ------------------------------------------------------------------ the node pass
 
 
-class _Workloads:
-    async def report_workload(self, node: Any, spec: Any) -> None: ...
-
-    async def hold(self, node: Any, changes: Any, target: str) -> tuple[Any, None]:
-        return changes, None
-
-
 class _Owners:
     def __init__(self, policies: dict[str, UpgradePolicyView] | None) -> None:
         self.policies = policies
@@ -116,19 +109,27 @@ class _Owners:
     def upgrade_policies(self) -> dict[str, UpgradePolicyView] | None:
         return self.policies
 
-    def driver_app(self, node: str) -> None:
+    def driver_app(self, node: str) -> str:
+        return ""
+
+    def base_spec(self) -> None:
         return None
+
+
+class _Emptying:
+    async def node_pods(self, node: str, label_selector: str = "") -> list[Any]:
+        return []
 
 
 class _Upgrades:
-    def newest_driver_revision(self, app: str) -> None:
-        return None
+    namespace = "gpu-operator"
+    driver_ready_timeout_seconds = None
+    emptying = _Emptying()
 
-    async def view(self, node: Any, *args: Any) -> NodeUpgradeView:
-        meta = node["metadata"]
-        return NodeUpgradeView(name=meta["name"], now=0.0, labels=dict(meta["labels"]))
+    def node_facts(self, name: str, app: str) -> tuple[DriverFacts, None, dict[str, str]]:
+        return DriverFacts(app), None, {}
 
-    async def step(self, *args: Any) -> Any:
+    def remember(self, name: str, step: Any) -> None:
         raise AssertionError("no upgrade step in these passes")
 
 

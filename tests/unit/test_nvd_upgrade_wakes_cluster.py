@@ -1,12 +1,12 @@
 """An NVIDIADriver node's upgrade state is read by the ClusterPolicy's readiness
 (`ClusterReconciler._driver_handover`), and the node pass's own state write wakes no
-watch event (`Informer.observe`): the node pass itself tells the cluster pass when its
-writes moved what that pass reads of the node (`_routes.gpu_facts`)."""
+watch event (`Informer.observe`): the node pass's result tells the cluster pass when
+its writes moved what that pass reads of the node (`_routes.gpu_facts`), as the router
+does for a watch event."""
 
 from __future__ import annotations
 
 import copy
-from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
@@ -15,8 +15,10 @@ from crd import OWNER_LABEL
 from gpuop.kube.informer import Informer, ResourceSpec
 from gpuop.operator.controller.passes.node import NodeReconciler
 from gpuop.operator.controller.views.node_views import trim_node
-from statemachine import Action, UpgradePolicyView
-from statemachine.upgrade_keys import STATE_LABEL, UpgradeState
+from statemachine import UpgradePolicyView
+from statemachine.node_plan import DriverFacts, UpgradeWrite
+from statemachine.upgrade_keys import STATE_LABEL
+from statemachine.upgrade_views import DriverPodView
 
 
 class _Queue:
@@ -26,10 +28,20 @@ class _Queue:
 
 
 class _Workloads:
-    async def report_workload(self, node: Any, spec: Any) -> None: ...
+    """No claimant pods, nothing said yet."""
 
-    async def hold(self, node: Any, changes: Any, target: str) -> tuple[dict[str, Any], None]:
-        return {}, None
+    def said(self, node: str) -> tuple[None, None]:
+        return None, None
+
+    def claimants_on(self, node: str) -> frozenset[str]:
+        return frozenset()
+
+    async def claimants_now(self, node: str, pods: Any) -> frozenset[str]:
+        return frozenset()
+
+    def remember(self, node: str, invalid: Any, step: Any) -> None: ...
+
+    def forget(self, node: str) -> None: ...
 
 
 class _Owners:
@@ -46,66 +58,102 @@ class _Owners:
         return None  # the node pass reads it only without a ClusterPolicy
 
 
+class _Emptying:
+    def forget(self, node: str) -> None: ...
+
+
+class _Events:
+    async def record(self, *_: Any) -> None: ...
+
+
 class _Upgrades:
-    """The upgrade step, writing the node's next state as the real one does: into the
-    cache through ``observe`` (so no watch event follows)."""
+    """The caches' driver facts: the newest revision runs, its validators are ready."""
 
-    def __init__(self, changed: bool, nodes: Informer) -> None:
-        self.changed = changed
-        self.nodes = nodes
+    namespace = "gpu-operator"
+    driver_ready_timeout_seconds = None
+    events = _Events()
 
-    def newest_driver_revision(self, app: str) -> str:
-        return "rev-2"
+    def __init__(self) -> None:
+        self.steps: list[UpgradeWrite] = []
+        self.emptying = _Emptying()
 
-    async def step(self, node: Any, policy: Any, newest: Any, app: str) -> Any:
-        if self.changed:
-            written = copy.deepcopy(node)
-            written["metadata"]["labels"][STATE_LABEL] = UpgradeState.UPGRADE_DONE.value
-            written["metadata"]["resourceVersion"] = "2"
-            self.nodes.observe(written)
-        return SimpleNamespace(
-            requeue_after=None,
-            target=UpgradeState.UPGRADE_DONE,
-            has_patch=self.changed,
-            action=Action.NONE,
-            changed_state=self.changed,
-        )
+    def node_facts(self, name: str, app: str) -> tuple[DriverFacts, None, dict[str, str]]:
+        pod = DriverPodView("uid", "rev-2", running=True, ready=True)
+        facts = DriverFacts(app, newest_revision="rev-2", driver_pod=pod, validators_ready=True)
+        return facts, None, {}
+
+    def remember(self, name: str, step: UpgradeWrite) -> None:
+        self.steps.append(step)
+
+    def forget_node(self, name: str) -> None: ...
 
 
-def _passes(owner: str | None, changed: bool) -> tuple[NodeReconciler, list[str]]:
+class _GPUClusters:
+    """Not listed yet: no label changes (the pass goes on to the upgrade step)."""
+
+    def knows_whether_one_exists(self) -> bool:
+        return False
+
+
+class _Rest:
+    """The API writes the patch's labels (the rest does not matter here)."""
+
+    def __init__(self, node: dict[str, Any]) -> None:
+        self.node = node
+
+    async def merge_patch(self, kind: Any, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        written = copy.deepcopy(self.node)
+        for key, value in ((patch.get("metadata") or {}).get("labels") or {}).items():
+            if value is None:
+                written["metadata"]["labels"].pop(key, None)
+            else:
+                written["metadata"]["labels"][key] = value
+        written["metadata"]["resourceVersion"] = "2"
+        return written
+
+
+def _passes(owner: str | None, state: str) -> tuple[NodeReconciler, _Upgrades]:
     nodes = Informer(ResourceSpec("nodes", cast(Any, None), transform=trim_node), lambda *_: None)
-    node_labels = {"nvidia.com/gpu.present": "true", STATE_LABEL: "uncordon-required"}
+    node_labels = {"nvidia.com/gpu.present": "true", STATE_LABEL: state}
     if owner:
         node_labels[OWNER_LABEL] = owner
-    nodes.observe(
-        {"metadata": {"name": "n0", "resourceVersion": "1", "labels": node_labels}, "spec": {}}
-    )
-    told: list[str] = []
+    node = {
+        "metadata": {"name": "n0", "resourceVersion": "1", "labels": node_labels},
+        "spec": {},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    }
+    nodes.observe(node)
+    upgrades = _Upgrades()
     passes = NodeReconciler(
-        rest=cast(Any, None),
+        rest=cast(Any, _Rest(node)),
         nodes=nodes,
         queue=cast(Any, _Queue()),
         active_policy=lambda: (None, None, []),
-        upgrades=cast(Any, _Upgrades(changed, nodes)),
+        upgrades=cast(Any, upgrades),
         gate=cast(Any, None),
         owners=cast(Any, _Owners()),
         workloads=cast(Any, _Workloads()),
-        progress=lambda: told.append("cluster"),
     )
-    return passes, told
+    passes.gpuclusters = cast(Any, _GPUClusters())
+    return passes, upgrades
 
 
 @pytest.mark.parametrize(
-    ("owner", "changed", "told"),
+    ("owner", "state", "told"),
     [
-        ("default", True, ["cluster"]),  # an NVIDIADriver node moved: the policy may be ready
-        ("default", False, []),  # nothing moved: nothing to count again
-        (None, True, []),  # the ClusterPolicy's own driver: its readiness does not read it
+        # An NVIDIADriver node moved (upgrade-done): the policy may be ready.
+        ("default", "uncordon-required", True),
+        # Its step wrote only its clock (an annotation): nothing to count again.
+        ("default", "upgrade-done", False),
+        # The ClusterPolicy's own driver (here cleaned up): its readiness does not read it.
+        (None, "uncordon-required", False),
     ],
 )
 async def test_an_nvidiadriver_nodes_state_change_wakes_the_cluster_pass(
-    owner: str | None, changed: bool, told: list[str]
+    owner: str | None, state: str, told: bool
 ) -> None:
-    passes, woken = _passes(owner, changed)
-    await passes.reconcile_node("n0")
-    assert woken == told
+    passes, upgrades = _passes(owner, state)
+    result = await passes.reconcile_node("n0")
+    (step,) = upgrades.steps
+    assert step.patch  # every case writes the node
+    assert result.progress is told

@@ -17,9 +17,8 @@ from typing import Any
 
 from components.driver import CONFIG_DIGEST_ENV
 from gpuop.operator.controller.views.node_views import trim_node
-from gpuop.operator.controller.views.pod_records import PodRecord, trim_pod
+from gpuop.operator.controller.views.pod_records import PodRecord, driver_pod_view, trim_pod
 from gpuop.operator.controller.views.rollout_view import pod_facts
-from gpuop.operator.controller.views.upgrade_inputs import driver_pod_view
 from statemachine.upgrade_keys import DRIVER_REVISION_LABEL
 
 PODS: list[dict[str, Any]] = json.loads(

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-import gpuop.operator.controller.writers.upgrade as upgrade_module
+import statemachine._node_upgrade as plan_module
 from gpuop.kube.informer import Informer, key_of
 from gpuop.operator.controller.views.node_views import trim_node
 from gpuop.operator.controller.views.pod_records import trim_pod
@@ -21,7 +21,7 @@ from gpuop.operator.controller.writers.upgrade import Upgrades
 from statemachine.upgrade import next_step
 from statemachine.upgrade_bookkeeping import NO_CHANGES
 from statemachine.upgrade_keys import UpgradeState
-from tests.unit.test_upgrade_slots import POLICY, _driver_pod, _operator, _Server
+from tests.unit.test_upgrade_slots import POLICY, _driver_pod, _operator, _Server, node_step
 
 
 @pytest.fixture
@@ -32,7 +32,7 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         seen.append(view.name)
         return next_step(view, policy, *args, **kwargs)
 
-    monkeypatch.setattr(upgrade_module, "next_step", counted)
+    monkeypatch.setattr(plan_module, "next_step", counted)
     return seen
 
 
@@ -48,9 +48,9 @@ def _done_at(revision: str) -> tuple[_Server, Upgrades, Informer]:
 async def test_the_same_view_at_rest_is_answered_from_memory(calls: list[str]) -> None:
     server, upgrades, nodes = _done_at("new")
 
-    stamped = await upgrades.step(nodes.get("n0") or {}, POLICY, "new")  # writes its clock
-    rest = await upgrades.step(nodes.get("n0") or {}, POLICY, "new")
-    again = await upgrades.step(nodes.get("n0") or {}, POLICY, "new")
+    stamped = await node_step(upgrades, nodes.get("n0") or {}, POLICY, "new")  # writes its clock
+    rest = await node_step(upgrades, nodes.get("n0") or {}, POLICY, "new")
+    again = await node_step(upgrades, nodes.get("n0") or {}, POLICY, "new")
 
     assert stamped.has_patch
     assert rest.target is UpgradeState.UPGRADE_DONE
@@ -62,20 +62,22 @@ async def test_the_same_view_at_rest_is_answered_from_memory(calls: list[str]) -
 
 async def test_a_changed_input_or_policy_asks_the_rulebook_again(calls: list[str]) -> None:
     server, upgrades, nodes = _done_at("new")
-    await upgrades.step(nodes.get("n0") or {}, POLICY, "new")
-    await upgrades.step(nodes.get("n0") or {}, POLICY, "new")  # at rest, remembered
+    await node_step(upgrades, nodes.get("n0") or {}, POLICY, "new")
+    await node_step(upgrades, nodes.get("n0") or {}, POLICY, "new")  # at rest, remembered
     assert len(calls) == 2
 
-    await upgrades.step(nodes.get("n0") or {}, replace(POLICY, max_parallel_upgrades=5), "new")
+    await node_step(
+        upgrades, nodes.get("n0") or {}, replace(POLICY, max_parallel_upgrades=5), "new"
+    )
     assert len(calls) == 3
 
     # A new driver revision: the same node now needs an upgrade.
-    decision = await upgrades.step(nodes.get("n0") or {}, POLICY, "newer")
+    decision = await node_step(upgrades, nodes.get("n0") or {}, POLICY, "newer")
     assert len(calls) == 4
     assert decision.target is UpgradeState.UPGRADE_REQUIRED
     # That decision wrote the new state; the pass on the fresh node asks again too.
     node = trim_node(server.nodes["n0"])
-    await upgrades.step(node, POLICY, "newer")
+    await node_step(upgrades, node, POLICY, "newer")
     assert len(calls) == 5
 
 
@@ -83,10 +85,10 @@ async def test_a_decision_that_acts_or_waits_is_never_remembered(calls: list[str
     server = _Server(["n0"])  # upgrade-required: waits for a slot, asks every time
     upgrades, nodes, _ = _operator(server)
 
-    await upgrades.step(nodes.get("n0") or {}, POLICY, "new")
+    await node_step(upgrades, nodes.get("n0") or {}, POLICY, "new")
     await upgrades.grant(nodes.values(), POLICY)
     node = nodes.get("n0") or {}
-    first = await upgrades.step(node, POLICY, "new")
+    first = await node_step(upgrades, node, POLICY, "new")
     assert first.changed_state  # cordon-required onwards: acted, so not remembered
 
     assert len(calls) == 2
@@ -105,7 +107,7 @@ async def test_nodes_at_rest_under_equal_policies_hold_one_policy(calls: list[st
     for name in ("n0", "n1"):
         for _ in range(2):  # the first writes the state clock, the second rests
             node = trim_node(server.nodes[name])
-            await upgrades.step(node, replace(POLICY), "new")
+            await node_step(upgrades, node, replace(POLICY), "new")
 
     held = [upgrades._resting.entry(name).policy for name in ("n0", "n1")]  # type: ignore[union-attr]
     assert held[0] == POLICY
@@ -116,8 +118,8 @@ async def test_a_resting_decision_holds_the_shared_empty_patch(calls: list[str])
     """A decision that changes nothing is remembered for every node at rest; its
     label and annotation changes are one shared empty mapping, not two dicts a node."""
     _server, upgrades, nodes = _done_at("new")
-    await upgrades.step(nodes.get("n0") or {}, POLICY, "new")
-    rest = await upgrades.step(nodes.get("n0") or {}, POLICY, "new")
+    await node_step(upgrades, nodes.get("n0") or {}, POLICY, "new")
+    rest = await node_step(upgrades, nodes.get("n0") or {}, POLICY, "new")
     assert not rest.has_patch
     assert rest.labels is NO_CHANGES
     assert rest.annotations is NO_CHANGES
@@ -131,8 +133,8 @@ async def test_a_new_pod_record_the_rulebook_reads_alike_is_answered_from_memory
     node): a new record of the same pod (a new resourceVersion) reads the same, is
     answered without the rulebook, and replaces the old one in the memo."""
     _server, upgrades, nodes = _done_at("new")
-    await upgrades.step(nodes.get("n0") or {}, POLICY, "new")
-    await upgrades.step(nodes.get("n0") or {}, POLICY, "new")
+    await node_step(upgrades, nodes.get("n0") or {}, POLICY, "new")
+    await node_step(upgrades, nodes.get("n0") or {}, POLICY, "new")
     assert len(calls) == 2
     old = upgrades.driver_record("n0")
 
@@ -143,7 +145,7 @@ async def test_a_new_pod_record_the_rulebook_reads_alike_is_answered_from_memory
     assert upgrades.driver_record("n0") is pod
     assert pod != old
 
-    again = await upgrades.step(nodes.get("n0") or {}, POLICY, "new")
+    again = await node_step(upgrades, nodes.get("n0") or {}, POLICY, "new")
     assert len(calls) == 2
     assert again.node == "n0"
     assert again.target is UpgradeState.UPGRADE_DONE
@@ -152,15 +154,15 @@ async def test_a_new_pod_record_the_rulebook_reads_alike_is_answered_from_memory
 
 async def test_a_driver_pod_the_rulebook_reads_otherwise_asks_again(calls: list[str]) -> None:
     _server, upgrades, nodes = _done_at("new")
-    await upgrades.step(nodes.get("n0") or {}, POLICY, "new")
-    await upgrades.step(nodes.get("n0") or {}, POLICY, "new")
+    await node_step(upgrades, nodes.get("n0") or {}, POLICY, "new")
+    await node_step(upgrades, nodes.get("n0") or {}, POLICY, "new")
     assert len(calls) == 2
 
     raw = _driver_pod("n0", revision="new")
     raw["status"]["containerStatuses"] = [{"restartCount": 3}]
     pod = trim_pod(raw)
     upgrades._pods._put(key_of(pod), pod)
-    await upgrades.step(nodes.get("n0") or {}, POLICY, "new")
+    await node_step(upgrades, nodes.get("n0") or {}, POLICY, "new")
     assert len(calls) == 3
 
 
@@ -176,7 +178,7 @@ async def test_nodes_resting_alike_share_one_decision(calls: list[str]) -> None:
     for name in ("n0", "n1"):
         for _ in range(3):
             node = trim_node(server.nodes[name])
-            answers[name] = await upgrades.step(node, POLICY, "new")
+            answers[name] = await node_step(upgrades, node, POLICY, "new")
     kept = [upgrades._resting.entry(name).decision for name in ("n0", "n1")]  # type: ignore[union-attr]
     assert kept[0] is kept[1]
     assert kept[0].node == ""

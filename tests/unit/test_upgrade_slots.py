@@ -2,8 +2,9 @@
 
 The fleet pass (``Upgrades.grant``) moves the nodes the budget selects from
 ``upgrade-required`` to ``cordon-required`` with one merge patch each, guarded by the
-node's resourceVersion; node passes (``Upgrades.step``) never start a node. Nothing
-about slots lives in memory, so two fleet passes, a node pass racing a fleet pass, or
+node's resourceVersion; node passes (their upgrade step,
+``statemachine.node_plan.plan_upgrade``) never start a node. Nothing about slots lives
+in memory, so two fleet passes, a node pass racing a fleet pass, or
 a restarted operator can never have more nodes in progress than the budget allows
 (an in-memory grant set once let three start under a limit of two).
 """
@@ -11,7 +12,9 @@ a restarted operator can never have more nodes in progress than the budget allow
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import time
+from dataclasses import replace
+from typing import Any, cast
 
 import pytest
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -19,12 +22,15 @@ from prometheus_client import CollectorRegistry
 
 from components.driver import DAEMONSET_NAME as DRIVER_DS
 from gpuop.kube.informer import Informer, ResourceSpec, key_of
+from gpuop.operator.controller.passes.node import read_live
 from gpuop.operator.controller.views.node_views import trim_node
 from gpuop.operator.controller.views.pod_records import pod_index, trim_pod
+from gpuop.operator.controller.writers.node_write import NodeWriter
 from gpuop.operator.controller.writers.upgrade import Upgrades
 from gpuop.operator.events import EventRecorder
 from gpuop.operator.metrics import OperatorMetrics
-from statemachine import UpgradePolicyView
+from statemachine import Decision, UpgradePolicyView
+from statemachine.node_plan import NodePlan, NodeSnapshot, plan_upgrade, upgrade_reads
 from statemachine.upgrade_keys import IN_PROGRESS_STATES, STATE_LABEL, UpgradeState
 
 Obj = dict[str, Any]
@@ -160,6 +166,37 @@ def _operator(server: _Server) -> tuple[Upgrades, Informer, OperatorMetrics]:
     return upgrades, nodes, metrics
 
 
+async def node_step(
+    upgrades: Upgrades, node: Obj, policy: UpgradePolicyView, newest: str | None
+) -> Decision:
+    """A node pass's upgrade step under ``policy`` with ``newest`` the driver's newest
+    revision: the node pass's read, :func:`statemachine.node_plan.plan_upgrade` and its
+    write. Returns the step's decision (a 409 leaves the node as it was: the writer
+    then answers with ``step.on_conflict``)."""
+    name = node["metadata"]["name"]
+    driver, resting, refused = upgrades.node_facts(name, DRIVER_DS)
+    snap = NodeSnapshot(
+        name,
+        node,
+        now=time.time(),
+        namespace=upgrades.namespace,
+        driver=replace(driver, newest_revision=newest),
+        resting=resting,
+        refused=refused,
+        ready_timeout=upgrades.driver_ready_timeout_seconds,
+    )
+    live = await read_live(name, upgrade_reads(snap, policy), upgrades.emptying, None)
+    step = plan_upgrade(replace(snap, live=live), policy)
+    writer = NodeWriter(
+        rest=upgrades.rest,
+        nodes=upgrades._nodes,
+        upgrades=upgrades,
+        workloads=cast(Any, None),
+    )
+    await writer.write(NodePlan(name, node, upgrade=step))
+    return step.decision
+
+
 def _states(server: _Server) -> dict[str, str]:
     return {n: o["metadata"]["labels"].get(STATE_LABEL, "") for n, o in server.nodes.items()}
 
@@ -186,7 +223,7 @@ async def test_a_node_pass_never_starts_an_upgrade() -> None:
     server = _Server(["n0"])
     upgrades, nodes, _ = _operator(server)
 
-    decision = await upgrades.step(nodes.get("n0") or {}, POLICY, "new")
+    decision = await node_step(upgrades, nodes.get("n0") or {}, POLICY, "new")
 
     assert decision.target is UpgradeState.UPGRADE_REQUIRED
     assert decision.reason == "waiting for an upgrade slot"
@@ -199,7 +236,7 @@ async def test_a_node_pass_carries_a_granted_node_on() -> None:
     upgrades, nodes, _ = _operator(server)
     await upgrades.grant(nodes.values(), POLICY)
 
-    decision = await upgrades.step(nodes.get("n0") or {}, POLICY, "new")
+    decision = await node_step(upgrades, nodes.get("n0") or {}, POLICY, "new")
 
     assert decision.current is UpgradeState.CORDON_REQUIRED
     assert decision.target is UpgradeState.POD_RESTART_REQUIRED  # nothing to empty
@@ -235,7 +272,8 @@ async def test_node_passes_racing_fleet_passes_never_exceed_the_limit() -> None:
     for _ in range(6):
         work = [asyncio.create_task(upgrades.grant(nodes.values(), POLICY))]
         work += [
-            asyncio.create_task(upgrades.step(nodes.get(n) or {}, POLICY, "new")) for n in names
+            asyncio.create_task(node_step(upgrades, nodes.get(n) or {}, POLICY, "new"))
+            for n in names
         ]
         while not all(w.done() for w in work):
             server.gate.release()

@@ -11,7 +11,7 @@ from typing import Any, cast
 
 from gpuop.operator.controller.writers.workload_handover import WorkloadHandovers
 from statemachine.workload_handover import CLAIMING, DRIVER_LEAVING, VM_MANAGER_LEAVING
-from tests.unit.test_workload_events import NVD_DRIVER, _Events, _node, _pod_cache
+from tests.unit.test_workload_events import NVD_DRIVER, _Events, _node, _pod_cache, hold
 
 DRIVER_LABEL = "nvidia.com/gpu.deploy.driver"
 VFIO_LABEL = "nvidia.com/gpu.deploy.vfio-manager"
@@ -69,7 +69,7 @@ def _labelled(workload: str, **labels: str) -> dict[str, Any]:
 async def test_the_patch_that_removes_the_drivers_label_never_grants_the_vfio_claim() -> None:
     emptying = _Emptying([], [])
     node = _labelled("vm-passthrough", **{DRIVER_LABEL: "true"})
-    patch, step = await _handovers(emptying).hold(node, SWITCH, "vm-passthrough")
+    patch, step = await hold(_handovers(emptying), emptying, node, SWITCH)
     assert step is not None
     assert step.state == DRIVER_LEAVING
     assert patch == {DRIVER_LABEL: None}
@@ -78,7 +78,7 @@ async def test_the_patch_that_removes_the_drivers_label_never_grants_the_vfio_cl
 
 async def test_a_driver_pod_the_cache_has_not_shown_holds_the_claim() -> None:
     emptying = _Emptying([_pod("driver", NVD_DRIVER)], [])
-    patch, step = await _handovers(emptying).hold(_node("vm-passthrough"), SWITCH, "")
+    patch, step = await hold(_handovers(emptying), emptying, _node("vm-passthrough"), SWITCH)
     assert step is not None
     assert step.state == DRIVER_LEAVING
     assert VFIO_LABEL not in patch
@@ -98,7 +98,7 @@ async def test_an_unbound_driver_pod_meant_for_the_node_holds_the_claim() -> Non
     meant = _pod("driver", NVD_DRIVER, node="", affinity=affinity)
     for unbound, state in (([elsewhere], CLAIMING), ([elsewhere, meant], DRIVER_LEAVING)):
         emptying = _Emptying([], unbound)
-        patch, step = await _handovers(emptying).hold(_node("vm-passthrough"), SWITCH, "")
+        patch, step = await hold(_handovers(emptying), emptying, _node("vm-passthrough"), SWITCH)
         assert step is not None
         assert step.state == state
         assert (VFIO_LABEL in patch) == (state == CLAIMING)
@@ -110,13 +110,13 @@ async def test_back_to_containers_waits_for_a_vfio_manager_only_the_api_server_s
     changes = {VFIO_LABEL: None, DRIVER_LABEL: "true"}
     for bound, state in (([], CLAIMING), ([vfio], VM_MANAGER_LEAVING)):
         emptying = _Emptying(bound, [])
-        patch, step = await _handovers(emptying).hold(_node("container"), changes, "container")
+        patch, step = await hold(_handovers(emptying), emptying, _node("container"), changes)
         assert step is not None
         assert step.state == state
         assert (DRIVER_LABEL in patch) == (state == CLAIMING)
     # Its label still on the node holds the driver's claim without asking.
     emptying = _Emptying([], [])
     node = _labelled("container", **{VFIO_LABEL: "true"})
-    _, step = await _handovers(emptying).hold(node, changes, "container")
+    _, step = await hold(_handovers(emptying), emptying, node, changes)
     assert step is not None
     assert (step.state, emptying.reads) == (VM_MANAGER_LEAVING, 0)

@@ -2,12 +2,16 @@
 
 A unit returns when it wants to run again (a retry timer, a look later) instead of
 touching the work queue; the operator's worker loop (``Operator._reconcile``) queues
-its key again after that long. Keys of other units are woken through the router.
+its key again after that long. Keys of other units are woken through the router; a
+node pass also says what its own writes woke (``fleet``, ``progress``), as the router
+would have said for a watch event (our own writes wake none).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 
 @dataclass(frozen=True)
@@ -16,6 +20,39 @@ class Result:
     news wakes it."""
 
     requeue_after: float | None = None
+    now: bool = False
+    """Run again at once (after this run: the queue marks a running key dirty)."""
+    forget: bool = False
+    """Drop the key's pending timer and backoff first (no clock runs for it now)."""
+    fleet: bool = False
+    """Wake the fleet pass, coalesced (``NodeReconciler.fleet_soon``)."""
+    progress: bool = False
+    """Wake the cluster pass, paced (``Operator._progress``)."""
+
+    def apply(
+        self,
+        key: str,
+        queue: _Queue,
+        fleet_soon: Callable[[], None],
+        progress: Callable[[], None],
+    ) -> None:
+        """What the worker loop does with a pass's result, in this order."""
+        if self.forget:
+            queue.forget(key)
+        if self.requeue_after is not None:
+            queue.add_after(key, self.requeue_after)
+        if self.now:
+            queue.add(key)
+        if self.progress:
+            progress()
+        if self.fleet:
+            fleet_soon()
+
+
+class _Queue(Protocol):
+    def add(self, key: str) -> None: ...
+    def add_after(self, key: str, delay: float) -> None: ...
+    def forget(self, key: str) -> None: ...
 
 
 DONE = Result()

@@ -1,6 +1,11 @@
 """The node passes: each node's deploy labels and driver-upgrade step (key
 ``node/<name>``), and the fleet pass that grants upgrade slots (key ``upgrades``).
 
+A node pass reads once (:class:`NodeReader`: one snapshot from the caches, then the API
+reads the plan asks for), decides once (``statemachine.node_plan.plan_node``) and writes
+once (``writers.node_write.NodeWriter``); it returns a ``Result`` and never touches the
+queue.
+
 Kept apart from the cluster pass because they scale with the fleet: a node pass reads
 one node and its pods, and only the serial fleet pass looks at every node, once per
 budget (the ClusterPolicy's, and each NVIDIADriver's under its own upgradePolicy).
@@ -12,20 +17,11 @@ import functools
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from components.dra import gpucluster_label_changes
 from components.driver import DAEMONSET_NAME as DRIVER_DS
-from components.keys import CONTAINER_WORKLOAD, DEPLOY_DRIVER_LABEL, TRUE
-from components.labels import (
-    LabelChanges,
-    apply_label_changes,
-    is_gpu_node,
-    node_label_changes,
-    node_workload,
-)
 from components.nvidiadriver import policy_for
-from crd import OWNER_LABEL, ClusterPolicySpec
+from crd import ClusterPolicySpec
 from gpuop.kube.informer import Informer, Obj
 from gpuop.kube.kinds import by_kind
 from gpuop.kube.rest import Rest
@@ -40,32 +36,26 @@ from gpuop.operator.controller.base.keys import (
 from gpuop.operator.controller.base.memo import VersionMemo
 from gpuop.operator.controller.base.result import Again, Result
 from gpuop.operator.controller.views.active_policy import ActivePolicy
-from gpuop.operator.controller.views.node_views import labels, node_annotations
-from gpuop.operator.controller.views.routes import gpu_facts
+from gpuop.operator.controller.views.node_views import labels
+from gpuop.operator.controller.views.upgrade_inputs import policy_view
+from gpuop.operator.controller.writers.node_write import NodeWriter
 from gpuop.operator.controller.writers.rollout_gate import RolloutGate
-from gpuop.operator.controller.writers.upgrade import (
-    Upgrades,
-    UpgradeTally,
-    policy_view,
-    requeue_after,
-)
-from gpuop.operator.controller.writers.workload_handover import (
-    GPU_PODS_RECHECK_S,
-    WorkloadHandovers,
-)
-from statemachine import Action, Decision, UpgradePolicyView
-from statemachine.driver_handoff import handoff_patch, handoff_wanted
-from statemachine.driver_owner import NEXT_OWNER_LABEL
-from statemachine.upgrade import next_step
+from gpuop.operator.controller.writers.upgrade import Upgrades, UpgradeTally
+from gpuop.operator.controller.writers.workload_handover import WorkloadHandovers
+from statemachine import UpgradePolicyView
+from statemachine.node_plan import LiveReads, NodeSnapshot, Reads, plan_node, plan_reads
+from statemachine.node_plan import target_owner as target_owner
 from statemachine.upgrade_keys import STATE_LABEL, UpgradeState, parse_state
-from statemachine.workload_handover import GPU_PODS_LEAVING
 
 if TYPE_CHECKING:
     from gpuop.kube.workqueue import WorkQueue
     from gpuop.operator.controller.views.driver_owners import DriverOwners
     from gpuop.operator.controller.views.gpucluster_objects import GPUClusterPresence
+    from gpuop.operator.controller.writers.eviction import Emptying
     from gpuop.operator.controller.writers.preflight import Preflight
+    from gpuop.operator.controller.writers.upgrade import Upgrades
     from gpuop.operator.controller.writers.upgrade_window import UpgradeWindows
+    from gpuop.operator.controller.writers.workload_handover import WorkloadHandovers
 
 log = get_logger(__name__)
 
@@ -122,116 +112,25 @@ class NodeReconciler:
         )
         self.queue.add_after(UPGRADES_KEY, wait)
 
-    def _label_changes(
-        self, node_labels: Mapping[str, str], spec: ClusterPolicySpec | None
-    ) -> LabelChanges:
-        """The ClusterPolicy's labels; with none, a GPUCluster's (DRA deploy labels) or,
-        with neither, none of ours. Nothing changes before the GPUCluster cache has
-        listed: whether one exists is not known yet."""
-        dra = self.gpuclusters
-        if spec is not None or dra is None:
-            return node_label_changes(node_labels, spec)
-        if not dra.knows_whether_one_exists():
-            return {}
-        return gpucluster_label_changes(node_labels, active=dra.active())
-
-    async def reconcile_node(self, name: str) -> None:
-        facts = gpu_facts(self.nodes.get(name))
-        recheck = await self._reconcile_node(name)
-        if gpu_facts(self.nodes.get(name)) != facts:
-            # Our own writes wake no watch event (``Informer.observe``): when one moved
-            # what the cluster pass reads of the node (an NVIDIADriver upgrade state, which
-            # holds the policy's readiness), it is told here, or it may last have looked
-            # before the node's final state.
-            self.progress()
-        if recheck:
-            # Held for container GPU pods, which are not watched: look again.
-            self.queue.add_after(node_key(name), GPU_PODS_RECHECK_S)
-
-    async def _reconcile_node(self, name: str) -> bool:
-        """One node pass; True when its hand-over waits for container GPU pods."""
-        node = self.nodes.get(name)
-        if node is None:
-            self.queue.forget(node_key(name))
-            self.upgrades.forget_node(name)
-            self.workloads.forget(name)
-            return False
-        raw, model, problems = self.active_policy()
-        if raw is not None and (model is None or problems):
-            return False  # an invalid policy changes nothing on nodes; its status says why
-        spec = model.spec if model is not None else None
-        await self.workloads.report_workload(node, spec)
-        target = node_workload(labels(node), spec).name
-        changes, handover = await self.workloads.hold(
-            node, self._label_changes(labels(node), spec), target
+    def __post_init__(self) -> None:
+        self._reader = NodeReader(
+            nodes=self.nodes,
+            active_policy=self.active_policy,
+            upgrades=self.upgrades,
+            owners=self.owners,
+            workloads=self.workloads,
+            gpuclusters=lambda: self.gpuclusters,
         )
-        recheck = handover is not None and handover.state == GPU_PODS_LEAVING
-        handoff = self._handoff(node, changes, spec)
-        if changes or handoff:
-            meta: dict[str, Any] = {}
-            if changes:
-                meta["labels"] = dict(changes)
-            if handoff:
-                meta["annotations"] = dict(handoff)
-            first = await self._enrolment(node, changes, spec) if changes else None
-            if first is not None:
-                meta["labels"].update(first.labels)
-                if first.annotations:
-                    meta.setdefault("annotations", {}).update(first.annotations)
-            patched = await self.rest.merge_patch(NODE, name, {"metadata": meta})
-            self.nodes.observe(patched)
-            log.info(
-                "node labels", node=name, changes=meta.get("labels"), annotations=handoff or None
-            )
-            if first is not None:
-                self.fleet_soon()
-            self.queue.add(node_key(name))  # again, on the fresh labels
-            return recheck
-        owner = target_owner(labels(node))
-        if self._nvd_unknown(spec, bool(owner)):
-            return recheck  # which policy applies is not known yet: woken once listed
-        policy = policy_view(spec) if spec is not None else UpgradePolicyView()
-        app = self.owners.driver_app(name)  # asked once: the upgrade step is handed it
-        if owner:
-            # An NVIDIADriver drives this node (or is to): its own upgradePolicy applies.
-            policy = (self.owners.upgrade_policies() or {}).get(owner) or UpgradePolicyView(
-                auto_upgrade=False
-            )
-        if not (policy.auto_upgrade and is_gpu_node(labels(node)) and target == CONTAINER_WORKLOAD):
-            if STATE_LABEL not in labels(node):
-                return recheck
-            # Upgrades off, no policy (uninstall), no longer a GPU node, or a VM host now
-            # (its driver left with its deploy label: nothing to upgrade): the rulebook
-            # uncordons what we cordoned and removes our label and annotations.
-            policy = UpgradePolicyView(auto_upgrade=False)
-        newest = self.upgrades.newest_driver_revision(app) if app else None
-        decision = await self.upgrades.step(node, policy, newest, app)
-        delay = requeue_after(decision)
-        if delay is not None:
-            self.queue.add_after(node_key(name), delay)
-        else:
-            # No clock runs for the node now: drop a timer left from an earlier state
-            # (pod-restart's 600 s, say), or it fires for nothing and the queue never idles.
-            self.queue.forget(node_key(name))
-        if decision.has_patch or decision.action in (Action.CORDON, Action.UNCORDON):
-            self.queue.add(node_key(name))  # the next step may already be due
-        if decision.changed_state:
-            self.fleet_soon()
-        return recheck
+        self._writer = NodeWriter(
+            rest=self.rest, nodes=self.nodes, upgrades=self.upgrades, workloads=self.workloads
+        )
 
-    def _handoff(
-        self, node: Obj, changes: Mapping[str, str | None], spec: ClusterPolicySpec | None
-    ) -> dict[str, str | None]:
-        """The driver manager's hand-off annotation (:mod:`statemachine.driver_handoff`),
-        to go in the same patch as the node's labels: a driver pod can only start once its
-        deploy label is written, so it always reads the value meant for it."""
-        after = apply_label_changes(labels(node), changes)
-        policies = self.owners.upgrade_policies()
-        auto = {k: v.auto_upgrade for k, v in policies.items()} if policies is not None else None
-        # Beside a GPUCluster the NVIDIADrivers' policy applies (upstream's labelling
-        # controller counts a GPUCluster as using NVIDIADrivers).
-        base = spec if spec is not None else self.owners.base_spec()
-        return handoff_patch(node_annotations(node), handoff_wanted(after, base, auto))
+    async def reconcile_node(self, name: str) -> Result:
+        """One node pass: read, plan, write (:mod:`statemachine.node_plan`). It touches
+        no queue: its result says when to run again and what its writes woke."""
+        snapshot = await self._reader.read(name)
+        plan = plan_node(snapshot)
+        return await self._writer.write(plan)
 
     def _nvd_unknown(self, spec: ClusterPolicySpec | None, owned: bool) -> bool:
         """Whether upgrade decisions would read NVIDIADrivers before their cache listed:
@@ -241,33 +140,6 @@ class NodeReconciler:
         if self.owners.has_listed():
             return False
         return owned or (spec is not None and spec.driver.use_nvidia_driver_crd)
-
-    async def _enrolment(
-        self, node: Obj, changes: Mapping[str, str | None], spec: ClusterPolicySpec | None
-    ) -> Decision | None:
-        """The upgrade state a new GPU node starts in, written with its deploy labels.
-
-        Upstream writes ``upgrade-done`` once the driver pod runs, a second patch per
-        node during a rollout; a node with no driver pod that is about to get the
-        ClusterPolicy's driver has nothing to upgrade, so the rulebook's ``enrolled``
-        step says so in the same write. Anything else waits for the node pass.
-        """
-        if spec is None or not spec.driver.enabled or spec.driver.use_nvidia_driver_crd:
-            return None
-        after = apply_label_changes(labels(node), changes)
-        if after.get(DEPLOY_DRIVER_LABEL) != TRUE or target_owner(after):
-            return None
-        policy = policy_view(spec)
-        if not (policy.auto_upgrade and is_gpu_node(after)) or STATE_LABEL in after:
-            return None
-        app = self.owners.driver_app(node["metadata"]["name"])
-        newest = self.upgrades.newest_driver_revision(app) if app else None
-        fresh = {**node, "metadata": {**node["metadata"], "labels": after}}
-        view = replace(await self.upgrades.view(fresh, policy, newest, app), enrolling=True)
-        decision = next_step(view, policy)
-        if decision.target is not UpgradeState.UPGRADE_DONE or decision.action is not Action.NONE:
-            return None
-        return decision
 
     async def reconcile_upgrades(self) -> Result:
         """Start upgrades over the whole fleet: the one writer of slots (persisted states).
@@ -305,45 +177,58 @@ class NodeReconciler:
             policy = policies.get(owner, UpgradePolicyView(auto_upgrade=False))
             if not policy.auto_upgrade:
                 continue
-            held = None
-            # Canary and halt: one gate per driver owner, each over its own nodes and
-            # recorded on its own resource (the ClusterPolicy, or the NVIDIADriver).
-            gated = self._gated(raw, spec, owner)
-            if gated is not None:
-                gate_raw, gate_spec, pools = gated
-                # One rollout over all the owner's driver DaemonSets (one per kernel or
-                # pool); each node is compared with its own DaemonSet's revision.
-                newest, digest = self.upgrades.rollout(pools)
-                gate = await self.gate.reconcile(
-                    gate_raw,
-                    gate_spec,
-                    nodes,
-                    newest,
-                    self._revision_of,
-                    digest,
-                    self._target_of,
-                    owner=owner,
-                    restore=functools.partial(self.upgrades.restore_revisions, pools),
-                )
-                held = gate.held
-                if gate.requeue_after is not None:
-                    again.after(gate.requeue_after)
-            if self.preflight is not None:  # images missing: that pool cordons nothing
-                checked = await self.preflight.hold(nodes)
-                held = {**(held or {}), **checked.held}
-                if checked.requeue_after is not None:
-                    again.after(checked.requeue_after)
-            if self.windows is not None:  # outside a maintenance window nothing starts
-                window = await self.windows.reconcile(raw, owner, nodes)
-                held = window.merged(held)
-                if window.requeue_after is not None:
-                    again.after(window.requeue_after)  # the next window opens
+            held = await self._holds(raw, spec, owner, nodes, again)
             started, conflict = await self.upgrades.grant(nodes, policy, held, tally)
             for name in started:
                 self.queue.add(node_key(name))
             if conflict:  # the cache was behind a node: count again once it caught up
                 again.after(CONFLICT_RETRY_S)
         tally.publish(self.upgrades.metrics)
+
+    async def _holds(
+        self,
+        raw: Obj | None,
+        spec: ClusterPolicySpec,
+        owner: str | None,
+        nodes: list[Obj],
+        again: Again,
+    ) -> Mapping[str, str] | None:
+        """What holds ``owner``'s nodes from starting, by node: the canary gate, the
+        pre-flight and the maintenance windows; each says when to look again."""
+        held = None
+        # Canary and halt: one gate per driver owner, each over its own nodes and
+        # recorded on its own resource (the ClusterPolicy, or the NVIDIADriver).
+        gated = self._gated(raw, spec, owner)
+        if gated is not None:
+            gate_raw, gate_spec, pools = gated
+            # One rollout over all the owner's driver DaemonSets (one per kernel or
+            # pool); each node is compared with its own DaemonSet's revision.
+            newest, digest = self.upgrades.rollout(pools)
+            gate = await self.gate.reconcile(
+                gate_raw,
+                gate_spec,
+                nodes,
+                newest,
+                self._revision_of,
+                digest,
+                self._target_of,
+                owner=owner,
+                restore=functools.partial(self.upgrades.restore_revisions, pools),
+            )
+            held = gate.held
+            if gate.requeue_after is not None:
+                again.after(gate.requeue_after)
+        if self.preflight is not None:  # images missing: that pool cordons nothing
+            checked = await self.preflight.hold(nodes)
+            held = {**(held or {}), **checked.held}
+            if checked.requeue_after is not None:
+                again.after(checked.requeue_after)
+        if self.windows is not None:  # outside a maintenance window nothing starts
+            window = await self.windows.reconcile(raw, owner, nodes)
+            held = window.merged(held)
+            if window.requeue_after is not None:
+                again.after(window.requeue_after)  # the next window opens
+        return held
 
     def _gated(
         self, raw: Obj | None, spec: ClusterPolicySpec, owner: str | None
@@ -371,7 +256,82 @@ class NodeReconciler:
         return pod.revision_hash if pod is not None else None
 
 
-def target_owner(node_labels: Mapping[str, str]) -> str | None:
-    """The NVIDIADriver whose upgradePolicy and budget a node is under: the one it moves
-    to while a move is recorded, else its owner (None: the ClusterPolicy's)."""
-    return node_labels.get(NEXT_OWNER_LABEL) or node_labels.get(OWNER_LABEL)
+# ------------------------------------------------------------- the read phase
+@dataclass(kw_only=True)
+class NodeReader:
+    """Builds one node pass's snapshot."""
+
+    nodes: Informer
+    active_policy: ActivePolicy
+    upgrades: Upgrades
+    owners: DriverOwners
+    workloads: WorkloadHandovers
+    gpuclusters: Callable[[], GPUClusterPresence | None]
+    clock: Callable[[], float] = time.time
+
+    async def read(self, name: str) -> NodeSnapshot:
+        snap = self._cached(name)
+        reads = plan_reads(snap)
+        if reads == Reads():
+            return snap
+        return replace(
+            snap, live=await read_live(name, reads, self.upgrades.emptying, self.workloads)
+        )
+
+    def _cached(self, name: str) -> NodeSnapshot:
+        node = self.nodes.get(name)
+        if node is None:
+            return NodeSnapshot(name, None)
+        raw, model, problems = self.active_policy()
+        if raw is not None and (model is None or problems):
+            return NodeSnapshot(name, node, policy_invalid=True)
+        spec = model.spec if model is not None else None
+        dra = self.gpuclusters()
+        gpucluster = None
+        if spec is None and dra is not None:
+            known = dra.knows_whether_one_exists()
+            gpucluster = (known, dra.active() if known else False)
+        owners = self.owners
+        app = owners.driver_app(name)
+        said_invalid, said_step = self.workloads.said(name)
+        driver, resting, refused = self.upgrades.node_facts(name, app)
+        return NodeSnapshot(
+            name,
+            node,
+            now=self.clock(),
+            spec=spec,
+            spec_policy=policy_view(spec) if spec is not None else None,
+            gpucluster=gpucluster,
+            owner_policies=owners.upgrade_policies(),
+            owners_listed=owners.has_listed(),
+            base_spec=owners.base_spec() if spec is None else None,
+            namespace=self.upgrades.namespace,
+            claimant_pods=self.workloads.claimants_on(name),
+            driver=driver,
+            said_invalid=said_invalid,
+            said_step=said_step,
+            refused=refused,
+            resting=resting,
+            ready_timeout=self.upgrades.driver_ready_timeout_seconds,
+        )
+
+
+async def read_live(
+    name: str, reads: Reads, emptying: Emptying, workloads: WorkloadHandovers | None
+) -> LiveReads:
+    """The API reads ``reads`` asks for: the node's pods, our unbound pods bound for it
+    (the claimants the API server has there), and the pods the policy's selectors name."""
+    node_pods = await emptying.node_pods(name) if reads.node_pods else None
+    claimants: frozenset[str] = frozenset()
+    if reads.unbound and workloads is not None:
+        claimants = await workloads.claimants_now(name, node_pods or [])
+    drain = None
+    if reads.drain_selector is not None:
+        drain = await emptying.node_pods(name, reads.drain_selector)
+    wait = await emptying.node_pods(name, reads.wait_selector) if reads.wait_selector else None
+    return LiveReads(
+        node_pods=None if node_pods is None else tuple(node_pods),
+        claimants=claimants,
+        drain_pods=None if drain is None else tuple(drain),
+        wait_pods=None if wait is None else tuple(wait),
+    )

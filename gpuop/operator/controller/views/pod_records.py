@@ -27,6 +27,8 @@ from components.vfio_manager import DAEMONSET_NAME as VFIO_MANAGER_APP
 from components.vgpu_manager import DAEMONSET_NAME as VGPU_MANAGER_APP
 from gpuop.kube.compact import shared
 from gpuop.kube.informer import Informer, key_of
+from statemachine import DriverPodView
+from statemachine.upgrade_keys import DRIVER_REVISION_LABEL
 
 Obj = dict[str, Any]
 
@@ -303,3 +305,20 @@ class PodSubset:
 
     def values(self) -> list[PodRecord]:
         return list(self._pods.values())
+
+
+def pod_ready(pod: PodRecord) -> bool:
+    return pod.phase == "Running" and pod.ready
+
+
+def driver_pod_view(pod: PodRecord) -> DriverPodView:
+    """The rulebook's view of a node's driver pod."""
+    return DriverPodView(
+        uid=pod.uid,
+        revision_hash=pod.labels.get(DRIVER_REVISION_LABEL, ""),
+        running=pod.phase == "Running",
+        ready=pod_ready(pod),
+        restart_count=pod.restarts,
+        waiting_reason=pod.waiting,
+        config_digest=pod.config_digest,
+    )

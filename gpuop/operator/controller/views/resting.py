@@ -15,8 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import NamedTuple
 
-from gpuop.operator.controller.views.pod_records import PodRecord
-from gpuop.operator.controller.views.upgrade_inputs import driver_pod_view
+from gpuop.operator.controller.views.pod_records import PodRecord, driver_pod_view
 from statemachine import Decision, NodeUpgradeView, UpgradePolicyView, UpgradeState
 
 POOL_LIMIT = 256
@@ -87,6 +86,13 @@ class RestingMemo:
 
     def forget(self, name: str) -> None:
         self._entries.pop(name, None)
+
+    def hold(self, name: str, driver: PodRecord | None) -> None:
+        """An answer was given from the memo: hold the cache's current driver record,
+        not the old one (the same to the rulebook)."""
+        entry = self._entries.get(name)
+        if entry is not None and entry.driver is not driver:
+            self._entries[name] = entry._replace(driver=driver)
 
     def _shared_policy(self, policy: UpgradePolicyView) -> UpgradePolicyView:
         """One instance per distinct policy: each node pass builds its own, and a

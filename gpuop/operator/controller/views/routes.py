@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from components.driver import DAEMONSET_NAME as DRIVER_DS
-from components.keys import MIG_CAPABLE_LABEL
 from components.labels import is_gpu_node
 from crd import OWNER_LABEL
 from gpuop.kube.informer import Obj
@@ -44,6 +43,7 @@ from gpuop.operator.controller.views.remediation_views import policy_facts
 from gpuop.operator.controller.views.rollout_view import pod_facts
 from gpuop.operator.controller.views.wake_facts import gate_facts, rollback_facts, window_facts
 from statemachine.driver_owner import NEXT_OWNER_LABEL
+from statemachine.node_plan import cluster_label_facts
 from statemachine.upgrade_keys import STATE_LABEL, skipped
 
 
@@ -313,16 +313,4 @@ def gpu_facts(node: Obj | None) -> Any:
     """What the cluster pass reads of a node."""
     if node is None:
         return None
-    node_labels = labels(node)
-    owner = node_labels.get(OWNER_LABEL)
-    next_owner = node_labels.get(NEXT_OWNER_LABEL)
-    return (
-        is_gpu_node(node_labels),
-        node_labels.get(MIG_CAPABLE_LABEL),
-        owner,  # holds the ClusterPolicy's driver back
-        next_owner,
-        # NVIDIADriver upgrades pending, running or failed: the policy is not ready
-        # (``NVIDIADrivers.upgrade_incomplete`` reads these, on owned and moving nodes).
-        (node_labels.get(STATE_LABEL), skipped(node_labels)) if owner or next_owner else None,
-        node_out_of_service(node),  # its stale operand pods may be released
-    )
+    return (*cluster_label_facts(labels(node)), node_out_of_service(node))

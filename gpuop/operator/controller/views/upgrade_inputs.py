@@ -12,10 +12,8 @@ from collections.abc import Iterable, Mapping
 from components.driver import startup_budget_seconds
 from crd import ClusterPolicySpec
 from gpuop.kube.informer import Obj
-from gpuop.operator.controller.views.pod_records import PodRecord
 from statemachine import (
     DrainView,
-    DriverPodView,
     PodDeletionView,
     UpgradePolicyView,
     WaitForCompletionView,
@@ -66,23 +64,6 @@ def newest_revision(ds: Obj | None, revisions: Iterable[Obj]) -> str | None:
         if newest is None or number > newest[0]:
             newest = (number, hash_)
     return newest[1] if newest else None
-
-
-def pod_ready(pod: PodRecord) -> bool:
-    return pod.phase == "Running" and pod.ready
-
-
-def driver_pod_view(pod: PodRecord) -> DriverPodView:
-    """The rulebook's view of a node's driver pod."""
-    return DriverPodView(
-        uid=pod.uid,
-        revision_hash=pod.labels.get(DRIVER_REVISION_LABEL, ""),
-        running=pod.phase == "Running",
-        ready=pod_ready(pod),
-        restart_count=pod.restarts,
-        waiting_reason=pod.waiting,
-        config_digest=pod.config_digest,
-    )
 
 
 def selector(value: Mapping[str, str] | str) -> str:

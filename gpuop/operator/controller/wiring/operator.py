@@ -268,13 +268,12 @@ class Operator:
             self.metrics.reconcile_duration_seconds.labels(_pass_name(key)).observe(
                 time.monotonic() - started
             )
-        if result.requeue_after is not None:
-            self.queue.add_after(key, result.requeue_after)
+        result.apply(key, self.queue, self.node_passes.fleet_soon, self.router.progress)
 
     async def _run_pass(self, key: str) -> Result:
         node = node_of(key)
         if node is not None:
-            await self.node_passes.reconcile_node(node)
+            return await self.node_passes.reconcile_node(node)
         elif key == CLUSTER_KEY:
             return await self.cluster.reconcile()
         elif key == UPGRADES_KEY:

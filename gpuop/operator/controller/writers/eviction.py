@@ -108,6 +108,10 @@ class Emptying:
         refused = self._refused.get(node, {})
         return tuple(f"{k} ({refused[k][1]})" if k in refused else k for k in keys)
 
+    def refusals(self, node: str) -> dict[str, str]:
+        """The evictions refused on ``node``: pod key -> the API's words."""
+        return {key: why for key, (_, why) in self._refused.get(node, {}).items()}
+
     def blocked(self, node: str, keys: tuple[str, ...]) -> tuple[str, ...]:
         """Of ``keys``, those whose eviction the API refused, each with its words."""
         refused = self._refused.get(node, {})

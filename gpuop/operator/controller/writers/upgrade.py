@@ -1,9 +1,9 @@
 """Driver upgrades: the imperative side of the per-node upgrade rulebook.
 
-The rulebook (``statemachine.upgrade``) decides; this module builds its inputs from
-the caches (plus, for nodes being emptied, a LIST of the pods on that node) and
-carries out its decisions: one merge patch for labels, annotations and cordon state,
-then the side effect (delete GPU pods, evict, restart the driver pod).
+The rulebook (``statemachine.upgrade``) decides; this module reads its inputs from the
+caches (the node pass's driver facts and resting answer, ``node_facts``; its read,
+plan and write are ``_node_read``, ``statemachine.node_plan`` and ``_node_write``) and
+grants the fleet's upgrade slots: one merge patch per start.
 
 Only the serial fleet key (``upgrades``) starts upgrades: it moves the nodes the
 budget selects from ``upgrade-required`` to ``cordon-required`` (cordoned in the same
@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -26,52 +26,50 @@ from components.driver import DAEMONSET_NAME as DRIVER_DS
 from components.driver import digest_in, rollout_key
 from components.labels import is_gpu_node
 from components.validator import DAEMONSET_NAME as VALIDATOR_DS
-from crd import OWNER_LABEL
 from gpuop.kube.informer import Informer, Obj
 from gpuop.kube.kinds import by_kind
 from gpuop.kube.rest import Rest
 from gpuop.log import get_logger
 from gpuop.operator.controller.views.node_views import is_ready, labels
-from gpuop.operator.controller.views.pod_records import PodRecord, pods_on
-from gpuop.operator.controller.views.resting import RestingMemo
-from gpuop.operator.controller.views.upgrade_inputs import (
+from gpuop.operator.controller.views.pod_records import (
+    PodRecord,
     driver_pod_view,
-    newest_revision,
     pod_ready,
-    selector,
+    pods_on,
 )
+from gpuop.operator.controller.views.resting import RestingMemo
+from gpuop.operator.controller.views.upgrade_inputs import newest_revision
 from gpuop.operator.controller.views.upgrade_inputs import policy_view as policy_view
 from gpuop.operator.controller.writers.eviction import Emptying
 from gpuop.operator.events import EventRecorder
 from gpuop.operator.metrics import OperatorMetrics
 from statemachine import (
-    Action,
     BudgetNode,
     Decision,
     DriverPodView,
     NodeUpgradeView,
     UpgradePolicyView,
     UpgradeState,
-    next_step,
     select_nodes,
     start_step,
 )
 from statemachine.eviction import RemovalPlan
+from statemachine.node_plan import EMPTYING_POLL_SECONDS as EMPTYING_POLL_SECONDS
+from statemachine.node_plan import (
+    DriverFacts,
+    RestingAnswer,
+    UpgradeWrite,
+    node_patch,
+    upgrade_says,
+)
+from statemachine.node_plan import requeue_after as requeue_after
 from statemachine.rollback import revisions_to_restore
-from statemachine.upgrade_keys import DRIVER_REVISION_LABEL, STATE_LABEL, parse_state
+from statemachine.upgrade_keys import DRIVER_REVISION_LABEL
 
 log = get_logger(__name__)
 
 POD = by_kind("v1", "Pod")
 NODE = by_kind("v1", "Node")
-#: While a node is being emptied, pods elsewhere in the cluster are not watched
-#: (that would cache every pod of the fleet); the node is looked at again after this.
-EMPTYING_POLL_SECONDS = 2.0
-_EMPTYING = {
-    UpgradeState.WAIT_FOR_JOBS_REQUIRED,
-    UpgradeState.POD_DELETION_REQUIRED,
-    UpgradeState.DRAIN_REQUIRED,
-}
 
 
 @dataclass
@@ -239,47 +237,6 @@ class Upgrades:
         """One pass of the drain rules over `node` (health remediation drains so too)."""
         return await self.emptying.drain(node, policy)
 
-    async def view(
-        self, node: Obj, policy: UpgradePolicyView, newest: str | None, app: str | None = None
-    ) -> NodeUpgradeView:
-        """The rulebook's inputs for ``node``; ``app``: its driver DaemonSet, as the node
-        pass already asked (asked of the owners when not given)."""
-        name = node["metadata"]["name"]
-        app = self._owners.driver_app(name) if app is None else app
-        node_labels = labels(node)
-        wait = 0
-        gpu = drain = RemovalPlan()
-        state = parse_state(node_labels.get(STATE_LABEL))
-        # The rulebook may pass several states in one go, so count the node's pods
-        # whenever emptying could be next: also right after the grant (cordon-required).
-        if state in _EMPTYING or state is UpgradeState.CORDON_REQUIRED:
-            if policy.pod_deletion is not None:
-                gpu = await self.emptying.gpu_plan(name, policy)
-            if policy.drain.enable:
-                drain = await self.emptying.drain_plan(name, policy)
-            wait_selector = selector(policy.wait_for_completion.pod_selector)
-            if wait_selector:
-                # Upstream waits while any selected pod is Running or Pending.
-                wait = sum(
-                    1
-                    for p in await self.emptying.node_pods(name, wait_selector)
-                    if (p.get("status") or {}).get("phase") in ("Running", "Pending")
-                )
-        left: tuple[str, ...] = ()
-        if state is UpgradeState.POD_DELETION_REQUIRED:
-            left = self.emptying.left(name, gpu.remaining)
-        elif state is UpgradeState.DRAIN_REQUIRED:
-            left = self.emptying.left(name, drain.remaining)
-        return replace(
-            self._cached_view(node, newest, app),
-            wait_pods_running=wait,
-            gpu_pods=len(gpu.remaining),
-            gpu_pods_refused=gpu.refusals,
-            drain_pods=len(drain.remaining),
-            drain_refused=drain.refusals,
-            pods_left=left,
-        )
-
     def _cached_view(self, node: Obj, newest: str | None, app: str) -> NodeUpgradeView:
         """The node as the caches show it, with no pod counts (the grant needs none)."""
         name = node["metadata"]["name"]
@@ -358,69 +315,14 @@ class Upgrades:
         ]
 
     # ------------------------------------------------------------ decisions
-    async def step(
-        self, node: Obj, policy: UpgradePolicyView, newest: str | None, app: str | None = None
-    ) -> Decision:
-        """One node's next step from ``cordon-required`` on (never a start); ``app``: its
-        driver DaemonSet, as the node pass asked once (asked here when not given)."""
-        if policy.auto_upgrade and self.driver_ready_timeout_seconds is not None:
-            policy = replace(policy, driver_ready_timeout_seconds=self.driver_ready_timeout_seconds)
-        app = self._owners.driver_app(node["metadata"]["name"]) if app is None else app
-        view = await self.view(node, policy, newest, app)
-        driver = self.driver_record(view.name, app)
-        rested = self._resting.get(policy, view, driver)
-        if rested is not None:
-            return rested
-        decision = next_step(view, policy)
-        if _at_rest(decision) and not self._node_patch(node, decision):
-            self._resting.put(policy, view, driver, decision)
-        else:
-            self._resting.forget(view.name)
-        try:
-            await self._persist(node, decision)
-        except ApiException as err:
-            if err.status != 409:
-                raise
-            # The fleet pass started the node meanwhile: its watch event brings us back.
-            return Decision(view.name, decision.current, decision.current, Action.NONE, "")
-        if decision.target not in _EMPTYING or decision.target is not decision.current:
-            self.emptying.forget(view.name)  # a new step: its own refusals only
-        await self._act(view, decision, policy, app)
-        await self._report(node, decision)
-        return decision
-
     async def _report(self, node: Obj, decision: Decision) -> None:
-        """Events and logs for what a decision did."""
-        name, ref = node["metadata"]["name"], _node_ref(node)
-        if decision.notice:
-            log.warning("driver upgrade setback", node=name, reason=decision.notice)
-            await self.events.record(
-                ref, "DriverUpgradePodDeletionFailed", decision.notice, warning=True
-            )
-        for reason, message in decision.alerts:
-            log.warning("driver upgrade bookkeeping repaired", node=name, reason=message)
-            await self.events.record(ref, reason, message, warning=True)
-        if decision.entered_failed:
-            log.warning("driver upgrade failed", node=name, reason=decision.failure)
-            await self.events.record(ref, "DriverUpgradeFailed", decision.failure, warning=True)
-        elif (
-            decision.changed_state
-            and decision.target is UpgradeState.UPGRADE_DONE
-            and (decision.current is not UpgradeState.UNKNOWN)
-        ):
-            await self.events.record(ref, "DriverUpgradeDone", f"driver upgraded on {name}")
-        elif "start" in decision.triggers:
-            await self.events.record(
-                ref, "DriverUpgradeStarted", f"driver upgrade started on {name}"
-            )
-        if decision.changed_state:
-            log.info(
-                "driver upgrade",
-                node=name,
-                from_state=decision.current.value,
-                to_state=decision.target.value,
-                reason=decision.reason,
-            )
+        """Events and logs for what a decision did (as the node pass says them)."""
+        ref = _node_ref(node)
+        for say in upgrade_says(node["metadata"]["name"], decision):
+            if say.log:
+                (log.warning if say.log_warning else log.info)(say.log, **dict(say.fields))
+            if say.reason:
+                await self.events.record(ref, say.reason, say.message, warning=say.warning)
 
     async def _persist(self, node: Obj, decision: Decision) -> None:
         """One merge patch. Leaving ``upgrade-required`` is guarded by the node's
@@ -438,68 +340,52 @@ class Upgrades:
     @staticmethod
     def _node_patch(node: Obj, decision: Decision) -> dict[str, Any]:
         """What the decision changes on the node: labels, annotations, the cordon."""
-        patch: dict[str, Any] = dict(decision.merge_patch())
-        cordon = _wanted_unschedulable(decision)
-        if cordon is not None and bool(node["spec"].get("unschedulable")) != cordon:
-            patch["spec"] = {"unschedulable": cordon if cordon else None}
-        return patch
+        return node_patch(node, decision)
 
     def forget_node(self, name: str) -> None:
         """The node is gone: drop what was kept for it."""
         self._resting.forget(name)
 
-    async def _act(
-        self, view: NodeUpgradeView, decision: Decision, policy: UpgradePolicyView, app: str
-    ) -> None:
-        action = decision.action
-        if action is Action.DELETE_GPU_PODS:
-            plan = await self.emptying.gpu_plan(view.name, policy)
-            await self.emptying.evict(view.name, plan)
-        elif action is Action.DRAIN:
-            await self.emptying.drain(view.name, policy)
-        elif action is Action.RESTART_DRIVER_POD:
-            # Our own DaemonSet's pod: deleted, as upstream does; it comes straight back,
-            # unless the node moves to another NVIDIADriver: then the owner label goes
-            # first, so the old DaemonSet lets go of the node, and the new owner gets it
-            # once the pod has left (NVIDIADrivers.reconcile).
-            pods = self._driver_pods_on(view.name, app)
-            if view.moving and OWNER_LABEL in view.labels:
-                patch = {"metadata": {"labels": {OWNER_LABEL: None}}}
-                self._nodes.observe(await self.rest.merge_patch(NODE, view.name, patch))
-                log.info("driver owner", node=view.name, owner=None, reason="moving")
-            for pod in pods:
-                await self.rest.delete(POD, pod.name, pod.namespace)
+    # ------------------------------------------------------- the node pass
+    def node_facts(
+        self, name: str, app: str
+    ) -> tuple[DriverFacts, RestingAnswer | None, dict[str, str]]:
+        """What the node pass reads of the node's driver from the caches, its resting
+        answer, and the evictions refused on it (``statemachine.node_plan``)."""
+        pods = self._driver_pods_on(name, app)
+        live = [p for p in pods if not p.deleting]
+        record = max(live, key=lambda p: p.created) if live else None
+        driver_pod = None if record is None else driver_pod_view(record)
+        driver = DriverFacts(
+            app=app,
+            newest_revision=self.newest_driver_revision(app) if app else None,
+            newest_config_digest=self.template_digest(app),
+            driver_pod=driver_pod,
+            validators_ready=self.validators_ready(name),
+            driver_pods=tuple((p.name, p.namespace) for p in pods),
+        )
+        entry = self._resting.entry(name)
+        resting = None
+        if entry is not None:
+            if entry.driver is record:
+                kept = driver_pod
+            else:
+                kept = None if entry.driver is None else driver_pod_view(entry.driver)
+            resting = RestingAnswer(entry.policy, entry.view, kept, entry.decision)
+        return driver, resting, self.emptying.refusals(name)
+
+    def remember(self, name: str, step: UpgradeWrite) -> None:
+        """Keeps the resting memo as the node pass's plan says: an answer at rest is
+        remembered (with the cache's current driver record), any other forgotten."""
+        if step.resting == "forget":
+            self._resting.forget(name)
+            return
+        record = self.driver_record(name, step.app)
+        if step.resting == "put":
+            self._resting.put(step.policy, step.view, record, step.decision)
+        else:
+            self._resting.hold(name, record)
 
 
 def _node_ref(node: Obj) -> Obj:
     return {"apiVersion": "v1", "kind": "Node", "metadata": node["metadata"]}
-
-
-def _wanted_unschedulable(decision: Decision) -> bool | None:
-    if decision.action is Action.CORDON:
-        return True
-    if decision.action is Action.UNCORDON:
-        return False
-    return None
-
-
-def requeue_after(decision: Decision) -> float | None:
-    """When to look at the node again without a watch event (timeouts, emptying)."""
-    delays = [d for d in (decision.requeue_after,) if d is not None]
-    if decision.target in _EMPTYING:
-        delays.append(EMPTYING_POLL_SECONDS)
-    return min(delays) if delays else None
-
-
-def _at_rest(decision: Decision) -> bool:
-    """Nothing to do, write or report, and no clock running: the same view asks nothing new."""
-    return (
-        decision.action is Action.NONE
-        and not decision.changed_state
-        and not decision.hops
-        and not decision.has_patch
-        and decision.requeue_after is None
-        and not decision.failure
-        and not decision.notice
-        and not decision.alerts
-    )

@@ -1,0 +1,141 @@
+"""The node pass reads once, decides once, writes once (issue 45): `plan_node` is the
+one decision, over a snapshot; what it asks of the queue is part of its plan."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import crd
+from components.keys import NFD_GPU_LABELS
+from components.labels import apply_label_changes, node_label_changes
+from statemachine import UpgradePolicyView
+from statemachine.driver_handoff import HANDOFF_ANNOTATION
+from statemachine.node_plan import (
+    EMPTYING_POLL_SECONDS,
+    GPU_PODS_RECHECK_S,
+    DriverFacts,
+    LiveReads,
+    NodeSnapshot,
+    Reads,
+    plan_node,
+    plan_reads,
+)
+from statemachine.upgrade_keys import STATE_LABEL, UpgradeState
+from statemachine.upgrade_views import DrainView, DriverPodView
+from tests.tools.walk import walk
+
+SPEC = crd.ClusterPolicySpec.model_validate({"driver": {"upgradePolicy": {"autoUpgrade": True}}})
+
+
+def _node(labels: dict[str, str], **spec: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "n0", "uid": "u", "resourceVersion": "3", "labels": labels},
+        "spec": spec,
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    }
+
+
+def _settled(state: str, **spec: Any) -> dict[str, Any]:
+    """A GPU node with its deploy labels and hand-off annotation: no label to write."""
+    gpu = {NFD_GPU_LABELS[0]: "true"}
+    node = _node({**apply_label_changes(gpu, node_label_changes(gpu, SPEC)), STATE_LABEL: state})
+    node["spec"] = spec
+    node["metadata"]["annotations"] = {
+        HANDOFF_ANNOTATION: "true",
+        "gpuop.io/driver-upgrade-state-since": "999999990",
+    }
+    return node
+
+
+def _snap(node: dict[str, Any] | None, **kw: Any) -> NodeSnapshot:
+    return NodeSnapshot("n0", node, now=1e9, spec=SPEC, gpucluster=None, **kw)
+
+
+def test_a_gone_node_is_forgotten_and_an_invalid_policy_changes_nothing() -> None:
+    gone = plan_node(_snap(None))
+    assert gone.gone
+    assert gone.again.forget
+    invalid = plan_node(NodeSnapshot("n0", _node({}), policy_invalid=True))
+    assert (invalid.label_patch, invalid.upgrade, invalid.said) == ({}, None, None)
+    assert invalid.again == type(invalid.again)()  # nothing asked of the queue
+
+
+def test_a_new_gpu_node_is_labelled_and_enrolled_in_one_patch_then_runs_again() -> None:
+    from statemachine.upgrade_views import UpgradePolicyView as View
+
+    snap = _snap(_node({NFD_GPU_LABELS[0]: "true"}), spec_policy=View(auto_upgrade=True))
+    assert plan_reads(snap) == Reads(node_pods=True, unbound=True)  # the driver's claim
+    plan = plan_node(snap)
+    labels = plan.label_patch["metadata"]["labels"]
+    assert labels["nvidia.com/gpu.deploy.driver"] == "true"
+    assert labels[STATE_LABEL] == UpgradeState.UPGRADE_DONE.value  # enrolled
+    assert plan.upgrade is None
+    assert plan.again.now
+    assert plan.again.fleet
+    assert not plan.again.forget
+
+
+def test_an_emptying_node_reads_its_pods_and_looks_again_soon() -> None:
+    node = _settled("drain-required", unschedulable=True)
+    policy = UpgradePolicyView(auto_upgrade=True, drain=DrainView(enable=True))
+    snap = _snap(node, spec_policy=policy, owner_policies=None)
+    reads = plan_reads(snap)
+    assert reads.drain_selector == ""  # every pod on the node (no selector)
+    assert not reads.unbound
+    pod = {
+        "metadata": {
+            "name": "w",
+            "namespace": "ml",
+            "ownerReferences": [{"kind": "ReplicaSet", "controller": True}],
+        },
+        "spec": {"nodeName": "n0", "containers": [{"name": "c"}]},
+        "status": {"phase": "Running"},
+    }
+    plan = plan_node(replace(snap, live=LiveReads(drain_pods=(pod,))))
+    assert plan.label_patch == {}
+    assert plan.upgrade is not None
+    assert plan.upgrade.evict is not None
+    assert plan.upgrade.evict.evict == ("ml/w",)
+    assert plan.again.requeue_after == EMPTYING_POLL_SECONDS
+
+
+def test_a_resting_answer_is_kept_and_asks_nothing() -> None:
+    policy = UpgradePolicyView(auto_upgrade=True)
+    pod = DriverPodView("uid", "rev", running=True, ready=True)
+    node = _settled("upgrade-done")
+    snap = NodeSnapshot(
+        "n0",
+        node,
+        now=1e9,
+        spec=SPEC,
+        spec_policy=policy,
+        driver=DriverFacts("d", newest_revision="rev", driver_pod=pod, validators_ready=True),
+    )
+    first = plan_node(snap)
+    assert first.upgrade is not None
+    assert first.upgrade.resting == "put"
+    assert first.again.forget
+    assert not first.again.now
+    assert not first.again.fleet
+
+
+def test_a_held_claim_for_container_gpu_pods_looks_again_every_few_seconds() -> None:
+    from statemachine._node_upgrade import _again
+    from statemachine.node_plan import NodeAgain
+    from statemachine.upgrade_views import Action, Decision
+
+    waiting = Decision(
+        "n0", UpgradeState.DRAIN_REQUIRED, UpgradeState.DRAIN_REQUIRED, Action.DRAIN, ""
+    )
+    assert _again(waiting, recheck=True).requeue_after == EMPTYING_POLL_SECONDS
+    done = Decision("n0", UpgradeState.UPGRADE_DONE, UpgradeState.UPGRADE_DONE, Action.NONE, "")
+    assert _again(done, recheck=True) == NodeAgain(requeue_after=GPU_PODS_RECHECK_S, forget=True)
+
+
+def test_the_node_pass_climbs_from_the_core_at_most_twice() -> None:
+    """Read (one pure question: what to read), plan, write: `tests/tools/walk.py`."""
+    for which in ("enrol", "drain"):
+        assert walk(which, core_whole=False).counts()["climbs"] <= 2
+        # infrastructure and the caches' record types as edges (the walk's third rule)
+        assert walk(which, core_whole=True, edges=True).counts()["modules"] <= 8
