@@ -14,7 +14,7 @@ from components.labels import (
 )
 from crd import OWNER_LABEL, ClusterPolicySpec
 from statemachine.driver_owner import NEXT_OWNER_LABEL
-from statemachine.eviction import RemovalPlan, RemovalRules
+from statemachine.eviction import RemovalPlan
 from statemachine.upgrade_keys import STATE_LABEL, UpgradeState, skipped
 from statemachine.upgrade_views import (
     Action,
@@ -216,26 +216,6 @@ def target_owner(node_labels: Mapping[str, str]) -> str | None:
     """The NVIDIADriver whose upgradePolicy and budget a node is under: the one it moves
     to while a move is recorded, else its owner (None: the ClusterPolicy's)."""
     return node_labels.get(NEXT_OWNER_LABEL) or node_labels.get(OWNER_LABEL)
-
-
-def selector(value: Mapping[str, str] | str) -> str:
-    """A policy pod selector as a label selector string."""
-    if isinstance(value, str):
-        return value.strip()
-    return ",".join(f"{k}={v}" for k, v in value.items())
-
-
-def gpu_pod_rules(policy: UpgradePolicyView) -> RemovalRules:
-    deletion = policy.pod_deletion
-    return RemovalRules(
-        force=bool(deletion and deletion.force),
-        delete_empty_dir=bool(deletion and deletion.delete_empty_dir),
-        honour_drain_skip=False,
-    )
-
-
-def drain_rules(policy: UpgradePolicyView) -> RemovalRules:
-    return RemovalRules(force=policy.drain.force, delete_empty_dir=policy.drain.delete_empty_dir)
 
 
 def requeue_after(decision: Decision) -> float | None:

@@ -22,14 +22,18 @@ from statemachine._node_snapshot import (
     Say,
     UpgradeWrite,
     at_rest,
-    drain_rules,
-    gpu_pod_rules,
     labels_of,
     node_patch,
     requeue_after,
     target_owner,
 )
-from statemachine.eviction import RemovalPlan, gpu_workload, plan_removal
+from statemachine.eviction import (
+    RemovalPlan,
+    drain_rules,
+    gpu_pod_rules,
+    gpu_workload,
+    plan_removal,
+)
 from statemachine.upgrade import next_step
 from statemachine.upgrade_keys import STATE_LABEL, UpgradeState, parse_state
 from statemachine.upgrade_views import (

@@ -15,6 +15,7 @@ from enum import StrEnum
 from typing import Any
 
 from statemachine.upgrade_keys import DRAIN_SKIP_POD_LABEL
+from statemachine.upgrade_views import UpgradePolicyView
 
 Pod = Mapping[str, Any]
 
@@ -161,3 +162,26 @@ def plan_removal(pods: Iterable[Pod], rules: RemovalRules) -> RemovalPlan:
         elif verdict.verdict is Verdict.REFUSE:
             refused.append((pod_key(pod), verdict.why))
     return RemovalPlan(tuple(evict), tuple(waiting), tuple(refused))
+
+
+def gpu_pod_rules(policy: UpgradePolicyView) -> RemovalRules:
+    """The rules for removing GPU pods (``upgradePolicy.podDeletion``): the drain's skip
+    label does not protect a pod that holds the GPU."""
+    deletion = policy.pod_deletion
+    return RemovalRules(
+        force=bool(deletion and deletion.force),
+        delete_empty_dir=bool(deletion and deletion.delete_empty_dir),
+        honour_drain_skip=False,
+    )
+
+
+def drain_rules(policy: UpgradePolicyView) -> RemovalRules:
+    """The rules of ``upgradePolicy.drain``, as ``kubectl drain`` with those flags."""
+    return RemovalRules(force=policy.drain.force, delete_empty_dir=policy.drain.delete_empty_dir)
+
+
+def selector(value: Mapping[str, str] | str) -> str:
+    """A policy pod selector as a label selector string."""
+    if isinstance(value, str):
+        return value.strip()
+    return ",".join(f"{k}={v}" for k, v in value.items())

@@ -54,7 +54,6 @@ from statemachine._node_snapshot import (
     labels_of,
     node_patch,
     requeue_after,
-    selector,
     target_owner,
 )
 from statemachine._node_upgrade import (
@@ -67,7 +66,7 @@ from statemachine._node_upgrade import (
     upgrade_says,
 )
 from statemachine.driver_handoff import handoff_patch, handoff_wanted
-from statemachine.eviction import gpu_workload
+from statemachine.eviction import gpu_workload, selector
 from statemachine.upgrade_views import (
     UpgradePolicyView,
 )

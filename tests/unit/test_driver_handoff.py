@@ -23,6 +23,7 @@ from statemachine.driver_handoff import (
 )
 from statemachine.driver_owner import NEXT_OWNER_LABEL
 from statemachine.node_plan import DriverFacts
+from tests.factories import node
 from tests.unit.test_nvd_upgrade_wakes_cluster import _Queue, _Workloads
 
 GPU = {"nvidia.com/gpu.present": "true"}
@@ -153,15 +154,7 @@ class _Rest:
 
 
 def _node(labels: dict[str, str], annotations: dict[str, str]) -> dict[str, Any]:
-    return {
-        "metadata": {
-            "name": "n0",
-            "resourceVersion": "1",
-            "labels": {"feature.node.kubernetes.io/pci-10de.present": "true", **labels},
-            "annotations": annotations,
-        },
-        "spec": {},
-    }
+    return node(labels=labels, annotations=annotations, gpu=True)
 
 
 def _pass(

@@ -10,6 +10,7 @@ import crd
 from components.labels import apply_label_changes, node_label_changes
 from crd import ClusterPolicySpec, parse_policy
 from gpuop.operator.controller.views.label_gate import RECHECK_S, LabelGate, adds_labels
+from tests.factories import node
 
 GPU = {"feature.node.kubernetes.io/pci-10de.present": "true"}
 POLICY = ("uid-1", 1)
@@ -23,7 +24,7 @@ def _spec() -> ClusterPolicySpec:
 
 
 def _node(name: str, labels: dict[str, str]) -> dict[str, Any]:
-    return {"metadata": {"name": name, "labels": labels}}
+    return node(name, labels)
 
 
 def _labelled(name: str, spec: ClusterPolicySpec) -> dict[str, Any]:

@@ -7,8 +7,6 @@ from dataclasses import replace
 from typing import Any
 
 import crd
-from components.keys import NFD_GPU_LABELS
-from components.labels import apply_label_changes, node_label_changes
 from statemachine import UpgradePolicyView
 from statemachine.driver_handoff import HANDOFF_ANNOTATION
 from statemachine.node_plan import (
@@ -23,40 +21,35 @@ from statemachine.node_plan import (
 )
 from statemachine.upgrade_keys import STATE_LABEL, UpgradeState
 from statemachine.upgrade_views import DrainView, DriverPodView
+from tests.factories import node, pod, snapshot
 from tests.tools.walk import walk
 
 SPEC = crd.ClusterPolicySpec.model_validate({"driver": {"upgradePolicy": {"autoUpgrade": True}}})
 
 
-def _node(labels: dict[str, str], **spec: Any) -> dict[str, Any]:
-    return {
-        "metadata": {"name": "n0", "uid": "u", "resourceVersion": "3", "labels": labels},
-        "spec": spec,
-        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
-    }
-
-
 def _settled(state: str, **spec: Any) -> dict[str, Any]:
     """A GPU node with its deploy labels and hand-off annotation: no label to write."""
-    gpu = {NFD_GPU_LABELS[0]: "true"}
-    node = _node({**apply_label_changes(gpu, node_label_changes(gpu, SPEC)), STATE_LABEL: state})
-    node["spec"] = spec
-    node["metadata"]["annotations"] = {
-        HANDOFF_ANNOTATION: "true",
-        "gpuop.io/driver-upgrade-state-since": "999999990",
-    }
-    return node
+    annotations = {HANDOFF_ANNOTATION: "true", "gpuop.io/driver-upgrade-state-since": "999999990"}
+    return node(
+        labels={STATE_LABEL: state},
+        annotations=annotations,
+        deployed=SPEC,
+        uid="u",
+        rv="3",
+        ready=True,
+        **spec,
+    )
 
 
-def _snap(node: dict[str, Any] | None, **kw: Any) -> NodeSnapshot:
-    return NodeSnapshot("n0", node, now=1e9, spec=SPEC, gpucluster=None, **kw)
+def _snap(node_obj: dict[str, Any] | None, **kw: Any) -> NodeSnapshot:
+    return snapshot(node_obj, now=1e9, spec=SPEC, gpucluster=None, **kw)
 
 
 def test_a_gone_node_is_forgotten_and_an_invalid_policy_changes_nothing() -> None:
     gone = plan_node(_snap(None))
     assert gone.gone
     assert gone.again.forget
-    invalid = plan_node(NodeSnapshot("n0", _node({}), policy_invalid=True))
+    invalid = plan_node(snapshot(node(ready=True), policy_invalid=True))
     assert (invalid.label_patch, invalid.upgrade, invalid.said) == ({}, None, None)
     assert invalid.again == type(invalid.again)()  # nothing asked of the queue
 
@@ -64,7 +57,7 @@ def test_a_gone_node_is_forgotten_and_an_invalid_policy_changes_nothing() -> Non
 def test_a_new_gpu_node_is_labelled_and_enrolled_in_one_patch_then_runs_again() -> None:
     from statemachine.upgrade_views import UpgradePolicyView as View
 
-    snap = _snap(_node({NFD_GPU_LABELS[0]: "true"}), spec_policy=View(auto_upgrade=True))
+    snap = _snap(node(gpu=True, uid="u", rv="3", ready=True), spec_policy=View(auto_upgrade=True))
     assert plan_reads(snap) == Reads(node_pods=True, unbound=True)  # the driver's claim
     plan = plan_node(snap)
     labels = plan.label_patch["metadata"]["labels"]
@@ -77,22 +70,14 @@ def test_a_new_gpu_node_is_labelled_and_enrolled_in_one_patch_then_runs_again() 
 
 
 def test_an_emptying_node_reads_its_pods_and_looks_again_soon() -> None:
-    node = _settled("drain-required", unschedulable=True)
+    draining = _settled("drain-required", unschedulable=True)
     policy = UpgradePolicyView(auto_upgrade=True, drain=DrainView(enable=True))
-    snap = _snap(node, spec_policy=policy, owner_policies=None)
+    snap = _snap(draining, spec_policy=policy, owner_policies=None)
     reads = plan_reads(snap)
     assert reads.drain_selector == ""  # every pod on the node (no selector)
     assert not reads.unbound
-    pod = {
-        "metadata": {
-            "name": "w",
-            "namespace": "ml",
-            "ownerReferences": [{"kind": "ReplicaSet", "controller": True}],
-        },
-        "spec": {"nodeName": "n0", "containers": [{"name": "c"}]},
-        "status": {"phase": "Running"},
-    }
-    plan = plan_node(replace(snap, live=LiveReads(drain_pods=(pod,))))
+    workload = pod("w", "n0", namespace="ml", owner=("ReplicaSet", "web-1"))
+    plan = plan_node(replace(snap, live=LiveReads(drain_pods=(workload,))))
     assert plan.label_patch == {}
     assert plan.upgrade is not None
     assert plan.upgrade.evict is not None
@@ -103,10 +88,8 @@ def test_an_emptying_node_reads_its_pods_and_looks_again_soon() -> None:
 def test_a_resting_answer_is_kept_and_asks_nothing() -> None:
     policy = UpgradePolicyView(auto_upgrade=True)
     pod = DriverPodView("uid", "rev", running=True, ready=True)
-    node = _settled("upgrade-done")
-    snap = NodeSnapshot(
-        "n0",
-        node,
+    snap = snapshot(
+        _settled("upgrade-done"),
         now=1e9,
         spec=SPEC,
         spec_policy=policy,

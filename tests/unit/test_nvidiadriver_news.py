@@ -22,6 +22,7 @@ from gpuop.operator.controller.views.driver_owners import DriverOwners
 from gpuop.operator.controller.views.node_views import trim_node
 from gpuop.operator.controller.views.pod_records import PodRecord, trim_pod
 from gpuop.operator.controller.views.routes import Wake, route_pod
+from tests import factories
 
 Obj = dict[str, Any]
 
@@ -98,7 +99,7 @@ def _node(name: str, owner: str | None = None) -> Obj:
     labels = {"nvidia.com/gpu.present": "true"}
     if owner:
         labels[OWNER_LABEL] = owner
-    return {"metadata": {"name": name, "resourceVersion": "1", "labels": labels}, "spec": {}}
+    return factories.node(name, labels)
 
 
 def test_the_policys_own_driver_pods_do_not_queue_the_cluster_pass() -> None:

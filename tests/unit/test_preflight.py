@@ -37,6 +37,7 @@ from statemachine.preflight import (
     recorded_hold,
 )
 from statemachine.upgrade_keys import STATE_LABEL
+from tests.factories import node
 
 Obj = dict[str, Any]
 
@@ -218,7 +219,7 @@ def _ds(generation: int, driver: str) -> Obj:
 
 
 def _node(name: str, state: str) -> Obj:
-    return {"metadata": {"name": name, "labels": {STATE_LABEL: state}}}
+    return node(name, {STATE_LABEL: state})
 
 
 async def test_the_unit_asks_only_when_a_wave_waits_and_remembers(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from components import RenderContext, desired_objects
 from gpuop.kube.informer import Informer, ResourceSpec
 from gpuop.operator.controller.views.pod_records import pod_index, trim_pod
 from gpuop.operator.controller.views.rollout_view import NodeRollouts, RolloutView
+from tests import factories
 
 Obj = dict[str, Any]
 NS = "gpu-operator"
@@ -49,8 +50,7 @@ def _apps(desired: dict[str, list[Obj]]) -> list[tuple[str, dict[str, str]]]:
 
 
 def _node(name: str, labels: dict[str, str]) -> Obj:
-    created = "2026-01-01T00:00:00Z"
-    return {"metadata": {"name": name, "labels": dict(labels), "creationTimestamp": created}}
+    return factories.node(name, labels, created="2026-01-01T00:00:00Z")
 
 
 def _pod(node: str, app: str, ready: bool, serial: int) -> Obj:

@@ -26,6 +26,7 @@ from gpuop.operator.controller.writers.status_write import (
     merge_owned,
     write_policy_conditions,
 )
+from tests import factories
 
 Obj = dict[str, Any]
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -97,12 +98,7 @@ class _Events:
 
 
 def _policy() -> Obj:
-    return {
-        "apiVersion": "nvidia.com/v1",
-        "kind": "ClusterPolicy",
-        "metadata": {"name": "cluster-policy", "resourceVersion": "1", "generation": 1},
-        "spec": {},
-    }
+    return factories.policy()
 
 
 def _types(obj: Obj) -> list[str]:

@@ -191,9 +191,7 @@ async def test_a_vm_claim_waits_for_any_driver_pod_whatever_its_daemonset() -> N
     """The hand-over's first patch removes `nvidia.com/gpu.deploy.driver`, so the driver
     DaemonSet no longer selects the node; its pod is found all the same."""
     for labels in (NVD_DRIVER, PRECOMPILED):
-        handovers = WorkloadHandovers(
-            _pod_cache(("driver", labels)), cast(Any, None), cast(Any, _Events())
-        )
+        handovers = WorkloadHandovers(_pod_cache(("driver", labels)), cast(Any, None))
         changes = {
             "nvidia.com/gpu.deploy.driver": None,
             "nvidia.com/gpu.deploy.vfio-manager": "true",
@@ -208,9 +206,7 @@ async def test_a_vm_claim_waits_for_any_driver_pod_whatever_its_daemonset() -> N
 async def test_back_to_containers_waits_for_an_nvidiadriver_vgpu_host_manager() -> None:
     from statemachine.workload_handover import VM_MANAGER_LEAVING
 
-    handovers = WorkloadHandovers(
-        _pod_cache(("vgpu", NVD_VGPU_HOST)), cast(Any, None), cast(Any, _Events())
-    )
+    handovers = WorkloadHandovers(_pod_cache(("vgpu", NVD_VGPU_HOST)), cast(Any, None))
     changes = {"nvidia.com/gpu.deploy.vgpu-manager": None, "nvidia.com/gpu.deploy.driver": "true"}
     patch, step = await hold(handovers, None, _node("container"), changes)
     assert step is not None

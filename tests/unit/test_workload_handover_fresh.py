@@ -11,7 +11,7 @@ from typing import Any, cast
 
 from gpuop.operator.controller.writers.workload_handover import WorkloadHandovers
 from statemachine.workload_handover import CLAIMING, DRIVER_LEAVING, VM_MANAGER_LEAVING
-from tests.unit.test_workload_events import NVD_DRIVER, _Events, _node, _pod_cache, hold
+from tests.unit.test_workload_events import NVD_DRIVER, _node, _pod_cache, hold
 
 DRIVER_LABEL = "nvidia.com/gpu.deploy.driver"
 VFIO_LABEL = "nvidia.com/gpu.deploy.vfio-manager"
@@ -53,7 +53,7 @@ class _Emptying:
 
 
 def _handovers(emptying: _Emptying) -> WorkloadHandovers:
-    return WorkloadHandovers(_pod_cache(), cast(Any, emptying), cast(Any, _Events()))
+    return WorkloadHandovers(_pod_cache(), cast(Any, emptying))
 
 
 SWITCH = {DRIVER_LABEL: None, VFIO_LABEL: "true"}

@@ -17,9 +17,9 @@ from gpuop.operator.controller.passes.gpucluster import conflict_message
 from gpuop.operator.controller.views.objects import is_policy_driver, nvd_owner
 from gpuop.operator.controller.views.upgrade_inputs import newest_revision, policy_view
 from gpuop.operator.controller.wiring.operator import Operator
-from gpuop.operator.controller.writers.eviction import drain_rules, gpu_pod_rules
 from gpuop.operator.controller.writers.rollout_gate import gate_policy
 from gpuop.operator.controller.writers.upgrade_window import waiting_nodes
+from statemachine.eviction import drain_rules, gpu_pod_rules
 
 __all__ = [
     "DEFAULT_NAMESPACE",

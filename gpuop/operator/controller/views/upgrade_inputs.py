@@ -7,7 +7,7 @@ pods, nodes): split from ``writers.upgrade`` so the node and fleet passes, the
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 
 from components.driver import startup_budget_seconds
 from crd import ClusterPolicySpec
@@ -64,10 +64,3 @@ def newest_revision(ds: Obj | None, revisions: Iterable[Obj]) -> str | None:
         if newest is None or number > newest[0]:
             newest = (number, hash_)
     return newest[1] if newest else None
-
-
-def selector(value: Mapping[str, str] | str) -> str:
-    """A policy pod selector as a label selector string."""
-    if isinstance(value, str):
-        return value.strip()
-    return ",".join(f"{k}={v}" for k, v in value.items())

@@ -206,7 +206,7 @@ class Operator:
             upgrades=self.upgrades,
             gate=self.gate,
             owners=self.owners,
-            workloads=WorkloadHandovers(self.pods, self.upgrades.emptying, self.events),
+            workloads=WorkloadHandovers(self.pods, self.upgrades.emptying),
         )
         self.node_passes.gpuclusters = self.gpuclusters
         self.node_passes.preflight = Preflight(

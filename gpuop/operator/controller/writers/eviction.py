@@ -19,9 +19,15 @@ from gpuop.kube.informer import Obj
 from gpuop.kube.kinds import by_kind
 from gpuop.kube.rest import Rest
 from gpuop.log import get_logger
-from gpuop.operator.controller.views.upgrade_inputs import selector
 from statemachine import UpgradePolicyView
-from statemachine.eviction import RemovalPlan, RemovalRules, gpu_workload, plan_removal
+from statemachine.eviction import (
+    RemovalPlan,
+    drain_rules,
+    gpu_pod_rules,
+    gpu_workload,
+    plan_removal,
+    selector,
+)
 
 log = get_logger(__name__)
 
@@ -29,19 +35,6 @@ POD = by_kind("v1", "Pod")
 #: An eviction refused (by a PodDisruptionBudget, say) is retried after this, as
 #: kubectl drain does, until the step's timeout fails the node.
 EVICTION_RETRY_SECONDS = 5.0
-
-
-def gpu_pod_rules(policy: UpgradePolicyView) -> RemovalRules:
-    deletion = policy.pod_deletion
-    return RemovalRules(
-        force=bool(deletion and deletion.force),
-        delete_empty_dir=bool(deletion and deletion.delete_empty_dir),
-        honour_drain_skip=False,
-    )
-
-
-def drain_rules(policy: UpgradePolicyView) -> RemovalRules:
-    return RemovalRules(force=policy.drain.force, delete_empty_dir=policy.drain.delete_empty_dir)
 
 
 def eviction_error(err: ApiException) -> str:

@@ -27,7 +27,6 @@ from gpuop.kube.informer import Informer, Obj
 from gpuop.log import get_logger
 from gpuop.operator.controller.views.pod_records import PodRecord, is_driver_pod, trim_pod
 from gpuop.operator.controller.writers.eviction import POD, Emptying
-from gpuop.operator.events import EventRecorder
 from statemachine import node_plan
 from statemachine.workload_handover import (
     DRIVER,
@@ -53,11 +52,9 @@ class WorkloadHandovers:
         self,
         pods: Informer[PodRecord],
         emptying: Emptying,
-        events: EventRecorder,
     ) -> None:
         self._pods = pods
         self._emptying = emptying
-        self._events = events
         #: Per node, what was last said in an Event (only to say it once).
         self._said_invalid: dict[str, str] = {}
         self._said_step: dict[str, str] = {}
