@@ -113,13 +113,21 @@ async def test_a_halted_canary_goes_back_to_the_validated_driver(
             # The cause goes with the bad driver: pods of the old one may start again.
             await _restore_taints(rest, taints)
 
+            seen: dict[str, object] = {}
+
             async def back_and_done() -> dict[str, str] | None:
                 states = await _states(rest, gpu)
                 hashes = await _driver_hashes(rest)
+                seen.update(states=states, hashes=hashes, before=before)
                 ok = set(states.values()) == {"upgrade-done"} and hashes == before
                 return hashes if ok else None
 
-            await eventually(back_and_done, timeout=240, what="every node back on the old driver")
+            try:
+                what = "every node back on the old driver"
+                await eventually(back_and_done, timeout=240, what=what)
+            except AssertionError as err:  # say where each node stood
+                seen["gate"] = await _gate_condition(rest)
+                raise AssertionError(f"{err}; last seen: {seen}") from None
             for name in gpu:
                 node = await rest.get(NODE, name)
                 assert node is not None
