@@ -75,6 +75,28 @@ def pod(
     }
 
 
+def operand_pod(app: str, node_name: str, revision: str, *, uid: str, container: str = "c") -> Obj:
+    """A Running, Ready pod of the operand DaemonSet ``app`` on ``node_name``, from its
+    revision ``revision``, as the operand pods cache is fed it."""
+    return {
+        "metadata": {
+            "name": f"{app}-{node_name}",
+            "namespace": "gpu-operator",
+            "uid": uid,
+            "resourceVersion": "1",
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+            "labels": {"app": app, "controller-revision-hash": revision},
+            "ownerReferences": [{"kind": "DaemonSet", "name": app, "uid": "ds"}],
+        },
+        "spec": {"nodeName": node_name},
+        "status": {
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "containerStatuses": [{"name": container, "restartCount": 0}],
+        },
+    }
+
+
 def policy(
     spec: Obj | None = None,
     *,

@@ -52,6 +52,7 @@ from statemachine.upgrade_keys import (
     STATE_LABEL,
     STATE_SINCE_ANNOTATION,
 )
+from tests.factories import operand_pod
 
 Obj = dict[str, Any]
 OURS = ("gpuop", "statemachine", "components", "crd")
@@ -162,23 +163,7 @@ def _workload_pod() -> Obj:
 
 
 def _operand_pod(app: str, revision: str) -> Obj:
-    return {
-        "metadata": {
-            "name": f"{app}-{NAME}",
-            "namespace": "gpu-operator",
-            "uid": f"uid-{app}",
-            "resourceVersion": "1",
-            "creationTimestamp": "2026-01-01T00:00:00Z",
-            "labels": {"app": app, "controller-revision-hash": revision},
-            "ownerReferences": [{"kind": "DaemonSet", "name": app, "uid": "ds"}],
-        },
-        "spec": {"nodeName": NAME},
-        "status": {
-            "phase": "Running",
-            "conditions": [{"type": "Ready", "status": "True"}],
-            "containerStatuses": [{"name": "c", "restartCount": 0}],
-        },
-    }
+    return operand_pod(app, NAME, revision, uid=f"uid-{app}")
 
 
 def scenario(which: str) -> tuple[Operator, MemoryRest]:

@@ -32,6 +32,7 @@ from gpuop.operator.metrics import OperatorMetrics
 from statemachine import Decision, UpgradePolicyView
 from statemachine.node_plan import NodePlan, NodeSnapshot, plan_upgrade, upgrade_reads
 from statemachine.upgrade_keys import IN_PROGRESS_STATES, STATE_LABEL, UpgradeState
+from tests.factories import operand_pod
 
 Obj = dict[str, Any]
 LIMIT = 2
@@ -120,23 +121,7 @@ def _node(name: str, state: str) -> Obj:
 
 
 def _driver_pod(node: str, revision: str = "old") -> Obj:
-    return {
-        "metadata": {
-            "name": f"driver-{node}",
-            "namespace": "gpu-operator",
-            "uid": f"uid-{node}",
-            "resourceVersion": "1",
-            "creationTimestamp": "2026-01-01T00:00:00Z",
-            "labels": {"app": DRIVER_DS, "controller-revision-hash": revision},
-            "ownerReferences": [{"kind": "DaemonSet", "name": DRIVER_DS, "uid": "ds"}],
-        },
-        "spec": {"nodeName": node},
-        "status": {
-            "phase": "Running",
-            "conditions": [{"type": "Ready", "status": "True"}],
-            "containerStatuses": [{"name": "driver", "restartCount": 0}],
-        },
-    }
+    return operand_pod(DRIVER_DS, node, revision, uid=f"uid-{node}", container="driver")
 
 
 def _operator(server: _Server) -> tuple[Upgrades, Informer, OperatorMetrics]:
