@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from components.dra import gpucluster_label_changes
-from components.keys import TRUE
+from components.keys import DEPLOY_LABEL_PREFIX, TRUE
 from components.labels import (
     LabelChanges,
     apply_label_changes,
@@ -106,10 +106,28 @@ def _label_changes(snap: NodeSnapshot, node_labels: Mapping[str, str]) -> LabelC
 
 
 def nothing_holds_claim(snap: NodeSnapshot, node_labels: Mapping[str, str], claim: str) -> bool:
-    """No claimant holds the GPUs per the caches: the API is asked before granting."""
+    """No claimant holds the GPUs per the caches: the API is asked before granting
+    (unless it is a `first_claim`)."""
     present = snap.claimant_pods | _labelled(node_labels, claim)
     others = present - {claim}
     return not (others if claim == DRIVER else others & {DRIVER})
+
+
+def first_claim(node_labels: Mapping[str, str], changes: LabelChanges, claim: str) -> bool:
+    """The driver's claim in the first labels a node gets from us (no deploy label on
+    it yet, the patch only adds): granted on the caches' word, without asking the API.
+
+    The API read closes a race of switches: a claimant's pod the pods cache has not
+    shown yet, made from a deploy label the node had a moment ago. A node that never
+    carried a deploy label has no claimant's DaemonSet selecting it, so no such pod
+    can be on its way, and a fresh rollout does not pay two LISTs per node (one of
+    every unbound pod of ours) before its labels. A VM claim still asks: the container
+    GPU pods it waits for are in no cache of ours."""
+    return (
+        claim == DRIVER
+        and all(value is not None for value in changes.values())
+        and not any(key.startswith(DEPLOY_LABEL_PREFIX) for key in node_labels)
+    )
 
 
 def handover(snap: NodeSnapshot, node_labels: Mapping[str, str], claim: str) -> HandoverStep:
@@ -245,7 +263,11 @@ def plan_reads(snap: NodeSnapshot) -> Reads:
     node_labels = labels_of(node)
     changes = _label_changes(snap, node_labels)
     claim = pending_claim(changes)
-    ask = claim is not None and nothing_holds_claim(snap, node_labels, claim)
+    ask = (
+        claim is not None
+        and nothing_holds_claim(snap, node_labels, claim)
+        and not first_claim(node_labels, changes, claim)
+    )
     unheld = {k: v for k, v in changes.items() if not (v == TRUE and k in GPU_CLAIMS)}
     if claim is None:
         labelled = bool(changes) or bool(

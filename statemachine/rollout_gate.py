@@ -157,6 +157,9 @@ class GateDecision:
     message: str = ""
     requeue_after: float | None = None
     resumed: bool = False
+    settling: bool = False
+    """The inputs were of two rollouts (``plan_gate``'s ``settled``): the candidates are
+    held, nothing is decided, and nothing is to be persisted or reported."""
 
     @property
     def holding(self) -> bool:
@@ -210,19 +213,35 @@ def plan_gate(
     resume: bool = False,
     digest: str = "",
     resource: str = "ClusterPolicy",
+    settled: bool = True,
 ) -> GateDecision:
     """Decide the gate for one fleet pass. Pure: same inputs, same answer.
 
     ``target`` is the newest driver revision (what nodes are compared with, unless a
     node names its own), ``digest`` the config digest of its template (what keys the
     record; "" when unknown), ``resource`` what carries the record and the resume
-    annotation (named in the halt's message).
+    annotation (named in the halt's message). ``settled``: whether ``target`` is a
+    revision of the template ``digest`` was read from. The template and its revisions
+    come on two watches, so for a moment after the template changes one may be news
+    and the other not; deciding then would key a record by one rollout and count
+    failures at the other's revision (a rollback's first pass started the old driver's
+    record halted by the failure of the new one). Unsettled, the candidates wait, and
+    nothing is recorded, until the late event wakes the fleet pass again.
     """
     if not policy.enabled:
         return GateDecision(GatePhase.OFF)
     if not target:
         return GateDecision(GatePhase.IDLE, message="no driver revision yet")
     fleet = sorted(nodes, key=lambda n: n.name)
+    if not settled:
+        why = "waiting for the driver DaemonSet's newest revision to match its template"
+        waiting = [n.name for n in fleet if n.state is UpgradeState.UPGRADE_REQUIRED]
+        return GateDecision(
+            phase_of(previous, policy, now),
+            held=dict.fromkeys(waiting, why),
+            message=why,
+            settling=True,
+        )
     if previous is not None and previous.same_rollout(target, digest):
         record = replace(previous, revision=target, digest=digest or previous.digest)
     else:

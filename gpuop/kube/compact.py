@@ -82,8 +82,15 @@ def shared(value: Any) -> Any:
     if isinstance(value, str):
         return sys.intern(value)
     if isinstance(value, dict):
-        items = [(sys.intern(str(k)), shared(v)) for k, v in value.items()]
-        key: tuple[Any, ...] = ("d", *((k, _identity(v)) for k, v in items))
+        key: tuple[Any, ...]
+        if all(type(v) is str for v in value.values()):
+            # Labels, the common case (every pod event): the key `_identity` would make,
+            # without a call per entry.
+            items = [(sys.intern(str(k)), sys.intern(v)) for k, v in value.items()]
+            key = ("d", *((k, ("str", v)) for k, v in items))
+        else:
+            items = [(sys.intern(str(k)), shared(v)) for k, v in value.items()]
+            key = ("d", *((k, _identity(v)) for k, v in items))
         found = _POOL.get(key)
         if found is None:
             found = FrozenDict(items)

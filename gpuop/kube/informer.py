@@ -296,7 +296,7 @@ class Informer(Generic[T]):
     def _same(self, before: T, after: T) -> bool:
         """Does ``after`` change nothing a reader reads of ``before`` (same object)?"""
         same = self.spec.unchanged
-        return same is not None and _uid(before) == _uid(after) and same(before, after)
+        return same is not None and same(before, after) and _uid(before) == _uid(after)
 
     def _swap(self, key: str, old: T, new: T) -> None:
         """Hold ``new`` instead of ``old``, silently: readers see no change (no

@@ -58,7 +58,7 @@ def test_a_new_gpu_node_is_labelled_and_enrolled_in_one_patch_then_runs_again() 
     from statemachine.upgrade_views import UpgradePolicyView as View
 
     snap = _snap(node(gpu=True, uid="u", rv="3", ready=True), spec_policy=View(auto_upgrade=True))
-    assert plan_reads(snap) == Reads(node_pods=True, unbound=True)  # the driver's claim
+    assert plan_reads(snap) == Reads()  # the driver's first claim: on the caches' word
     plan = plan_node(snap)
     labels = plan.label_patch["metadata"]["labels"]
     assert labels["nvidia.com/gpu.deploy.driver"] == "true"
@@ -67,6 +67,24 @@ def test_a_new_gpu_node_is_labelled_and_enrolled_in_one_patch_then_runs_again() 
     assert plan.again.now
     assert plan.again.fleet
     assert not plan.again.forget
+
+
+def test_only_a_first_driver_claim_goes_without_asking_the_api() -> None:
+    """The API is asked before a claim whenever a claimant's DaemonSet may have
+    selected the node: once it carries any deploy label, or for a VM claim (the
+    container GPU pods a VFIO or vGPU manager waits for are in no cache)."""
+    fresh = node(gpu=True, uid="u", rv="3", ready=True)
+    assert plan_reads(_snap(fresh)) == Reads()
+    # Its first labels held the claim back (a claimant's pod in the cache): the next
+    # pass asks, though nothing in the cache holds the claim any longer.
+    labelled = node(gpu=True, uid="u", rv="3", ready=True, deployed=SPEC)
+    labelled["metadata"]["labels"].pop("nvidia.com/gpu.deploy.driver")
+    assert plan_reads(_snap(labelled)) == Reads(node_pods=True, unbound=True)
+    vm = node(gpu=True, uid="u", rv="3", ready=True)
+    vm["metadata"]["labels"]["nvidia.com/gpu.workload.config"] = "vm-passthrough"
+    sandbox = crd.ClusterPolicySpec.model_validate({"sandboxWorkloads": {"enabled": True}})
+    vm_snap = snapshot(vm, now=1e9, spec=sandbox, gpucluster=None)
+    assert plan_reads(vm_snap) == Reads(node_pods=True, unbound=True)
 
 
 def test_an_emptying_node_reads_its_pods_and_looks_again_soon() -> None:

@@ -80,6 +80,12 @@ def test_uid_and_resource_version_read_back_exactly_as_sent() -> None:
         ("97D7821C-498B-4C86-983C-800BB78030AE", "007"),
         ("not-a-uuid", "opaque/1"),
         ("", ""),
+        ("00000000-0000-0000-0000-000000000000", "1"),
+        ("97d7821c-498b-4c86-983c-800bb78030ag", "1"),  # not hex
+        ("97d7821c-498b-4c86-983c-800bb780_0ae", "1"),  # int() would take the underscore
+        ("+7d7821c-498b-4c86-983c-800bb78030ae", "1"),
+        ("{97d7821c-498b-4c86-983c-800bb78030ae}", "1"),  # uuid.UUID reads it; kept as sent
+        ("97d7821c498b4c86983c800bb78030ae", "1"),
     ):
         raw = copy.deepcopy(DRIVER)
         raw["metadata"]["uid"] = uid

@@ -194,3 +194,21 @@ def test_the_times_kept_per_node_read_like_the_dict_they_replace() -> None:
     assert a.get("container-toolkit") == float("-inf")
     assert a.get("gpu-feature-discovery", 0.0) == 0.0
     assert a._names is b._names  # nodes alike share the names
+
+
+def test_a_done_node_left_alone_still_counts_its_wait_from_the_last_view() -> None:
+    """A done node nothing changed on is not stepped again on each view; once it stops
+    being done, its wait counts from the last view that saw it done (not from when it
+    first got done), as when every view stepped it."""
+    desired, apps, pods, _, nodes = _fleet(2, ready=lambda i: True, serial=lambda i: i * 100)
+    now = [NOW]
+    view = NodeRollouts(pods, _informer("r"), _informer("d"), NS, 600, clock=lambda: now[0])
+    assert view.view(desired, nodes).not_done == []
+    now[0] = NOW + 3000
+    assert view.view(desired, nodes).not_done == []  # left alone: unchanged and done
+    now[0] = NOW + 3100
+    pods._on_line(_line("MODIFIED", _pod("n1", apps[0][0], False, 999)))
+    got = view.view(desired, nodes)
+    assert got.not_done == ["n1"]
+    assert got.stuck == []
+    assert got.next_due == pytest.approx(500.0)  # 600 s from NOW + 3000, not from NOW

@@ -202,8 +202,10 @@ class NodeReconciler:
         if gated is not None:
             gate_raw, gate_spec, pools = gated
             # One rollout over all the owner's driver DaemonSets (one per kernel or
-            # pool); each node is compared with its own DaemonSet's revision.
-            newest, digest = self.upgrades.rollout(pools)
+            # pool); each node is compared with its own DaemonSet's revision. Until a
+            # changed template's revision is in the cache too (two watches), the gate
+            # holds its candidates and decides nothing: that event wakes this pass.
+            newest, digest, settled = self.upgrades.rollout(pools)
             gate = await self.gate.reconcile(
                 gate_raw,
                 gate_spec,
@@ -214,6 +216,7 @@ class NodeReconciler:
                 self._target_of,
                 owner=owner,
                 restore=functools.partial(self.upgrades.restore_revisions, pools),
+                settled=settled,
             )
             held = gate.held
             if gate.requeue_after is not None:

@@ -34,6 +34,7 @@ from gpuop.operator.controller.views.pod_records import (
     pods_on,
 )
 from statemachine.node_rollout import (
+    NODE_DONE,
     NODE_ORDER,
     ComponentCounts,
     ComponentTally,
@@ -144,6 +145,8 @@ class NodeRollouts:
         #: each pass of a rollout), so the machine is not asked.
         self._steps: dict[str, tuple[_Seen, str, NodeStep]] = {}
         self._tally = ComponentTally()
+        #: When the last view ran: every node done then was done at that time.
+        self._viewed_at: float | None = None
 
     def view(self, desired: Mapping[str, Iterable[Obj]], gpu_nodes: Iterable[Obj]) -> RolloutView:
         """Where every GPU node stands. Only nodes whose pods or labels changed since
@@ -177,6 +180,7 @@ class NodeRollouts:
             elif due is None or at - now < due:
                 due = at - now
         self._forget_all_but(names)
+        self._viewed_at = now
         return RolloutView(
             counts=self._tally.counts(),
             not_done=sorted(not_done),
@@ -196,11 +200,18 @@ class NodeRollouts:
         name = str(meta["name"])
         node_labels = meta["labels"]
         seen = self._seen.get(name)
+        previous = self._states.get(name)
+        if seen is not None and seen.labels is node_labels and previous == NODE_DONE:
+            memo = self._steps.get(name)
+            if memo is not None and memo[0] is seen and memo[1] == NODE_DONE and memo[2].done:
+                # Done, and nothing it was observed from changed: the same step, the
+                # same counts. When it was last seen done is brought up to date only
+                # when it stops being done (below), not on every pass.
+                return None
         if seen is None or seen.labels is not node_labels:
             pods, since = self._observe(name, node_labels, daemons)
             seen = _Seen(node_labels, pods, since)
             self._seen[name] = seen
-        previous = self._states.get(name)
         memo = self._steps.get(name)
         if memo is not None and memo[0] is seen and memo[1] == previous:
             step = memo[2]
@@ -214,6 +225,9 @@ class NodeRollouts:
         if step.done:
             self._last_done[name] = now
             return None
+        if previous == NODE_DONE and self._viewed_at is not None:
+            # Done when the last view looked (which skipped it, unchanged).
+            self._last_done[name] = self._viewed_at
         start = max(
             seen.since.get(step.state, float("-inf")),
             _epoch(meta.get("creationTimestamp")),
@@ -242,10 +256,14 @@ class NodeRollouts:
         """Each component's pod state on the node, and since when it waits (cluster time)."""
         states: dict[str, PodState] = {}
         since: dict[str, float] = {}
+        live: dict[str, list[PodRecord]] = {}  # the node's pods by app, read once
+        for pod in self._pods.indexed(node):
+            if not pod.deleting:
+                live.setdefault(pod.app, []).append(pod)
         for daemon in daemons:
             if any(labels.get(k) != v for k, v in daemon.selector):
                 continue
-            pods = [p for p in pods_on(self._pods, node, daemon.app) if not p.deleting]
+            pods = live.get(daemon.app, [])
             state, created = _pod_state(pods, daemon.revision)
             known = states.get(daemon.component)
             if known is None or _WORST[state] > _WORST[known]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from components.driver import startup_budget_seconds
+from components.driver import digest_in, startup_budget_seconds
 from crd import ClusterPolicySpec
 from gpuop.kube.informer import Obj
 from statemachine import (
@@ -20,9 +20,21 @@ from statemachine import (
 )
 from statemachine.upgrade_keys import DRIVER_REVISION_LABEL
 
+_LAST_VIEW: list[tuple[ClusterPolicySpec, UpgradePolicyView]] = []
+"""The last spec asked about and its view: every node pass asks of the same parsed spec
+(a new policy is a new object), and building the view was a twentieth of the pass."""
+
 
 def policy_view(spec: ClusterPolicySpec) -> UpgradePolicyView:
     """The rulebook's view of ``driver.upgradePolicy``."""
+    if _LAST_VIEW and _LAST_VIEW[0][0] is spec:
+        return _LAST_VIEW[0][1]
+    view = _policy_view(spec)
+    _LAST_VIEW[:] = [(spec, view)]
+    return view
+
+
+def _policy_view(spec: ClusterPolicySpec) -> UpgradePolicyView:
     up = spec.driver.upgrade_policy
     return UpgradePolicyView(
         auto_upgrade=bool(spec.driver.enabled and up.auto_upgrade),
@@ -51,16 +63,39 @@ def policy_view(spec: ClusterPolicySpec) -> UpgradePolicyView:
 
 def newest_revision(ds: Obj | None, revisions: Iterable[Obj]) -> str | None:
     """The hash of the DaemonSet's newest ControllerRevision: the target of upgrades."""
+    rev = _newest(ds, revisions)
+    if rev is None:
+        return None
+    return str((rev["metadata"].get("labels") or {}).get(DRIVER_REVISION_LABEL, ""))
+
+
+def revision_lags(ds: Obj | None, revisions: Iterable[Obj]) -> bool:
+    """Whether the DaemonSet's newest ControllerRevision installs another driver than its
+    template (their driver config digests differ). The DaemonSet and its revisions come
+    on two watches: when the template changes (a rollback reverting it, say), the
+    DaemonSet controller then makes or renumbers the template's revision, and for a
+    moment one cache has the change and the other not. The newest revision and the
+    template's digest are then of two rollouts, and the rollout gate must not decide on
+    them. Revisions trimmed without a digest (``configDigest``) never lag."""
+    rev = _newest(ds, revisions)
+    if ds is None or rev is None:
+        return False
+    template = ((ds.get("spec") or {}).get("template") or {}).get("spec") or {}
+    mine, theirs = digest_in(template), str(rev.get("configDigest") or "")
+    return bool(mine and theirs and mine != theirs)
+
+
+def _newest(ds: Obj | None, revisions: Iterable[Obj]) -> Obj | None:
+    """The DaemonSet's ControllerRevision with the highest ``revision`` number."""
     if ds is None:
         return None
     uid = ds["metadata"].get("uid")
-    newest: tuple[int, str] | None = None
+    newest: tuple[int, Obj] | None = None
     for rev in revisions:
         owners = rev["metadata"].get("ownerReferences") or []
         if not any(o.get("uid") == uid for o in owners):
             continue
         number = int(rev.get("revision", 0))
-        hash_ = (rev["metadata"].get("labels") or {}).get(DRIVER_REVISION_LABEL, "")
         if newest is None or number > newest[0]:
-            newest = (number, hash_)
+            newest = (number, rev)
     return newest[1] if newest else None

@@ -8,7 +8,7 @@ and queues that: no unit queues anything from an event.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpuop.log import get_logger
 from gpuop.operator.controller.base.keys import CLUSTER_KEY, node_key
@@ -82,6 +82,14 @@ class EventRouter:
 
     def __init__(self, op: Routed) -> None:
         self.op = op
+        #: ``pod_events_total`` by outcome: the child looked up once, not per event.
+        self._pod_events: dict[str, Any] = {}
+
+    def _count_pod_event(self, outcome: str) -> None:
+        child = self._pod_events.get(outcome)
+        if child is None:
+            child = self._pod_events[outcome] = self.op.metrics.pod_events_total.labels(outcome)
+        child.inc()
 
     def wake(self, wake: Wake) -> None:
         wake.apply(self.op.queue.add, self.op.node_passes.fleet_soon, self.progress)
@@ -159,7 +167,7 @@ class EventRouter:
         time, an annotation, the pod's IP) is taken at intake and wakes nothing."""
         same = same_pod(old, new)
         if same:
-            self.op.metrics.pod_events_total.labels("unchanged").inc()
+            self._count_pod_event("unchanged")
         return same
 
     def on_pod(self, event: str, old: PodRecord | None, new: PodRecord | None) -> None:
@@ -169,7 +177,7 @@ class EventRouter:
             event, old, new, driver=driver, upgrades_queued=self.op.node_passes.upgrades_queued
         )
         woke = bool(wake.keys or wake.fleet or wake.progress)
-        self.op.metrics.pod_events_total.labels("woke" if woke else "idle").inc()
+        self._count_pod_event("woke" if woke else "idle")
         self.wake(wake)
 
     def on_dra_validator(self, event: str, old: PodRecord | None, new: PodRecord | None) -> None:

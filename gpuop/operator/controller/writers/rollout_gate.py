@@ -138,6 +138,7 @@ class RolloutGate:
         target_of: Callable[[str], str | None] | None = None,
         owner: str | None = None,
         restore: Callable[[], dict[str, str]] | None = None,
+        settled: bool = True,
     ) -> GateDecision:
         """One fleet pass of the gate; ``digest`` (the driver template's config digest)
         keys its record, so only a new driver, not a new revision, starts over.
@@ -145,7 +146,9 @@ class RolloutGate:
         several DaemonSets (precompiled: one per kernel). ``owner``: the NVIDIADriver
         whose nodes these are (``raw`` is that resource, ``spec`` the ClusterPolicy its
         driver section makes); None: the ClusterPolicy's own rollout. ``restore``: per
-        driver DaemonSet, the revision a rollback after a halt returns it to."""
+        driver DaemonSet, the revision a rollback after a halt returns it to.
+        ``settled``: ``target`` is a revision of the template ``digest`` is read from;
+        while not, the candidates are held and nothing is written or reported."""
         policy = gate_policy(spec)
         annotations = raw["metadata"].get("annotations") or {}
         resume = resume_requested(annotations)
@@ -161,7 +164,10 @@ class RolloutGate:
             resume=resume,
             digest=digest,
             resource=gate_resource(owner),
+            settled=settled,
         )
+        if decision.settling:  # the late watch event wakes the fleet pass again
+            return decision
         if owner is None:  # the gauges are the ClusterPolicy's rollout's
             self._metrics(decision)
         if decision.phase is GatePhase.OFF:

@@ -38,7 +38,7 @@ from gpuop.operator.controller.views.pod_records import (
     pods_on,
 )
 from gpuop.operator.controller.views.resting import RestingMemo
-from gpuop.operator.controller.views.upgrade_inputs import newest_revision
+from gpuop.operator.controller.views.upgrade_inputs import newest_revision, revision_lags
 from gpuop.operator.controller.views.upgrade_inputs import policy_view as policy_view
 from gpuop.operator.controller.writers.eviction import Emptying
 from gpuop.operator.events import EventRecorder
@@ -177,12 +177,15 @@ class Upgrades:
         template = ((ds or {}).get("spec") or {}).get("template") or {}
         return digest_in(template.get("spec") or {})
 
-    def rollout(self, apps: Iterable[str]) -> tuple[str | None, str]:
+    def rollout(self, apps: Iterable[str]) -> tuple[str | None, str, bool]:
         """The rollout gate's target and key over the policy's driver DaemonSets ``apps``
         (one per kernel when precompiled): their newest revisions (joined when several;
-        the gate compares each node with its own DaemonSet's) and their rollout key."""
+        the gate compares each node with its own DaemonSet's), their rollout key, and
+        whether the two agree (no DaemonSet's newest revision lags its template:
+        ``revision_lags``)."""
         templates = []
         newest = []
+        settled = True
         for app in sorted(apps):
             ds = self._daemonsets.get(f"{self.namespace}/{app}")
             if ds is None:
@@ -192,7 +195,8 @@ class Upgrades:
             revision = self.newest_driver_revision(app)
             if revision:
                 newest.append(revision)
-        return (",".join(newest) or None), rollout_key(templates)
+            settled = settled and not revision_lags(ds, self._revisions.values())
+        return (",".join(newest) or None), rollout_key(templates), settled
 
     def restore_revisions(self, apps: Iterable[str]) -> dict[str, str]:
         """Per driver DaemonSet of ``apps``, the revision a rollback returns it to: the
