@@ -355,6 +355,38 @@ def _cache_rows(cache: dict[str, Any] | None) -> list[Row]:
     return rows
 
 
+def _control_plane_rows(
+    where: str, runs: list[dict[str, Any]], floors: list[dict[str, Any]]
+) -> list[Row]:
+    """The control plane's CPU over the rollout (every process but the operator), the
+    operator's runs against the floor's (issue 49: at most 1.03 times)."""
+    rows: list[Row] = []
+
+    def spent(seen: list[dict[str, Any]]) -> Summary | None:
+        return Summary.of(
+            [sum(r["cluster_cpu_s"].values()) for r in seen if r.get("cluster_cpu_s")]
+        )
+
+    ours, floor = spent(runs), spent(floors)
+    if ours:
+        rows.append(Row("1", where, "control-plane CPU: operator's run", "s", ours))
+    if floor:
+        rows.append(Row("1", where, "control-plane CPU: floor", "s", floor))
+    if ours is not None and floor is not None:
+        ratio = ours.median / floor.median
+        rows.append(
+            Row(
+                "1",
+                where,
+                "control-plane CPU: operator / floor",
+                "x",
+                Summary.of([ratio]),
+                target="<= 1.03",
+            )
+        )
+    return rows
+
+
 def _simulator_rows(at: str, who: str, runs: list[dict[str, Any]]) -> list[Row]:
     """What the simulated control plane itself suffered over ``who``'s clock
     (tests/bench/_apiserver.py): not the code under test's requests, but paid for
@@ -448,7 +480,8 @@ def _policy_rows(
         runs = rollouts.get(size, [])
         cpu = Summary.of([r["rollout_cpu_s"] for r in runs if "rollout_cpu_s" in r])
         if cpu:
-            rows.append(Row("1", at(size), "operator CPU during rollout", "s", cpu))
+            rows.append(Row("1", at(size), "operator CPU during rollout", "s", cpu, target="<= 6"))
+        rows.extend(_control_plane_rows(at(size), runs, floors.get(size, [])))
         rows.extend(_pod_event_rows(at(size), runs))
         nodes = Summary.of(
             [
@@ -506,6 +539,11 @@ def _policy_rows(
                 # What a longer rollout pays per extra second before any work of its own.
                 per_s = Summary.of([sum(steady.values()) / r["idle_seconds"]])
                 rows.append(Row("2", at(size), "idle: control-plane CPU", "cores", per_s))
+            if r.get("idle_cpu_s") is not None:
+                share = Summary.of([100 * r["idle_cpu_s"] / r["idle_seconds"]])
+                rows.append(
+                    Row("2", at(size), "idle: operator CPU", "% core", share, target="<= 0.5")
+                )
 
     # 3. no-op restart writes
     for size, runs in rollouts.items():

@@ -75,6 +75,9 @@ class RolloutRun:
     idle_cluster_cpu_s: dict[str, float] | None = None
     """CPU seconds of each control-plane process over the idle window: the steady work
     (leases, node monitoring) that a longer rollout also pays for."""
+    idle_cpu_s: float | None = None
+    """The operator's own CPU seconds over the idle window (issue 49: at most 0.5 % of
+    a core, so 0.005 CPU-s per second)."""
     peak_rss_mib: float = 0.0
     rss_after_mib: float = 0.0
     restart_synced_s: float | None = None
@@ -217,7 +220,9 @@ async def run_once(
             if idle_seconds > 0:
                 steady = ClusterCpu(bench)
                 steady.start()
+                idle_cpu_before = first.cpu_seconds()
                 idle = await _idle(first, bench, idle_seconds)
+                result.idle_cpu_s = round(first.cpu_seconds() - idle_cpu_before, 3)
                 result.idle_cluster_cpu_s = steady.take()
                 result.idle_seconds = idle_seconds
                 result.idle_requests = as_table(idle)

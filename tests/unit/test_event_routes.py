@@ -92,6 +92,45 @@ def _driver_pod(app: str, ready: bool) -> Any:
     return trim_pod(pod)
 
 
+def test_a_validator_pod_wakes_its_node_only_while_the_upgrade_step_reads_it() -> None:
+    """At rest (``upgrade-done``, schedulable) the upgrade step reads no validator, so
+    a rollout's validator pods wake no node pass; mid-upgrade, or cordoned by one, they do."""
+
+    def node(state: str, cordoned: bool = False) -> Obj:
+        raw = _node("n0")
+        raw = {
+            **raw,
+            "metadata": {
+                **raw["metadata"],
+                "labels": {**raw["metadata"]["labels"], STATE_LABEL: state},
+            },
+            "spec": {"unschedulable": True} if cordoned else {},
+        }
+        return raw
+
+    pod = {
+        "metadata": {
+            "name": "validator-x",
+            "namespace": "gpu-operator",
+            "labels": {"app": "nvidia-operator-validator"},
+        },
+        "spec": {"nodeName": "n0"},
+        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+    }
+    for state, cordoned, wakes in (
+        ("upgrade-done", False, 0),
+        ("upgrade-done", True, 1),
+        ("validation-required", False, 1),
+        ("upgrade-failed", False, 1),
+    ):
+        op, woken = _operator(node(state, cordoned))
+        _fire(op.pods, "ADDED", None, trim_pod(pod))
+        assert woken[node_key("n0")] == wakes, (state, cordoned)
+    op, woken = _operator()  # a node the cache does not hold (yet): nothing reads it
+    _fire(op.pods, "ADDED", None, trim_pod(pod))
+    assert woken[node_key("n0")] == 0
+
+
 def test_an_nvidiadriver_pod_turning_ready_wakes_the_nvidiadriver_pass() -> None:
     """Its hand-over budget counts the nodes whose new driver is not Ready yet."""
     op, woken = _operator()

@@ -16,6 +16,7 @@ from typing import Any
 
 from components.driver import DAEMONSET_NAME as DRIVER_DS
 from components.labels import is_gpu_node
+from components.validator import DAEMONSET_NAME as VALIDATOR_DS
 from crd import OWNER_LABEL
 from gpuop.kube.informer import Obj
 from gpuop.operator.controller.base.keys import (
@@ -44,7 +45,7 @@ from gpuop.operator.controller.views.rollout_view import pod_facts
 from gpuop.operator.controller.views.wake_facts import gate_facts, rollback_facts, window_facts
 from statemachine.driver_owner import NEXT_OWNER_LABEL
 from statemachine.node_plan import cluster_label_facts
-from statemachine.upgrade_keys import STATE_LABEL, skipped
+from statemachine.upgrade_keys import STATE_LABEL, UpgradeState, skipped
 
 
 @dataclass(frozen=True)
@@ -80,18 +81,25 @@ def route_pod(
     *,
     driver: bool,
     upgrades_queued: Callable[[], bool],
+    validators_read: Callable[[str], bool] = lambda node: True,
 ) -> Wake:
     """What an event of an operand pod wakes; `driver`: it is a driver pod (the
     ClusterPolicy's or an NVIDIADriver's). `upgrades_queued` is asked only when the
-    answer matters: it reads every node."""
+    answer matters: it reads every node; so is `validators_read` (`reads_validators`
+    of the pod's node), for a validator pod's event."""
     pod = new or old
     assert pod is not None
     node = pod.node
     app = pod_app(pod)
     keys: list[str] = []
-    if node and (driver or app in WATCHED_APPS or app in HANDOVER_APPS):
-        # The node's upgrade step reads its driver and validator; its workload hand-over
-        # waits for every GPU claimant's pod (driver, VFIO or vGPU manager) to go.
+    if node and (
+        driver
+        or app in HANDOVER_APPS
+        or (app in WATCHED_APPS and (app != VALIDATOR_DS or validators_read(node)))
+    ):
+        # The node's upgrade step reads its driver and (but at rest) its validator; its
+        # workload hand-over waits for every GPU claimant's pod (driver, VFIO or vGPU
+        # manager) to go.
         keys.append(node_key(node))
     fleet = False
     if (
@@ -115,6 +123,19 @@ def route_pod(
             # once, a fresh install's 1,000 driver pods were 1,000 fleet passes.
             fleet = True
     return Wake(tuple(keys), fleet=fleet, progress=pod_facts(old) != pod_facts(new))
+
+
+def reads_validators(node: Obj | None) -> bool:
+    """Whether a node's upgrade step reads its validator pods now. Not at rest: from
+    ``upgrade-done`` only a cordon the upgrade left behind (the node unschedulable) is
+    resumed once the validators pass; otherwise the step reads the driver's revision and
+    the node's labels alone (`statemachine.upgrade`). So a rollout's 2,000 validator pod
+    events wake no node pass, and one that comes while the node is mid-upgrade does."""
+    if node is None:
+        return False
+    state = labels(node).get(STATE_LABEL)
+    unschedulable = bool((node.get("spec") or {}).get("unschedulable"))
+    return state != UpgradeState.UPGRADE_DONE.value or unschedulable
 
 
 def _serves(pod: PodRecord | None) -> bool:

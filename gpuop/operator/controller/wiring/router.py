@@ -17,6 +17,7 @@ from gpuop.operator.controller.views.objects import is_driver_object
 from gpuop.operator.controller.views.pod_records import PodRecord, same_pod
 from gpuop.operator.controller.views.routes import (
     Wake,
+    reads_validators,
     route_gpucluster,
     route_gpucluster_object,
     route_gpucluster_presence,
@@ -174,7 +175,12 @@ class EventRouter:
         """Routed once (`views.routes.route_pod`); NVIDIADrivers only follows its driver pods."""
         driver = self.op.nvd.follow_pod(old, new)
         wake = route_pod(
-            event, old, new, driver=driver, upgrades_queued=self.op.node_passes.upgrades_queued
+            event,
+            old,
+            new,
+            driver=driver,
+            upgrades_queued=self.op.node_passes.upgrades_queued,
+            validators_read=lambda node: reads_validators(self.op.caches.nodes.get(node)),
         )
         woke = bool(wake.keys or wake.fleet or wake.progress)
         self._count_pod_event("woke" if woke else "idle")
