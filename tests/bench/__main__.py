@@ -665,6 +665,16 @@ def _policy_rows(
                             Summary.of([up["writes_per_node"]]),
                         )
                     )
+                    if up.get("operator_cpu_s") is not None:
+                        rows.append(
+                            Row(
+                                "6",
+                                at(size),
+                                "operator CPU over the upgrade wave",
+                                "s",
+                                Summary.of([up["operator_cpu_s"]]),
+                            )
+                        )
 
     # 7. startup
     for size, runs in rollouts.items():

@@ -44,6 +44,8 @@ class RolloutRun:
     # operator's CPU seconds over the rollout: what the gap to the baseline is made of.
     daemonsets_ready_s: float | None = None
     rollout_cpu_s: float = 0.0
+    rollout_passes_by_kind: dict[str, int] = field(default_factory=dict)
+    """Passes run over the rollout, by kind (node, cluster, upgrades, ...)."""
     rollout_passes: int | None = None
     """ClusterPolicy reconciles over the rollout, and the CPU seconds they took
     (the operator's own counters): what the pacing of the cluster pass let through."""
@@ -173,6 +175,7 @@ async def run_once(
             passes_before = first.metric("gpu_operator_reconciliation_total") or 0.0
             pass_cpu_before = first.metric("gpu_operator_reconciliation_cpu_seconds_total") or 0.0
             pod_events_before = _pod_events(first)
+            passes_by_kind_before = _passes(first)
             cluster_cpu = ClusterCpu(bench)
             counted = ApiserverCounters(rest)
             await counted.start()
@@ -194,6 +197,9 @@ async def run_once(
             if passes is not None and pass_cpu is not None:
                 result.rollout_passes = int(passes - passes_before)
                 result.rollout_pass_cpu_s = round(pass_cpu - pass_cpu_before, 2)
+            result.rollout_passes_by_kind = {
+                k: int(n - passes_by_kind_before.get(k, 0.0)) for k, n in _passes(first).items()
+            }
             pod_events = _pod_events(first)
             result.rollout_pod_events = {
                 k: int(n - pod_events_before.get(k, 0.0)) for k, n in pod_events.items()
@@ -262,6 +268,17 @@ async def run_once(
 
 POD_EVENTS = "gpu_operator_pod_events_total"
 POD_EVENT_OUTCOMES = ("unchanged", "idle", "woke")
+
+
+PASS_KINDS = ("node", "cluster", "upgrades", "nvidiadrivers", "remediation", "gpuclusters")
+PASSES = "gpu_operator_reconcile_duration_seconds_count"
+
+
+def _passes(op: OperatorProcess) -> dict[str, float]:
+    """How many passes of each kind the operator has run (its duration histogram's
+    counts); a kind not run yet is absent."""
+    counts = {k: op.metric(f'{PASSES}{{pass="{k}"}}') for k in PASS_KINDS}
+    return {k: n for k, n in counts.items() if n is not None}
 
 
 def _pod_events(op: OperatorProcess) -> dict[str, float]:

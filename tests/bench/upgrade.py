@@ -115,6 +115,7 @@ async def measure(
         tracker.armed = True
         bench.audit.mark()
         started = time.monotonic()
+        cpu_before = op.cpu_seconds()
         await rest.merge_patch(
             POLICY,
             "cluster-policy",
@@ -163,6 +164,7 @@ async def measure(
         result.update(
             available=result.get("available", True),
             wall_s=wall,
+            operator_cpu_s=round(op.cpu_seconds() - cpu_before, 2),
             done=tracker.done(),
             failed=tracker.failed(),
             peak_unschedulable=tracker.peak_unschedulable,

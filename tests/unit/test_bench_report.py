@@ -174,3 +174,32 @@ def test_the_simulators_own_troubles_are_reported_for_the_operator_and_the_floor
     assert rows["1000 floor: watchers the API server closed for falling behind"] == 152
     del results["runs"]["floor"][0]["apiserver"]  # a run from before these were counted
     assert not any(key.startswith("1000 floor: ") for key in _rows(results))
+
+
+def test_the_cost_rows_set_the_operators_control_plane_against_the_floors() -> None:
+    """Issue 49: the control plane's CPU over the operator's rollouts against the floor's
+    (median against median), and the idle operator's CPU as a share of a core."""
+    results = _results([99.0, 100.0])
+    cpu = {"kube-apiserver": 100.0, "kwok": 10.0}
+    results["runs"]["rollout"] = [
+        _rollout(rollout_cpu_s=11.0, cluster_cpu_s=cpu),
+        _rollout(
+            rollout_cpu_s=12.0,
+            cluster_cpu_s={**cpu, "kwok": 30.0},
+            idle_requests={},
+            idle_seconds=120.0,
+            idle_cpu_s=0.06,
+        ),
+    ]
+    for floor, spent in zip(results["runs"]["floor"], (100.0, 120.0), strict=True):
+        floor["cluster_cpu_s"] = {"kube-apiserver": spent}
+    rows = _rows(results)
+    assert rows["1000 control-plane CPU: operator's run"] == 120.0  # 110 and 130
+    assert rows["1000 control-plane CPU: floor"] == 110.0
+    assert rows["1000 control-plane CPU: operator / floor"] == pytest.approx(120.0 / 110.0)
+    idle = {
+        f"{r.size} {r.metric}": r.value.median
+        for r in build_rows(results)
+        if r.figure == "2" and r.value is not None
+    }
+    assert idle["1000 idle: operator CPU"] == pytest.approx(0.05)  # % of a core
