@@ -63,11 +63,18 @@ class EveryEvent(Watcher):
 
     revision: dict[str, int] = field(default_factory=lambda: {"Pod": 0, "Node": 0})
     history: dict[str, list[tuple[int, Any]]] = field(default_factory=dict)
+    #: Why the watches stopped, if they did: :meth:`catch_up` says it at once rather
+    #: than waiting out its timeout for events that will never come.
+    stopped: BaseException | None = None
 
     async def run(self) -> None:
-        async with asyncio.TaskGroup() as group:
-            group.create_task(self._watch(NODE, None, self.nodes, ""))
-            group.create_task(self._watch(POD, None, self.pods, ""))
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(self._watch(NODE, None, self.nodes, ""))
+                group.create_task(self._watch(POD, None, self.pods, ""))
+        except BaseException as err:
+            self.stopped = err
+            raise
 
     def check(self, what: str, rv: int = 0) -> None:
         self.observations += 1
@@ -119,6 +126,8 @@ class EveryEvent(Watcher):
         node_rv = int((await rest.merge_patch(NODE, node, stamp))["metadata"]["resourceVersion"])
 
         async def read() -> bool:
+            if self.stopped is not None:
+                raise AssertionError(f"the watcher stopped: {self.stopped!r}") from self.stopped
             return self.revision["Pod"] >= pod_rv and self.revision["Node"] >= node_rv
 
         await eventually(read, 30, interval=0.1, what="watcher past the marker")

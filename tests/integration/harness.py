@@ -130,7 +130,13 @@ async def watch_from(
 ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
     """Every event of a raw watch (``Rest.lister``'s call) from resourceVersion ``rv``,
     for ever: re-watches from the last version seen when the server ends a watch, skips
-    bookmarks, and fails on an ERROR event (a test's watcher must never miss one)."""
+    bookmarks, and fails on an ERROR event (a test's watcher must never miss one).
+
+    Two answers are not failures: 429 while the API server's watch cache is
+    (re)initializing, and "Too large resource version" (504), the cache still behind the
+    version a LIST just gave (read from etcd while the cache lagged: a control plane
+    just started, or busy). The server asks the client to watch again from the same
+    version a moment later, as client-go's reflector does; no event is missed."""
     while True:
         resp = await call(
             **params,
@@ -140,13 +146,35 @@ async def watch_from(
             timeout_seconds=600,
             _request_timeout=aiohttp.ClientTimeout(total=None, sock_read=None),
         )
+        if resp.status == 429 or (resp.status == 504 and _too_large(await resp.read())):
+            await asyncio.sleep(0.5)  # 429: the watch cache is (re)initializing
+            continue
         assert resp.status == 200, await resp.read()
         async with resp:
             while line := await resp.content.readline():
                 event = json.loads(line)
                 obj = event["object"]
+                if event["type"] == "ERROR" and _too_large(obj):
+                    await asyncio.sleep(0.5)
+                    break  # watch again from ``rv`` (the last version yielded)
                 if event["type"] == "ERROR":
                     raise AssertionError(f"watch of {what} failed: {obj}")
                 rv = obj["metadata"]["resourceVersion"]
                 if event["type"] != "BOOKMARK":
                     yield event["type"], obj
+
+
+def _too_large(status: Any) -> bool:
+    """Is ``status`` (a Status object, or its bytes) the watch cache's "Too large
+    resource version"?"""
+    if isinstance(status, bytes | bytearray):
+        try:
+            status = json.loads(status)
+        except ValueError:
+            return False
+    if not isinstance(status, dict):
+        return False
+    causes = (status.get("details") or {}).get("causes") or []
+    return any(c.get("reason") == "ResourceVersionTooLarge" for c in causes) or (
+        "Too large resource version" in str(status.get("message", ""))
+    )

@@ -213,6 +213,9 @@ class Watcher:
     ) -> None:
         call = self.rest.lister(kind, namespace)
         resp = await call(label_selector=selector)
+        while resp.status == 429:  # the watch cache is (re)initializing: ask again
+            await asyncio.sleep(0.5)
+            resp = await call(label_selector=selector)
         assert resp.status == 200, await resp.read()
         body = json.loads(await resp.read())
         store.update({o["metadata"]["name"]: o for o in body["items"]})
@@ -314,6 +317,8 @@ class OperatorProcess:
 
     def tail(self, lines: int = 15) -> str:
         path = self.logs / f"operator-{self.starts:02d}.log"
+        if not path.exists():  # a failure before the first start must still say itself
+            return "(no operator log: the operator was not started)"
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
