@@ -116,7 +116,15 @@ class EveryEvent(Watcher):
 
     async def catch_up(self, rest: Rest, marker: tuple[str, str], node: str) -> None:
         """Both streams past one write each made now: the marker pod's annotation and
-        ``node``'s."""
+        ``node``'s. The writes wait for both LISTs: one made before a LIST is in what it
+        lists, and no watch event would ever show its revision."""
+
+        async def listed() -> bool:
+            if self.stopped is not None:
+                raise AssertionError(f"the watcher stopped: {self.stopped!r}") from self.stopped
+            return {"Pod", "Node"} <= self.listed
+
+        await eventually(listed, 30, interval=0.05, what="watcher listed")
         stamp = {"metadata": {"annotations": {MARKER_ANNOTATION: str(time.monotonic())}}}
         pod_rv = int(
             (await rest.merge_patch(POD, marker[1], stamp, marker[0]))["metadata"][

@@ -193,6 +193,8 @@ class Watcher:
     #: Per node, (resourceVersion, cordoned) at each of its events: what the node was
     #: at a given revision, whatever order the two watches deliver their events in.
     cordons: dict[str, list[tuple[int, bool]]] = field(default_factory=dict)
+    #: The kinds whose LIST is done: a write made after it reaches the watch as an event.
+    listed: set[str] = field(default_factory=set)
 
     def cordoned_at(self, node: str, rv: int) -> bool | None:
         """Whether ``node`` was cordoned at etcd revision ``rv`` (None: not known yet,
@@ -220,6 +222,7 @@ class Watcher:
         body = json.loads(await resp.read())
         store.update({o["metadata"]["name"]: o for o in body["items"]})
         rv = body["metadata"]["resourceVersion"]
+        self.listed.add(kind.kind)
         if kind is NODE:
             for o in body["items"]:
                 cordoned = bool(o.get("spec", {}).get("unschedulable"))
