@@ -26,6 +26,7 @@ from components.vfio_manager import DAEMONSET_NAME as VFIO_MANAGER_APP
 from components.vgpu_manager import DAEMONSET_NAME as VGPU_MANAGER_APP
 from gpuop.kube.compact import shared
 from gpuop.kube.informer import Informer, key_of
+from gpuop.operator.controller.views.upgrade_inputs import template_spec
 from statemachine import DriverPodView
 from statemachine.upgrade_keys import DRIVER_REVISION_LABEL
 
@@ -286,9 +287,7 @@ def trim_revision(rev: Obj) -> Obj:
         },
         "revision": rev.get("revision", 0),
     }
-    template = ((rev.get("data") or {}).get("spec") or {}).get("template")
-    pod = template.get("spec") if isinstance(template, dict) else None
-    digest = digest_in(pod) if isinstance(pod, dict) else ""
+    digest = digest_in(template_spec(rev.get("data")))
     if digest:
         trimmed["configDigest"] = digest
     return trimmed

@@ -8,6 +8,7 @@ pods, nodes): split from ``writers.upgrade`` so the node and fleet passes, the
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from components.driver import digest_in, startup_budget_seconds
 from crd import ClusterPolicySpec
@@ -80,9 +81,17 @@ def revision_lags(ds: Obj | None, revisions: Iterable[Obj]) -> bool:
     rev = _newest(ds, revisions)
     if ds is None or rev is None:
         return False
-    template = ((ds.get("spec") or {}).get("template") or {}).get("spec") or {}
-    mine, theirs = digest_in(template), str(rev.get("configDigest") or "")
+    mine, theirs = digest_in(template_spec(ds)), str(rev.get("configDigest") or "")
     return bool(mine and theirs and mine != theirs)
+
+
+def template_spec(obj: Obj | None) -> Obj:
+    """The pod spec of ``spec.template``: a DaemonSet's, or a ControllerRevision's
+    ``data`` (empty when there is none, or it is not an object)."""
+    found: Any = obj
+    for key in ("spec", "template", "spec"):
+        found = found.get(key) if isinstance(found, dict) else None
+    return found if isinstance(found, dict) else {}
 
 
 def _newest(ds: Obj | None, revisions: Iterable[Obj]) -> Obj | None:

@@ -38,7 +38,11 @@ from gpuop.operator.controller.views.pod_records import (
     pods_on,
 )
 from gpuop.operator.controller.views.resting import RestingMemo
-from gpuop.operator.controller.views.upgrade_inputs import newest_revision, revision_lags
+from gpuop.operator.controller.views.upgrade_inputs import (
+    newest_revision,
+    revision_lags,
+    template_spec,
+)
 from gpuop.operator.controller.views.upgrade_inputs import policy_view as policy_view
 from gpuop.operator.controller.writers.eviction import Emptying
 from gpuop.operator.events import EventRecorder
@@ -173,9 +177,7 @@ class Upgrades:
 
     def template_digest(self, app: str) -> str:
         """The driver config digest of the DaemonSet's current pod template."""
-        ds = self._daemonsets.get(f"{self.namespace}/{app}")
-        template = ((ds or {}).get("spec") or {}).get("template") or {}
-        return digest_in(template.get("spec") or {})
+        return digest_in(template_spec(self._daemonsets.get(f"{self.namespace}/{app}")))
 
     def rollout(self, apps: Iterable[str]) -> tuple[str | None, str, bool]:
         """The rollout gate's target and key over the policy's driver DaemonSets ``apps``
@@ -190,7 +192,7 @@ class Upgrades:
             ds = self._daemonsets.get(f"{self.namespace}/{app}")
             if ds is None:
                 continue
-            template = ((ds.get("spec") or {}).get("template") or {}).get("spec") or {}
+            template = template_spec(ds)
             templates.append((template.get("nodeSelector") or {}, template))
             revision = self.newest_driver_revision(app)
             if revision:
