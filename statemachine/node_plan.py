@@ -68,6 +68,7 @@ from statemachine._node_upgrade import (
 from statemachine.driver_handoff import handoff_patch, handoff_wanted
 from statemachine.eviction import gpu_workload, selector
 from statemachine.upgrade_views import (
+    Decision,
     UpgradePolicyView,
 )
 from statemachine.workload_handover import (
@@ -303,6 +304,18 @@ def plan_upgrade(snap: NodeSnapshot, policy: UpgradePolicyView) -> UpgradeWrite:
     return _upgrade(snap, node, labels_of(node), _with_ready_timeout(snap, policy), False)
 
 
+def _settled_by(snap: NodeSnapshot, after: Mapping[str, str], first: Decision | None) -> bool:
+    """Whether a label patch that enrols the node leaves its pass nothing to do: the
+    enrolment already ran the upgrade step on the labels written (``upgrade-done``, no
+    action), and those labels plan no further change. Any other label patch runs the
+    pass again at once, for the step the new labels may make due. A fresh rollout
+    enrols every node in its first patch: that second pass decided nothing 1,000 times
+    at 1,000 nodes."""
+    if first is None:
+        return False
+    return not _label_changes(snap, apply_label_changes(after, first.labels))
+
+
 def plan_node(snap: NodeSnapshot) -> NodePlan:
     """One node pass: what it writes, in order, and when it runs again."""
     node = snap.node
@@ -342,7 +355,7 @@ def plan_node(snap: NodeSnapshot) -> NodePlan:
             label_say=say,
             again=replace(
                 recheck,
-                now=True,
+                now=not _settled_by(snap, after, first),
                 fleet=first is not None,
                 progress=_moves_cluster_facts(labels_of(node), {"metadata": meta}),
             ),

@@ -92,21 +92,58 @@ def _driver_pod(app: str, ready: bool) -> Any:
     return trim_pod(pod)
 
 
+def _node_in(state: str, cordoned: bool = False) -> Obj:
+    """GPU node ``n0`` in upgrade state ``state``."""
+    raw = _node("n0")
+    return {
+        **raw,
+        "metadata": {
+            **raw["metadata"],
+            "labels": {**raw["metadata"]["labels"], STATE_LABEL: state},
+        },
+        "spec": {"unschedulable": True} if cordoned else {},
+    }
+
+
+def test_a_driver_pod_wakes_its_node_at_rest_only_for_what_the_step_reads_there() -> None:
+    """At rest the upgrade step reads whether a driver pod is there, which, and its
+    revision: a rollout's driver pods turning Ready wake no node pass. Mid-upgrade, or
+    cordoned, its readiness is read. Pods NVIDIA's operator left (its ``app``, no
+    component label) count as driver pods."""
+
+    def pod(ready: bool, revision: str = "r1", deleting: bool = False, ours: bool = True) -> Any:
+        labels = {"app": "nvidia-driver-daemonset", "controller-revision-hash": revision}
+        if ours:
+            labels[COMPONENT_POD_LABEL] = "nvidia-driver"
+        meta: Obj = {"name": "driver-x", "namespace": "gpu-operator", "labels": labels}
+        if deleting:
+            meta["deletionTimestamp"] = "2026-11-28T00:00:00Z"
+        condition = {"type": "Ready", "status": "True" if ready else "False"}
+        status = {"phase": "Running", "conditions": [condition]}
+        return trim_pod({"metadata": meta, "spec": {"nodeName": "n0"}, "status": status})
+
+    cases = [
+        ("upgrade-done", False, pod(False), pod(True), 0),
+        ("upgrade-done", False, pod(False, ours=False), pod(True, ours=False), 0),
+        ("upgrade-done", False, pod(True), pod(True, revision="r2"), 1),
+        ("upgrade-done", False, pod(True), pod(True, deleting=True), 1),
+        ("upgrade-done", True, pod(False), pod(True), 1),
+        ("pod-restart-required", False, pod(False), pod(True), 1),
+        ("pod-restart-required", False, pod(False, ours=False), pod(True, ours=False), 1),
+    ]
+    for state, cordoned, old, new, wakes in cases:
+        op, woken = _operator(_node_in(state, cordoned))
+        _fire(op.pods, "MODIFIED", old, new)
+        assert woken[node_key("n0")] == wakes, (state, cordoned, old, new)
+    op, woken = _operator(_node_in("upgrade-done"))
+    _fire(op.pods, "ADDED", None, pod(False))  # bound: the pod is there now
+    assert woken[node_key("n0")] == 1
+
+
 def test_a_validator_pod_wakes_its_node_only_while_the_upgrade_step_reads_it() -> None:
     """At rest (``upgrade-done``, schedulable) the upgrade step reads no validator, so
     a rollout's validator pods wake no node pass; mid-upgrade, or cordoned by one, they do."""
-
-    def node(state: str, cordoned: bool = False) -> Obj:
-        raw = _node("n0")
-        raw = {
-            **raw,
-            "metadata": {
-                **raw["metadata"],
-                "labels": {**raw["metadata"]["labels"], STATE_LABEL: state},
-            },
-            "spec": {"unschedulable": True} if cordoned else {},
-        }
-        return raw
+    node = _node_in
 
     pod = {
         "metadata": {

@@ -3,6 +3,7 @@ one decision, over a snapshot; what it asks of the queue is part of its plan."""
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 from typing import Any
 
@@ -20,7 +21,7 @@ from statemachine.node_plan import (
     plan_reads,
 )
 from statemachine.upgrade_keys import STATE_LABEL, UpgradeState
-from statemachine.upgrade_views import DrainView, DriverPodView
+from statemachine.upgrade_views import Action, DrainView, DriverPodView
 from tests.factories import node, pod, snapshot
 from tests.tools.walk import walk
 
@@ -54,19 +55,42 @@ def test_a_gone_node_is_forgotten_and_an_invalid_policy_changes_nothing() -> Non
     assert invalid.again == type(invalid.again)()  # nothing asked of the queue
 
 
-def test_a_new_gpu_node_is_labelled_and_enrolled_in_one_patch_then_runs_again() -> None:
+def test_a_new_gpu_node_is_labelled_and_enrolled_in_one_patch_and_left_at_rest() -> None:
+    """The enrolment ran the upgrade step on the labels it writes, so the pass does not
+    run again for it: planned again on the patched node, it would write nothing."""
     from statemachine.upgrade_views import UpgradePolicyView as View
 
-    snap = _snap(node(gpu=True, uid="u", rv="3", ready=True), spec_policy=View(auto_upgrade=True))
+    policy = View(auto_upgrade=True)
+    fresh = node(gpu=True, uid="u", rv="3", ready=True)
+    snap = _snap(fresh, spec_policy=policy)
     assert plan_reads(snap) == Reads()  # the driver's first claim: on the caches' word
     plan = plan_node(snap)
     labels = plan.label_patch["metadata"]["labels"]
     assert labels["nvidia.com/gpu.deploy.driver"] == "true"
     assert labels[STATE_LABEL] == UpgradeState.UPGRADE_DONE.value  # enrolled
     assert plan.upgrade is None
-    assert plan.again.now
+    assert not plan.again.now
     assert plan.again.fleet
     assert not plan.again.forget
+    patched = copy.deepcopy(fresh)
+    patched["metadata"]["labels"].update(labels)
+    written = plan.label_patch["metadata"].get("annotations") or {}
+    patched["metadata"].setdefault("annotations", {}).update(written)
+    again = plan_node(_snap(patched, spec_policy=policy))
+    assert again.label_patch == {}
+    assert again.upgrade is not None
+    assert not again.upgrade.patch
+    assert again.upgrade.decision.action is Action.NONE
+
+
+def test_a_label_patch_that_enrols_nothing_runs_the_pass_again() -> None:
+    """Without an enrolment the upgrade step has not read the new labels: it runs at
+    once after the patch."""
+    snap = _snap(node(gpu=True, uid="u", rv="3", ready=True))  # upgrades off: no enrolment
+    plan = plan_node(snap)
+    assert plan.label_patch["metadata"]["labels"]["nvidia.com/gpu.deploy.driver"] == "true"
+    assert STATE_LABEL not in plan.label_patch["metadata"]["labels"]
+    assert plan.again.now
 
 
 def test_only_a_first_driver_claim_goes_without_asking_the_api() -> None:

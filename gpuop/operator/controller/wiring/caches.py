@@ -39,6 +39,13 @@ The policy's `daemonsets.labels` win on pods (as upstream), so ours may say `gpu
 operator left running carry `gpu-operator` and mostly no `part-of`, and must be seen
 after a hand-over (restarted, not reinstalled, by the upgrade machine). Any other pod
 in the operator's namespace that has the label (the operator's own) costs one entry."""
+BOUND_PODS = "spec.nodeName!="
+"""The operand pods cache holds only pods the scheduler has placed. A DaemonSet's pod
+is created unbound and bound a moment later; nothing reads it before (it is in no
+node's view and runs nothing), and its binding comes as its ADDED: a third of a
+rollout's pod events, and their encoding in the API server (issue 49). Our unbound
+pods, which a GPU claim asks about, are read from the API
+(``WorkloadHandovers.claimants_now``)."""
 NODE = by_kind("v1", "Node")
 POLICY = by_kind("nvidia.com/v1", "ClusterPolicy")
 POD = by_kind("v1", "Pod")
@@ -73,8 +80,8 @@ class Caches:
     watches: OptionalWatches
     """Kinds a CRD may serve (ServiceMonitor): watched once discovery finds them."""
     pods: Informer[PodRecord]
-    """Every operand pod, as a PodRecord: the per-node rollout reads each component's
-    pod, so the pods outnumber every other object we keep."""
+    """Every operand pod bound to a node, as a PodRecord: the per-node rollout reads
+    each component's pod, so the pods outnumber every other object we keep."""
     dra_validators: Informer[PodRecord]
     """The DRA validator's pods: beside a GPUCluster an NVIDIADriver upgrade's
     validation waits for them (they carry upstream's labels only, so the operand pods
@@ -111,6 +118,7 @@ def build_caches(
             # As protobuf: the API server encodes it far cheaper than JSON, which it
             # builds for this one watch on the cluster (issue 49).
             codec=POD_CODEC,
+            field_selector=BOUND_PODS,
             unchanged=to.pod_unchanged,
             track_index_changes=True,  # the per-node view redoes only changed nodes
         ),

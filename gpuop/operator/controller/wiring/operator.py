@@ -55,6 +55,9 @@ from gpuop.operator.metrics import OperatorMetrics
 
 log = get_logger(__name__)
 
+UNITS_LISTED_WAIT_S = 10.0
+"""How long the first passes wait for the NVIDIADriver and GPUCluster caches to list."""
+
 __all__ = ["OPERAND_SELECTOR", "Operator"]
 
 
@@ -247,15 +250,31 @@ class Operator:
                 nodes=len(self.nodes.store),
                 seconds=round(time.monotonic() - self._started, 2),
             )
-            group.create_task(self.queue.run(), name="workqueue")
             group.create_task(self.nvd.run(), name="nvidiadrivers")
             group.create_task(self.gpuclusters.run(), name="gpuclusters")
             group.create_task(self.watches.run(), name="optional-watches")
+            await self._units_listed()
+            group.create_task(self.queue.run(), name="workqueue")
             self.queue.add(CLUSTER_KEY)
             self.queue.add(UPGRADES_KEY)
             self.queue.add(REMEDIATION_KEY)
             for name in self.nodes.store:
                 self.queue.add(node_key(name))
+
+    async def _units_listed(self) -> None:
+        """Wait (at most ``UNITS_LISTED_WAIT_S``) for the NVIDIADriver and GPUCluster
+        caches before the first passes: each wakes every node once it has listed, so a
+        pass run before is run again (three node passes per node on every start). A
+        cache that cannot list yet holds nothing back for longer: the passes wait for
+        it themselves (``has_listed``, ``knows_whether_one_exists``)."""
+        listed = (self.owners.drivers.synced.wait(), self.gpuclusters.clusters.synced.wait())
+        try:
+            await asyncio.wait_for(asyncio.gather(*listed), UNITS_LISTED_WAIT_S)
+        except TimeoutError:
+            log.warning(
+                "passes start before the NVIDIADriver and GPUCluster caches listed",
+                waited_s=UNITS_LISTED_WAIT_S,
+            )
 
     # ------------------------------------------------------------ dispatch
     async def _reconcile(self, key: str) -> None:

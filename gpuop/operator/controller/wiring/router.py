@@ -197,7 +197,10 @@ class EventRouter:
         assert rev is not None
         driver = self._is_driver_revision(rev)
         nodes = self.op.caches.nodes.store.items()
-        self.wake(route_revision(event, old, new, driver=driver, nodes=nodes))
+        driver_nodes = {p.node for p in self.op.nvd.driver_pods.values() if p.node}
+        self.wake(
+            route_revision(event, old, new, driver=driver, nodes=nodes, driver_nodes=driver_nodes)
+        )
 
     def _is_driver_revision(self, rev: Obj) -> bool:
         """Is ``rev`` a revision of a driver DaemonSet (the ClusterPolicy's or an
