@@ -16,7 +16,6 @@ protobuf also accepts JSON (:data:`ACCEPT`) and decodes what it is answered
 
 from __future__ import annotations
 
-import asyncio
 import time
 from functools import lru_cache
 from typing import Any, Protocol
@@ -61,19 +60,36 @@ def unwrap(data: bytes) -> tuple[str, bytes]:
     return str(unknown.typeMeta.kind), bytes(unknown.raw)
 
 
-async def read_frame(stream: Any) -> bytes | None:
-    """The next watch frame of an ``aiohttp`` stream; None when the server ended it."""
-    try:
-        header = await stream.readexactly(4)
-    except asyncio.IncompleteReadError as err:
-        if err.partial:
-            raise WireError("watch stream ended inside a frame header") from err
-        return None
-    size = int.from_bytes(header, "big")
-    if size > MAX_FRAME:
-        raise WireError(f"watch frame of {size} bytes")
-    frame: bytes = await stream.readexactly(size)
-    return frame
+class Frames:
+    """Splits a watch stream's bytes, in whatever chunks they come, into whole frames:
+    a chunk read at once holds many (the informer reads a busy watch in batches)."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """The frames ``data`` completes, in order; a partial one is kept for the next."""
+        buffer = self._buffer
+        buffer += data
+        frames: list[bytes] = []
+        at, size = 0, len(buffer)
+        while size - at >= 4:
+            length = int.from_bytes(buffer[at : at + 4], "big")
+            if length > MAX_FRAME:
+                raise WireError(f"watch frame of {length} bytes")
+            end = at + 4 + length
+            if end > size:
+                break
+            frames.append(bytes(buffer[at + 4 : end]))
+            at = end
+        if at:
+            del buffer[:at]
+        return frames
+
+    def end(self) -> None:
+        """The stream ended: only at a frame's boundary is that a clean end."""
+        if self._buffer:
+            raise WireError("watch stream ended inside a frame")
 
 
 @lru_cache(maxsize=4096)

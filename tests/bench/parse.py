@@ -16,14 +16,13 @@ the pods cache takes at intake because they change no record (``same_pod``).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import gpuop  # noqa: F401  (installs the lazy kubernetes-asyncio packages first)
-from gpuop.kube._pb_wire import POD_CODEC, read_frame
+from gpuop.kube._pb_wire import POD_CODEC, Frames
 from gpuop.kube.shapes import Decoder
 from gpuop.operator.controller.views.pod_records import PodRecord, PodShape, same_pod, trim_pod
 
@@ -60,16 +59,10 @@ def main() -> None:
 
 
 def _frames(stream: bytes) -> list[bytes]:
-    async def read() -> list[bytes]:
-        reader = asyncio.StreamReader()
-        reader.feed_data(stream)
-        reader.feed_eof()
-        frames = []
-        while (frame := await read_frame(reader)) is not None:
-            frames.append(frame)
-        return frames
-
-    return asyncio.run(read())
+    frames = Frames()
+    found = frames.feed(stream)
+    frames.end()
+    return found
 
 
 def _recorded(repeat: int, rounds: int) -> None:

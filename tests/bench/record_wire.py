@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import gpuop  # noqa: F401  (installs the lazy kubernetes-asyncio packages first)
-from gpuop.kube._pb_wire import PROTOBUF, read_frame
+from gpuop.kube._pb_wire import PROTOBUF, Frames
 from gpuop.kube.client import api_client
 from gpuop.kube.kinds import by_kind
 from gpuop.kube.rest import Rest
@@ -67,15 +67,17 @@ async def _watch(rest: Rest, namespace: str, rv: str, accept: str, pods: int) ->
     resp = await call(watch=True, resource_version=rv, timeout_seconds=120, _accept=accept)
     chunks: list[bytes] = []
     deleted = 0
+    frames = Frames()
     async with resp:
         protobuf = resp.headers.get("Content-Type", "").startswith(PROTOBUF)
         while deleted < pods:
             if protobuf:
-                frame = await read_frame(resp.content)
-                if frame is None:
+                chunk = await resp.content.readany()
+                if not chunk:
                     break
-                chunks.append(len(frame).to_bytes(4, "big") + frame)
-                deleted += b"DELETED" in frame[:16]
+                for frame in frames.feed(chunk):
+                    chunks.append(len(frame).to_bytes(4, "big") + frame)
+                    deleted += b"DELETED" in frame[:16]
             else:
                 line = await resp.content.readline()
                 if not line:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -17,11 +18,12 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from gpuop.kube import _pb_pod as pb
 from gpuop.kube._pb_wire import (
     MAGIC,
+    MAX_FRAME,
     POD_CODEC,
+    Frames,
     WireError,
     error_text,
     is_protobuf,
-    read_frame,
     unwrap,
 )
 from gpuop.kube.informer import GoneError, Informer, ResourceSpec
@@ -167,16 +169,23 @@ def test_not_protobuf_is_refused() -> None:
     assert not is_protobuf(None)
 
 
-async def test_frames_are_read_whole_until_the_stream_ends() -> None:
-    stream = asyncio.StreamReader()
-    stream.feed_data(b"".join(len(f).to_bytes(4, "big") + f for f in PB_EVENTS[:3]))
-    stream.feed_eof()
-    assert [await read_frame(stream) for _ in range(4)] == [*PB_EVENTS[:3], None]
-    cut = asyncio.StreamReader()
-    cut.feed_data(b"\x00\x00")
-    cut.feed_eof()
+def test_frames_are_split_whole_from_chunks_of_any_size() -> None:
+    """A batch read hands over many frames at once, and a chunk may end anywhere in
+    one: each frame comes out whole, once, in order."""
+    stream = b"".join(len(f).to_bytes(4, "big") + f for f in PB_EVENTS[:3])
+    assert Frames().feed(stream) == PB_EVENTS[:3]
+    for step in (1, 3, 7, 64):
+        frames, found = Frames(), []
+        for at in range(0, len(stream), step):
+            found += frames.feed(stream[at : at + step])
+        frames.end()
+        assert found == PB_EVENTS[:3], step
+    cut = Frames()
+    assert cut.feed(stream[:-1]) == PB_EVENTS[:2]
     with pytest.raises(WireError):
-        await read_frame(cut)
+        cut.end()  # the stream ended inside the third frame
+    with pytest.raises(WireError):
+        Frames().feed((MAX_FRAME + 1).to_bytes(4, "big"))
 
 
 def _informer(told: list[tuple[str, Any, Any]], unchanged: bool = True) -> Informer[Any]:
@@ -258,3 +267,46 @@ def test_error_bodies_in_protobuf_are_told_in_words() -> None:
     assert error_text(_envelope("Status", status)) == "403 Forbidden: pods is forbidden"
     assert error_text(b'{"kind": "Status"}') == '{"kind": "Status"}'
     assert error_text(MAGIC + b"\xff\xff") == (MAGIC + b"\xff\xff").decode(errors="replace")
+
+
+class _Transport:
+    """What batching asks of a connection's transport: pause and resume, counted."""
+
+    def __init__(self) -> None:
+        self.paused = 0
+        self.resumed = 0
+
+    def pause_reading(self) -> None:
+        assert self.paused == self.resumed, "paused twice"
+        self.paused += 1
+
+    def resume_reading(self) -> None:
+        self.resumed += 1
+
+
+async def test_a_batched_watch_hands_on_every_frame_and_always_resumes_its_transport() -> None:
+    """Frames split across the chunks the stream hands over (and several in one) reach
+    the cache in order; after each chunk's frames the transport is paused for the
+    batch and resumed, and the end of the stream ends the read cleanly."""
+    told: list[tuple[str, Any, Any]] = []
+    informer = _informer(told, unchanged=False)
+    informer.spec.batch_seconds = 0.001
+    plain: list[tuple[str, Any, Any]] = []
+    reference = _informer(plain, unchanged=False)
+    for frame in PB_EVENTS:
+        reference._on_event(POD_CODEC.event(frame))
+    stream = b"".join(len(f).to_bytes(4, "big") + f for f in PB_EVENTS)
+    content = asyncio.StreamReader()
+    transport = _Transport()
+    resp = SimpleNamespace(content=content, connection=SimpleNamespace(transport=transport))
+
+    async def feed() -> None:
+        for at in range(0, len(stream), 5000):  # chunks that end inside frames
+            content.feed_data(stream[at : at + 5000])
+            await asyncio.sleep(0)
+        content.feed_eof()
+
+    await asyncio.gather(informer._read_frames(resp, POD_CODEC), feed())
+    assert [e[0] for e in told] == [e[0] for e in plain]
+    assert list(informer.store.items()) == list(reference.store.items())
+    assert 0 < transport.paused == transport.resumed
