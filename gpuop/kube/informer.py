@@ -482,11 +482,8 @@ class Informer(Generic[T]):
                     async with resp:
                         if codec is not None:
                             await self._read_frames(resp, codec)
-                        while codec is None and not self._relist_wanted:
-                            line = await resp.content.readline()
-                            if not line:
-                                break  # server ended the watch: reconnect from our version
-                            self._on_line(line)
+                        else:
+                            await self._read_lines(resp)
                 finally:
                     self._stream = None
             except (TimeoutError, aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as err:
@@ -504,6 +501,15 @@ class Informer(Generic[T]):
                     retry_in=round(delay, 2),
                 )
                 await asyncio.sleep(delay)
+
+    async def _read_lines(self, resp: Any) -> None:
+        """Handle a JSON watch's lines until the server ends it (then the caller
+        reconnects from our version) or a relist is asked for."""
+        while not self._relist_wanted:
+            line = await resp.content.readline()
+            if not line:
+                return
+            self._on_line(line)
 
     async def _read_frames(self, resp: Any, codec: Codec) -> None:
         """Handle a protobuf watch's frames until the server ends it (then the caller

@@ -114,14 +114,18 @@ class EveryEvent(Watcher):
         assert before, f"no pod snapshot of {node} at or before revision {rv}"
         return before[-1]
 
+    def _still_watching(self) -> None:
+        """Fail at once, with its cause, once the watches have stopped."""
+        if self.stopped is not None:
+            raise AssertionError(f"the watcher stopped: {self.stopped!r}") from self.stopped
+
     async def catch_up(self, rest: Rest, marker: tuple[str, str], node: str) -> None:
         """Both streams past one write each made now: the marker pod's annotation and
         ``node``'s. The writes wait for both LISTs: one made before a LIST is in what it
         lists, and no watch event would ever show its revision."""
 
         async def listed() -> bool:
-            if self.stopped is not None:
-                raise AssertionError(f"the watcher stopped: {self.stopped!r}") from self.stopped
+            self._still_watching()
             return {"Pod", "Node"} <= self.listed
 
         await eventually(listed, 30, interval=0.05, what="watcher listed")
@@ -134,8 +138,7 @@ class EveryEvent(Watcher):
         node_rv = int((await rest.merge_patch(NODE, node, stamp))["metadata"]["resourceVersion"])
 
         async def read() -> bool:
-            if self.stopped is not None:
-                raise AssertionError(f"the watcher stopped: {self.stopped!r}") from self.stopped
+            self._still_watching()
             return self.revision["Pod"] >= pod_rv and self.revision["Node"] >= node_rv
 
         await eventually(read, 30, interval=0.1, what="watcher past the marker")

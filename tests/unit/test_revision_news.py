@@ -37,10 +37,9 @@ def _operator(
         name: {"metadata": {"name": name, "labels": {NFD_GPU_LABELS[0]: "true", **extra}}}
         for name, extra in (extra_nodes or {}).items()
     }
-    pods = [SimpleNamespace(node=node) for node in driver_on]
     fake = SimpleNamespace(
         queue=_Queue(),
-        nvd=SimpleNamespace(driver_pods={str(i): p for i, p in enumerate(pods)}),
+        nvd=SimpleNamespace(driver_pods=SimpleNamespace(nodes=lambda: set(driver_on))),
         caches=SimpleNamespace(
             nodes=SimpleNamespace(store={"g0": gpu, "c0": cpu, **more}),
             owned={"DaemonSet": {f"{NS}/{name}": ds for name, ds in daemonsets.items()}},

@@ -160,7 +160,7 @@ class NVIDIADrivers:
             is_policy_driver(d["metadata"]["name"]) for d in self.op.owned["DaemonSet"].values()
         ):
             return set(self.op.nodes.store)
-        return {p.node for p in self.driver_pods.values() if p.node}
+        return self.driver_pods.nodes()
 
     def _unready_nodes(
         self, gpu: Mapping[str, Mapping[str, str]], models: Mapping[str, NVIDIADriver]

@@ -321,6 +321,10 @@ class PodSubset:
     def values(self) -> list[PodRecord]:
         return list(self._pods.values())
 
+    def nodes(self) -> set[str]:
+        """The nodes the subset's pods are bound to (terminating ones too)."""
+        return {p.node for p in self._pods.values() if p.node}
+
 
 def pod_ready(pod: PodRecord) -> bool:
     return pod.phase == "Running" and pod.ready

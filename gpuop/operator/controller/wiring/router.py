@@ -197,7 +197,7 @@ class EventRouter:
         assert rev is not None
         driver = self._is_driver_revision(rev)
         nodes = self.op.caches.nodes.store.items()
-        driver_nodes = {p.node for p in self.op.nvd.driver_pods.values() if p.node}
+        driver_nodes = self.op.nvd.driver_pods.nodes()
         self.wake(
             route_revision(event, old, new, driver=driver, nodes=nodes, driver_nodes=driver_nodes)
         )
