@@ -7,7 +7,9 @@ again such an envelope (a Pod; a Status for an ERROR). The codec turns what it d
 into the dicts the JSON path builds for the same fields (the pods watch's
 :class:`~gpuop.operator.controller.views.pod_records.PodShape`, less the env variables the transform
 skips), so the cache's transform, and therefore the cache, cannot tell which wire an
-object came by.
+object came by; or, given the cache's own builder (``PodCodec(build=...)``), straight
+into the cache's record, which must equal the transform's of the JSON (the operand
+pods watch: a rollout's thousands of events then build no dicts on the way).
 
 The API server has no protobuf for custom resources; a watch cache that asks for
 protobuf also accepts JSON (:data:`ACCEPT`) and decodes what it is answered
@@ -17,6 +19,7 @@ protobuf also accepts JSON (:data:`ACCEPT`) and decodes what it is answered
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Any, Protocol
 
@@ -41,7 +44,8 @@ class WireError(ValueError):
 
 
 class Codec(Protocol):
-    """Decodes one kind's protobuf into the dicts its JSON decoder would build."""
+    """Decodes one kind's protobuf into the dicts its JSON decoder would build, or into
+    the cache's records (which the informer keeps without its transform)."""
 
     def event(self, frame: bytes) -> Obj: ...
     def page(self, body: bytes) -> Obj: ...
@@ -93,7 +97,7 @@ class Frames:
 
 
 @lru_cache(maxsize=4096)
-def _rfc3339(seconds: int) -> str:
+def rfc3339(seconds: int) -> str:
     """``metav1.Time`` as its JSON is written: UTC, whole seconds."""
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
 
@@ -131,9 +135,9 @@ def _pod(pod: Any) -> Obj:
         if value:
             meta[name] = value
     if m.HasField("creationTimestamp"):
-        meta["creationTimestamp"] = _rfc3339(m.creationTimestamp.seconds)
+        meta["creationTimestamp"] = rfc3339(m.creationTimestamp.seconds)
     if m.HasField("deletionTimestamp"):
-        meta["deletionTimestamp"] = _rfc3339(m.deletionTimestamp.seconds)
+        meta["deletionTimestamp"] = rfc3339(m.deletionTimestamp.seconds)
     if m.labels:
         # Kubernetes writes a map's keys sorted, in JSON and protobuf alike; upb's map
         # iteration has no order, and shared label dicts are pooled by their order.
@@ -173,14 +177,23 @@ def _container(c: Any) -> Obj:
 
 
 class PodCodec:
-    """Pods watch events and ``PodList`` pages, decoded into :class:`PodShape` dicts."""
+    """Pods watch events and ``PodList`` pages, decoded into :class:`PodShape` dicts, or
+    by ``build`` (given the decoded ``Pod`` message, whose fields are named as in JSON)
+    into the cache's record, which the informer then keeps as it is. A BOOKMARK's pod
+    and an ERROR's Status stay dicts: they are read for their version and code only."""
+
+    def __init__(self, build: Callable[[Any], Any] | None = None) -> None:
+        self._build = build or _pod
 
     def event(self, frame: bytes) -> Obj:
         """One ``WatchEvent`` frame: ``{"type", "object"}``; an ERROR's object is its Status."""
         event = pb.WatchEvent.FromString(frame)
         kind, raw = unwrap(bytes(event.object.raw))
-        obj = _status(raw) if kind == "Status" else _pod(pb.Pod.FromString(raw))
-        return {"type": event.type, "object": obj}
+        if kind == "Status":
+            return {"type": event.type, "object": _status(raw)}
+        pod = pb.Pod.FromString(raw)
+        build = _pod if event.type == "BOOKMARK" else self._build
+        return {"type": event.type, "object": build(pod)}
 
     def page(self, body: bytes) -> Obj:
         """One LIST response: ``{"metadata": {resourceVersion, continue}, "items"}``."""
@@ -192,8 +205,9 @@ class PodCodec:
         cont = getattr(pods.metadata, "continue")  # a Python keyword
         if cont:
             meta["continue"] = cont
-        return {"metadata": meta, "items": [_pod(p) for p in pods.items]}
+        build = self._build
+        return {"metadata": meta, "items": [build(p) for p in pods.items]}
 
 
-#: The pods watch's codec (stateless: one is enough).
+#: The pods watch's codec into dicts (stateless: one is enough).
 POD_CODEC = PodCodec()

@@ -7,9 +7,10 @@ kept as plain dicts, trimmed by a per-resource transform (``managedFields`` and
 whatever the operator never reads), or, for the most numerous kind (operand pods),
 as a slotted :class:`Record` of the fields read, so memory stays flat as the fleet
 grows. A kind with a codec (operand pods, :mod:`gpuop.kube._pb_wire`) is listed and watched
-as Kubernetes protobuf, decoding only those fields, with JSON where the server has no
-protobuf; and an event that changes nothing the record keeps (``ResourceSpec.
-unchanged``) updates the cache without reaching the handler, so it wakes no pass.
+as Kubernetes protobuf, decoding only those fields (straight into its records when the
+codec builds them), with JSON where the server has no protobuf; and an event that
+changes nothing the record keeps (``ResourceSpec.unchanged``) updates the cache without
+reaching the handler, so it wakes no pass.
 
 The cache is monotonic per object. Two sources write it: the watch, and
 ``observe()`` with what our own writes returned; without ordering, a watch event
@@ -378,7 +379,7 @@ class Informer(Generic[T]):
             codec = self._codec(resp)
             body = codec.page(data) if codec is not None else self._decode.page(data)
             for raw in body.get("items") or []:
-                obj = self.spec.transform(raw)
+                obj = self.spec.transform(raw) if isinstance(raw, dict) else raw
                 items[key_of(obj)] = obj
             meta = body.get("metadata") or {}
             cont = meta.get("continue")
@@ -537,19 +538,21 @@ class Informer(Generic[T]):
 
     def _on_event(self, event: Obj) -> None:
         kind = event.get("type")
-        raw: Obj = event.get("object") or {}
+        raw: Any = event.get("object") or {}
         if kind == "ERROR":
             code = raw.get("code")
             if code == 410:
                 raise GoneError()
             raise ApiException(status=code or 500, reason=str(raw.get("message", raw)))
-        rv = (raw.get("metadata") or {}).get("resourceVersion")
+        # A codec may hand the cache's record itself (``PodCodec(build=...)``).
+        built = not isinstance(raw, dict)
+        rv = _rv(raw) if built else (raw.get("metadata") or {}).get("resourceVersion")
         if kind == "BOOKMARK":
             if rv:
                 self.resource_version = str(rv)
             return
         self.events += 1
-        obj = self.spec.transform(raw)
+        obj = raw if built else self.spec.transform(raw)
         key = key_of(obj)
         if rv:
             self.resource_version = str(rv)

@@ -9,7 +9,9 @@ microseconds per event for each (best of ``--rounds``).
 Then the same for the pods watch as the API server sent it both ways (recorded by
 ``python -m tests.bench.record_wire``: the same events of ten operand pods in JSON
 and in Kubernetes protobuf): JSON through the shape, and protobuf through
-:data:`gpuop.kube._pb_wire.POD_CODEC`, each then ``trim_pod``; and how many of those events
+:data:`gpuop.kube._pb_wire.POD_CODEC`, each then ``trim_pod``, and protobuf straight
+into records as the operand pods cache decodes it (``PodCodec(build=record_of_message)``);
+and how many of those events
 the pods cache takes at intake because they change no record (``same_pod``).
 """
 
@@ -22,11 +24,19 @@ from collections.abc import Callable
 from pathlib import Path
 
 import gpuop  # noqa: F401  (installs the lazy kubernetes-asyncio packages first)
-from gpuop.kube._pb_wire import POD_CODEC, Frames
+from gpuop.kube._pb_wire import POD_CODEC, Frames, PodCodec
 from gpuop.kube.shapes import Decoder
-from gpuop.operator.controller.views.pod_records import PodRecord, PodShape, same_pod, trim_pod
+from gpuop.operator.controller.views.pod_records import (
+    PodRecord,
+    PodShape,
+    record_of_message,
+    same_pod,
+    trim_pod,
+)
 
 DATA = Path(__file__).parent.parent / "data"
+#: The operand pods cache's codec: protobuf straight into records.
+RECORDS = PodCodec(build=record_of_message)
 FIXTURE = DATA / "operand_pods.json"
 
 
@@ -81,6 +91,7 @@ def _recorded(repeat: int, rounds: int) -> None:
             lambda b: trim_pod(POD_CODEC.event(b)["object"]),
         ),
         "protobuf: POD_CODEC alone": (frames, POD_CODEC.event),
+        "protobuf: PodCodec(record_of_message)": (frames, RECORDS.event),
     }
     print(
         f"\nrecorded pods watch: {len(lines)} events, "

@@ -21,6 +21,7 @@ from gpuop.kube._pb_wire import (
     MAX_FRAME,
     POD_CODEC,
     Frames,
+    PodCodec,
     WireError,
     error_text,
     is_protobuf,
@@ -28,7 +29,13 @@ from gpuop.kube._pb_wire import (
 )
 from gpuop.kube.informer import GoneError, Informer, ResourceSpec
 from gpuop.kube.shapes import Decoder
-from gpuop.operator.controller.views.pod_records import PodShape, pod_index, same_pod, trim_pod
+from gpuop.operator.controller.views.pod_records import (
+    PodShape,
+    pod_index,
+    record_of_message,
+    same_pod,
+    trim_pod,
+)
 
 DATA = Path(__file__).parent.parent / "data"
 
@@ -44,6 +51,8 @@ def _frames(stream: bytes) -> list[bytes]:
 
 JSON_EVENTS = (DATA / "operand_pods.watch.jsonl").read_bytes().splitlines()
 PB_EVENTS = _frames((DATA / "operand_pods.watch.pb").read_bytes())
+#: The operand pods cache's codec: protobuf straight into records.
+RECORDS = PodCodec(build=record_of_message)
 
 
 def _envelope(kind: str, message: Any) -> bytes:
@@ -68,6 +77,7 @@ def test_recorded_events_decode_to_the_same_records_both_ways() -> None:
         assert event["type"] == whole["type"]
         record = trim_pod(event["object"])
         assert record == trim_pod(whole["object"]) == trim_pod(shaped.event(line)["object"])
+        assert RECORDS.event(frame) == {"type": whole["type"], "object": record}
         assert record.resource_version == whole["object"]["metadata"]["resourceVersion"]
     records = [trim_pod(POD_CODEC.event(f)["object"]) for f in PB_EVENTS]
     # The recording exercises what the cache keeps, not only empty fields.
@@ -86,6 +96,8 @@ def test_recorded_list_page_decodes_to_the_same_page() -> None:
         "continue": body["metadata"]["continue"],
     }
     assert [trim_pod(p) for p in page["items"]] == [trim_pod(p) for p in body["items"]]
+    built = RECORDS.page((DATA / "operand_pods.list.pb").read_bytes())
+    assert built == {"metadata": page["metadata"], "items": [trim_pod(p) for p in body["items"]]}
 
 
 def test_fields_no_recording_holds_decode_as_json_would() -> None:
@@ -125,6 +137,7 @@ def test_fields_no_recording_holds_decode_as_json_would() -> None:
     }
     record = trim_pod(POD_CODEC.event(_frame("MODIFIED", "Pod", pod))["object"])
     assert record == trim_pod(as_json)
+    assert RECORDS.event(_frame("MODIFIED", "Pod", pod))["object"] == record
     assert (record.restarts, record.waiting, record.deleting) == (7, "ImagePullBackOff", True)
     assert list(record.labels) == ["app", "z"]  # sorted, as Kubernetes writes maps
 
@@ -150,11 +163,12 @@ def test_error_event_is_its_status_and_relists_on_410() -> None:
         informer._on_event(other)
 
 
-def test_bookmark_moves_the_resource_version_only() -> None:
+@pytest.mark.parametrize("codec", [POD_CODEC, PodCodec(build=record_of_message)])
+def test_bookmark_moves_the_resource_version_only(codec: PodCodec) -> None:
     pod = pb.Pod()
     pod.metadata.resourceVersion = "4242"
     informer = _informer([])
-    informer._on_event(POD_CODEC.event(_frame("BOOKMARK", "Pod", pod)))
+    informer._on_event(codec.event(_frame("BOOKMARK", "Pod", pod)))
     assert (informer.resource_version, informer.store, informer.events) == ("4242", {}, 0)
 
 
@@ -204,17 +218,22 @@ def _informer(told: list[tuple[str, Any, Any]], unchanged: bool = True) -> Infor
     return Informer(spec, lambda *event: told.append(event))
 
 
-def test_replayed_protobuf_stream_keeps_the_json_cache_with_fewer_events() -> None:
-    """The recorded stream through the protobuf path, unchanged events taken at intake,
-    and through the JSON path, every event told: after each event both caches hold the
-    same records, and every event the first did not tell changed no record."""
+BOTH_CODECS = pytest.mark.parametrize("codec", [POD_CODEC, RECORDS], ids=["dicts", "records"])
+
+
+@BOTH_CODECS
+def test_replayed_protobuf_stream_keeps_the_json_cache_with_fewer_events(codec: PodCodec) -> None:
+    """The recorded stream through the protobuf path (into dicts the transform trims, or
+    straight into records), unchanged events taken at intake, and through the JSON
+    path, every event told: after each event both caches hold the same records, and
+    every event the first did not tell changed no record."""
     by_json: list[tuple[str, Any, Any]] = []
     by_pb: list[tuple[str, Any, Any]] = []
     plain, quiet = _informer(by_json, unchanged=False), _informer(by_pb)
     for line, frame in zip(JSON_EVENTS, PB_EVENTS, strict=True):
         told = len(by_pb)
         plain._on_line(line)
-        quiet._on_event(POD_CODEC.event(frame))
+        quiet._on_event(codec.event(frame))
         assert list(quiet.store.items()) == list(plain.store.items())  # order too
         assert quiet.resource_version == plain.resource_version
         assert {k: [p.key for p in v] for k, v in quiet._index.items()} == {
@@ -231,25 +250,26 @@ def test_replayed_protobuf_stream_keeps_the_json_cache_with_fewer_events() -> No
     assert [e[0] for e in by_pb] == news
 
 
-def test_an_unchanged_event_moves_the_version_but_wakes_nothing() -> None:
+@pytest.mark.parametrize("codec", [POD_CODEC, PodCodec(build=record_of_message)])
+def test_an_unchanged_event_moves_the_version_but_wakes_nothing(codec: PodCodec) -> None:
     told: list[tuple[str, Any, Any]] = []
     informer = _informer(told)
     pod = pb.Pod()
     pod.metadata.name, pod.metadata.namespace, pod.metadata.uid = "p", "ns", "u"
     pod.metadata.resourceVersion = "10"
     pod.spec.nodeName = "n1"
-    informer._on_event(POD_CODEC.event(_frame("ADDED", "Pod", pod)))
+    informer._on_event(codec.event(_frame("ADDED", "Pod", pod)))
     informer.index_changes()
     version = informer.version
     pod.metadata.resourceVersion = "11"
     pod.metadata.creationTimestamp.seconds = 0  # a field the cache keeps: told
-    informer._on_event(POD_CODEC.event(_frame("MODIFIED", "Pod", pod)))
+    informer._on_event(codec.event(_frame("MODIFIED", "Pod", pod)))
     assert len(told) == 2
     assert informer.version > version
     informer.index_changes()
     version = informer.version
     pod.metadata.resourceVersion = "12"  # an annotation, another condition: not kept
-    informer._on_event(POD_CODEC.event(_frame("MODIFIED", "Pod", pod)))
+    informer._on_event(codec.event(_frame("MODIFIED", "Pod", pod)))
     held = informer.get("ns/p")
     assert held is not None
     assert held.resource_version == "12"
@@ -257,7 +277,7 @@ def test_an_unchanged_event_moves_the_version_but_wakes_nothing() -> None:
     assert (len(told), informer.version, informer.index_changes()) == (2, version, set())
     # Versions stay ordered by the newest held: an older one is ignored.
     pod.metadata.resourceVersion = "11"
-    informer._on_event(POD_CODEC.event(_frame("MODIFIED", "Pod", pod)))
+    informer._on_event(codec.event(_frame("MODIFIED", "Pod", pod)))
     assert informer.get("ns/p") is held
     assert len(told) == 2
 

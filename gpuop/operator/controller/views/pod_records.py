@@ -20,10 +20,12 @@ from typing import Any
 from typing_extensions import TypedDict
 
 from components.driver import COMPONENT_POD_LABEL, digest_in
+from components.driver import CONFIG_DIGEST_ENV as DIGEST_ENV
 from components.driver import DAEMONSET_NAME as DRIVER_DS
 from components.validator import DAEMONSET_NAME as VALIDATOR_DS
 from components.vfio_manager import DAEMONSET_NAME as VFIO_MANAGER_APP
 from components.vgpu_manager import DAEMONSET_NAME as VGPU_MANAGER_APP
+from gpuop.kube._pb_wire import rfc3339
 from gpuop.kube.compact import shared
 from gpuop.kube.informer import Informer, key_of
 from gpuop.operator.controller.views.upgrade_inputs import template_spec
@@ -193,6 +195,40 @@ def trim_pod(pod: Obj) -> PodRecord:
         waiting=next((w for w in map(_waiting, containers) if w), ""),
         config_digest=sys.intern(digest_in(spec)),
     )
+
+
+def record_of_message(pod: Any) -> PodRecord:
+    """:func:`trim_pod` of a ``Pod`` decoded from protobuf (:class:`gpuop.kube._pb_wire.
+    PodCodec`'s ``build``): the same record from the message's fields, named as in JSON,
+    without the dicts in between (a rollout's pods watch brings thousands of events;
+    ``tests/unit/test_pb_wire.py`` holds the two equal on recorded frames)."""
+    meta, spec, status = pod.metadata, pod.spec, pod.status
+    namespace = meta.namespace
+    containers = status.containerStatuses
+    return PodRecord(
+        key=f"{namespace}/{meta.name}" if namespace else meta.name,
+        packed_uid=_pack_uid(meta.uid),
+        packed_resource_version=_pack_version(meta.resourceVersion),
+        created=sys.intern(
+            rfc3339(meta.creationTimestamp.seconds) if meta.HasField("creationTimestamp") else ""
+        ),
+        deleting=meta.HasField("deletionTimestamp"),
+        node=sys.intern(spec.nodeName),
+        # Kubernetes writes a map's keys sorted; upb's map iteration has no order, and
+        # shared label dicts are pooled by their order.
+        labels=shared(dict(sorted(meta.labels.items())) if meta.labels else {}),
+        phase=sys.intern(status.phase),
+        ready=any(c.type == "Ready" and c.status == "True" for c in status.conditions),
+        restarts=sum(c.restartCount for c in containers),
+        waiting=next((w for w in (c.state.waiting.reason for c in containers) if w), ""),
+        config_digest=sys.intern(
+            next((v.value for c in spec.containers for v in c.env if _is_digest(v)), "")
+        ),
+    )
+
+
+def _is_digest(var: Any) -> bool:
+    return bool(var.name == DIGEST_ENV and var.value)
 
 
 def same_pod(old: PodRecord, new: PodRecord) -> bool:

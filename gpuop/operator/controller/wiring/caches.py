@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from components._k8s import MANAGED_BY, MANAGED_BY_LABEL
-from gpuop.kube._pb_wire import POD_CODEC
+from gpuop.kube._pb_wire import PodCodec
 from gpuop.kube.informer import Informer, Obj, ResourceSpec
 from gpuop.kube.kinds import by_kind
 from gpuop.kube.rest import Kind, Rest
@@ -23,6 +23,7 @@ from gpuop.operator.controller.views.pod_records import (
     PodRecord,
     PodShape,
     pod_index,
+    record_of_message,
     trim_pod,
     trim_revision,
 )
@@ -120,8 +121,9 @@ def build_caches(
             "pods",
             OPERAND_SELECTOR,
             # As protobuf: the API server encodes it far cheaper than JSON, which it
-            # builds for this one watch on the cluster (issue 49).
-            codec=POD_CODEC,
+            # builds for this one watch on the cluster (issue 49); decoded straight
+            # into records.
+            codec=PodCodec(build=record_of_message),
             field_selector=BOUND_PODS,
             batch_seconds=POD_BATCH_S,
             unchanged=to.pod_unchanged,
