@@ -481,6 +481,11 @@ def _policy_rows(
         cpu = Summary.of([r["rollout_cpu_s"] for r in runs if "rollout_cpu_s" in r])
         if cpu:
             rows.append(Row("1", at(size), "operator CPU during rollout", "s", cpu, target="<= 6"))
+        startup = Summary.of([r["startup_cpu_s"] for r in runs if r.get("startup_cpu_s")])
+        if startup:
+            rows.append(
+                Row("1", at(size), "operator CPU from start to its passes over", "s", startup)
+            )
         rows.extend(_control_plane_rows(at(size), runs, floors.get(size, [])))
         rows.extend(_pod_event_rows(at(size), runs))
         nodes = Summary.of(

@@ -182,9 +182,10 @@ def test_the_cost_rows_set_the_operators_control_plane_against_the_floors() -> N
     results = _results([99.0, 100.0])
     cpu = {"kube-apiserver": 100.0, "kwok": 10.0}
     results["runs"]["rollout"] = [
-        _rollout(rollout_cpu_s=11.0, cluster_cpu_s=cpu),
+        _rollout(rollout_cpu_s=11.0, cluster_cpu_s=cpu, startup_cpu_s=3.0),
         _rollout(
             rollout_cpu_s=12.0,
+            startup_cpu_s=4.0,
             cluster_cpu_s={**cpu, "kwok": 30.0},
             idle_requests={},
             idle_seconds=120.0,
@@ -197,6 +198,8 @@ def test_the_cost_rows_set_the_operators_control_plane_against_the_floors() -> N
     assert rows["1000 control-plane CPU: operator's run"] == 120.0  # 110 and 130
     assert rows["1000 control-plane CPU: floor"] == 110.0
     assert rows["1000 control-plane CPU: operator / floor"] == pytest.approx(120.0 / 110.0)
+    assert rows["1000 operator CPU during rollout"] == 11.5
+    assert rows["1000 operator CPU from start to its passes over"] == 3.5
     idle = {
         f"{r.size} {r.metric}": r.value.median
         for r in build_rows(results)
