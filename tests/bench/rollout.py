@@ -136,14 +136,22 @@ async def _wait_policy_ready(
         await asyncio.sleep(0.2)
 
 
-async def _quiet(op: OperatorProcess, quiet: float, timeout: float) -> float:
-    """Wait until the operator's reconcile counter stays still for ``quiet`` seconds."""
+async def _quiet(
+    op: OperatorProcess,
+    quiet: float,
+    timeout: float,
+    count: Callable[[], float | None] | None = None,
+    poll: float = 0.5,
+) -> float:
+    """Wait until ``count`` (default: the operator's ClusterPolicy reconciles) stays
+    still for ``quiet`` seconds, at most ``timeout``; the seconds waited."""
+    read = count or (lambda: op.metric("gpu_operator_reconciliation_total"))
     started = time.monotonic()
-    last = op.metric("gpu_operator_reconciliation_total")
+    last = read()
     still_since = time.monotonic()
     while time.monotonic() - started < timeout:
-        await asyncio.sleep(0.5)
-        now = op.metric("gpu_operator_reconciliation_total")
+        await asyncio.sleep(poll)
+        now = read()
         if now != last:
             last, still_since = now, time.monotonic()
         elif time.monotonic() - still_since >= quiet:
@@ -178,7 +186,9 @@ async def run_once(
             # /readyz is the caches synced; the first pass of every node runs after it.
             # The rollout's clock starts once those are over, so the operator's rollout
             # CPU is the rollout's alone (its start is its own row).
-            await _passes_settled(first, STARTUP_QUIET_S, ready_timeout)
+            waited = await _quiet(first, STARTUP_QUIET_S, ready_timeout, _all_passes(first), 0.2)
+            if waited >= ready_timeout:
+                raise TimeoutError(f"operator passes still running {waited:.0f}s after /readyz")
             result.startup_cpu_s = round(first.cpu_seconds(), 2)
             result.startup_passes = {k: int(n) for k, n in _passes(first).items()}
             bench.audit.mark()
@@ -290,19 +300,9 @@ PASS_KINDS = ("node", "cluster", "upgrades", "nvidiadrivers", "remediation", "gp
 PASSES = "gpu_operator_reconcile_duration_seconds_count"
 
 
-async def _passes_settled(op: OperatorProcess, quiet: float, timeout: float) -> None:
-    """Wait until the operator ran no pass of any kind for ``quiet`` seconds."""
-    started = time.monotonic()
-    last = sum(_passes(op).values())
-    still_since = started
-    while time.monotonic() - started < timeout:
-        await asyncio.sleep(0.2)
-        now = sum(_passes(op).values())
-        if now != last:
-            last, still_since = now, time.monotonic()
-        elif time.monotonic() - still_since >= quiet:
-            return
-    raise TimeoutError(f"operator passes still running {timeout:.0f}s after /readyz")
+def _all_passes(op: OperatorProcess) -> Callable[[], float]:
+    """Reads how many passes of any kind the operator has run."""
+    return lambda: sum(_passes(op).values())
 
 
 def _passes(op: OperatorProcess) -> dict[str, float]:
