@@ -263,11 +263,21 @@ class OperatorProcess:
         snapshot = self._snapshot_path()
         if snapshot is not None:
             env["GPUOP_MEMTRACE_OUT"] = str(snapshot)
+        # GPUOP_BENCH_CPU_BY_TASK=DIR: the operator's CPU per task and callback, a
+        # snapshot every few seconds (tests.bench._cpu_by_task; never figures).
+        by_task = os.environ.get("GPUOP_BENCH_CPU_BY_TASK")
+        if by_task:
+            env["GPUOP_CPU_BY_TASK_OUT"] = str(Path(by_task) / f"{self.log_path.stem}.jsonl")
+        module = "gpuop"
+        if snapshot is not None:
+            module = "tests.bench._memtrace"
+        elif by_task:
+            module = "tests.bench._cpu_by_task"
         argv = [
             sys.executable,
             *profile,
             "-m",
-            "tests.bench._memtrace" if snapshot is not None else "gpuop",
+            module,
             "--log-format",
             "json",
             "run",

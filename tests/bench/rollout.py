@@ -44,6 +44,9 @@ class RolloutRun:
     # operator's CPU seconds over the rollout: what the gap to the baseline is made of.
     daemonsets_ready_s: float | None = None
     rollout_cpu_s: float = 0.0
+    policy_applied_at: float | None = None
+    """When the ClusterPolicy was applied (epoch seconds): where the rollout's window
+    starts in the operator's log and in ``GPUOP_BENCH_CPU_BY_TASK`` snapshots."""
     startup_cpu_s: float | None = None
     """The operator's CPU seconds from its start until its startup passes were over
     (no pass for ``STARTUP_QUIET_S``), before the policy: what starting costs, kept out
@@ -204,6 +207,7 @@ async def run_once(
             cluster_cpu.start()
             started = time.monotonic()
             started_wall = time.time()
+            result.policy_applied_at = started_wall
             await rest.apply(policy or crd.sample_policy())
 
             def cpu_now() -> dict[str, float]:
