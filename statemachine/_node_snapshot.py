@@ -120,6 +120,9 @@ class NodeSnapshot:
     driver: DriverFacts = field(default_factory=lambda: DriverFacts(""))
     said_invalid: str | None = None
     said_step: str | None = None
+    claim_settle_s: float = 0.0
+    """Seconds before another claimant's label may be granted on this node: our patch
+    took a claimant's label off it that recently (`workload_handover.CLAIM_SETTLE_S`)."""
     refused: Mapping[str, str] = field(default_factory=dict)
     """Evictions the API refused on this node (pod key -> its words)."""
     resting: RestingAnswer | None = None

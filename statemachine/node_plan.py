@@ -72,6 +72,7 @@ from statemachine.upgrade_views import (
     UpgradePolicyView,
 )
 from statemachine.workload_handover import (
+    CLAIM_SETTLING,
     DRIVER,
     GPU_CLAIMS,
     GPU_PODS_LEAVING,
@@ -240,6 +241,13 @@ def _labels(snap: NodeSnapshot, node: Node) -> _Labels:
     if claim is None:
         return _Labels((said_invalid, None), tuple(says), changes, target, False)
     step = handover(snap, node_labels, claim)
+    if not step.hold and snap.claim_settle_s > 0:
+        # Free, but a claimant's label left the node a moment ago: its DaemonSet may
+        # still make a pod there. Looked at again once the settle is over.
+        step = HandoverStep(CLAIM_SETTLING, ("the last claimant's DaemonSet to settle",))
+        return _Labels(
+            (said_invalid, snap.said_step), tuple(says), held(changes, step), target, True
+        )
     said_step, waits = handover_say(snap, target, claim, step)
     if waits is not None:
         says.append(waits)

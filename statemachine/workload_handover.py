@@ -47,6 +47,13 @@ DRIVER = "driver"
 VFIO_MANAGER = "vfio-manager"
 VGPU_MANAGER = "vgpu-manager"
 
+CLAIM_SETTLE_S = 3.0
+"""After our patch takes a claimant's deploy label off a node, another claimant's label is
+granted no sooner than this. kube-controller-manager's DaemonSet controller may still
+create a pod for the claimant it last saw selecting the node (its node cache behind our
+patch), after the API read that found no claimant there: a chaos run caught a driver pod
+created two revisions after our removal and a vGPU manager granted beside it."""
+
 GPU_CLAIMS: Mapping[str, str] = {
     DEPLOY_DRIVER_LABEL: DRIVER,
     DEPLOY_VFIO_MANAGER_LABEL: VFIO_MANAGER,
@@ -59,6 +66,9 @@ DRIVER_LEAVING = "driver-leaving"
 GPU_PODS_LEAVING = "gpu-pods-leaving"
 VM_MANAGER_LEAVING = "vm-manager-leaving"
 CLAIMING = "claiming"
+CLAIM_SETTLING = "claim-settling"
+"""Not a state of the machine: the node pass holds a free claim for `CLAIM_SETTLE_S`
+after a claimant's label left the node."""
 HANDOVER_STATES = (SERVING, DRIVER_LEAVING, GPU_PODS_LEAVING, VM_MANAGER_LEAVING, CLAIMING)
 
 

@@ -20,7 +20,13 @@ from gpuop.kube._pb_wire import PodCodec
 from gpuop.kube.informer import Informer, ResourceSpec
 from gpuop.kube.kinds import KINDS, by_kind
 from gpuop.kube.rest import Rest
-from gpuop.operator.controller.views.pod_records import PodShape, pod_index, same_pod, trim_pod
+from gpuop.operator.controller.views.pod_records import (
+    PodShape,
+    pod_index,
+    record_of_message,
+    same_pod,
+    trim_pod,
+)
 from tests.integration.harness import POLICY, eventually
 
 pytestmark = pytest.mark.integration
@@ -34,9 +40,11 @@ TEMPLATE = json.loads(
 
 
 class CountingCodec(PodCodec):
-    """The pods codec, counting what it decoded: proof that protobuf came."""
+    """The operand pods cache's codec (protobuf straight into records), counting what it
+    decoded: proof that protobuf came."""
 
     def __init__(self) -> None:
+        super().__init__(build=record_of_message)
         self.frames = 0
         self.pages = 0
 

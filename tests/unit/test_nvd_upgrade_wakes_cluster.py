@@ -41,6 +41,11 @@ class _Workloads:
 
     def remember(self, node: str, invalid: Any, step: Any) -> None: ...
 
+    def claim_settle_s(self, node: str) -> float:
+        return 0.0
+
+    def patched(self, node: str, labels: Any) -> None: ...
+
     def forget(self, node: str) -> None: ...
 
 

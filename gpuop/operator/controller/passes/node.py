@@ -310,6 +310,7 @@ class NodeReader:
             base_spec=owners.base_spec() if spec is None else None,
             namespace=self.upgrades.namespace,
             claimant_pods=self.workloads.claimants_on(name),
+            claim_settle_s=self.workloads.claim_settle_s(name),
             driver=driver,
             said_invalid=said_invalid,
             said_step=said_step,

@@ -59,6 +59,7 @@ class NodeWriter:
         again = plan.again
         if plan.label_patch:
             self.nodes.observe(await self.rest.merge_patch(NODE, name, dict(plan.label_patch)))
+            self.workloads.patched(name, plan.label_patch["metadata"].get("labels") or {})
             if plan.label_say is not None:
                 await self._say(plan, plan.label_say)
         elif plan.upgrade is not None:

@@ -19,6 +19,9 @@ only that (``said``, ``remember``); every decision is read from the cluster.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Mapping
+
 from components.driver import COMPONENT_POD_LABEL
 from components.driver import DAEMONSET_NAME as DRIVER_DS
 from components.vfio_manager import DAEMONSET_NAME as VFIO_MANAGER_APP
@@ -29,7 +32,9 @@ from gpuop.operator.controller.views.pod_records import PodRecord, is_driver_pod
 from gpuop.operator.controller.writers.eviction import POD, Emptying
 from statemachine import node_plan
 from statemachine.workload_handover import (
+    CLAIM_SETTLE_S,
     DRIVER,
+    GPU_CLAIMS,
     VFIO_MANAGER,
     VGPU_MANAGER,
 )
@@ -58,10 +63,32 @@ class WorkloadHandovers:
         #: Per node, what was last said in an Event (only to say it once).
         self._said_invalid: dict[str, str] = {}
         self._said_step: dict[str, str] = {}
+        #: Per node, when our patch last took a claimant's label off it (monotonic):
+        #: only to hold the next claim for `CLAIM_SETTLE_S`. A restarted operator
+        #: has none; its own start is a longer wait than the settle.
+        self._released: dict[str, float] = {}
 
     def forget(self, node: str) -> None:
         self._said_invalid.pop(node, None)
         self._said_step.pop(node, None)
+        self._released.pop(node, None)
+
+    def patched(self, node: str, labels: Mapping[str, str | None]) -> None:
+        """Note a label patch written to ``node``: one that removes a claimant's label
+        starts the settle."""
+        if any(labels.get(key, "") is None for key in GPU_CLAIMS):
+            self._released[node] = time.monotonic()
+
+    def claim_settle_s(self, node: str) -> float:
+        """Seconds before another claimant may be granted ``node`` (0: now)."""
+        released = self._released.get(node)
+        if released is None:
+            return 0.0
+        left = released + CLAIM_SETTLE_S - time.monotonic()
+        if left <= 0:
+            del self._released[node]
+            return 0.0
+        return left
 
     # ------------------------------------------------------- the node pass
     def said(self, node: str) -> tuple[str | None, str | None]:
