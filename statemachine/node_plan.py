@@ -262,10 +262,12 @@ def _labels(snap: NodeSnapshot, node: Node) -> _Labels:
 
 def plan_reads(snap: NodeSnapshot) -> Reads:
     """What the read phase asks the API besides the caches: the node's pods while a
-    claim may be granted (nothing in the caches holds it) or while the node may be
-    emptied, and the pods the policy's selectors name. Asked before `plan_node`, over
-    the same snapshot; a read that the plan may turn out not to need is still made
-    (a hand-over held back may leave no label to write, and the upgrade step run)."""
+    claim may be granted (nothing in the caches holds it, and it is not settling after
+    another claimant's label left: `_labels` holds it whatever the API says) or while
+    the node may be emptied, and the pods the policy's selectors name. Asked before
+    `plan_node`, over the same snapshot; a read that the plan may turn out not to need
+    is still made (a hand-over held back may leave no label to write, and the upgrade
+    step run)."""
     node = snap.node
     if node is None or snap.policy_invalid:
         return Reads()
@@ -274,6 +276,7 @@ def plan_reads(snap: NodeSnapshot) -> Reads:
     claim = pending_claim(changes)
     ask = (
         claim is not None
+        and snap.claim_settle_s <= 0
         and nothing_holds_claim(snap, node_labels, claim)
         and not first_claim(node_labels, changes, claim)
     )

@@ -10,7 +10,7 @@ from typing import Any
 
 import crd
 from gpuop.operator.controller.writers.workload_handover import WorkloadHandovers
-from statemachine.node_plan import GPU_PODS_RECHECK_S, NodeSnapshot, plan_node
+from statemachine.node_plan import GPU_PODS_RECHECK_S, NodeSnapshot, plan_node, plan_reads
 from statemachine.workload_handover import CLAIM_SETTLE_S, GPU_CLAIMS
 
 VGPU = crd.ClusterPolicySpec.model_validate(
@@ -44,6 +44,17 @@ def test_a_free_claim_waits_while_the_last_claimants_daemonset_settles() -> None
     granted, again = _granted(1.5)
     assert not granted
     assert again.requeue_after == GPU_PODS_RECHECK_S >= CLAIM_SETTLE_S
+
+
+def test_a_settling_claim_asks_the_api_nothing_it_could_not_use() -> None:
+    """While the claim settles it is held whatever the API says: no LIST of the node's
+    pods or of our unbound ones; once it is over, both are read before the grant."""
+    settling = plan_reads(NodeSnapshot("gpu-node-0001", _node(), spec=VGPU, claim_settle_s=1.5))
+    assert not settling.unbound
+    assert not settling.node_pods
+    free = plan_reads(NodeSnapshot("gpu-node-0001", _node(), spec=VGPU))
+    assert free.unbound
+    assert free.node_pods
 
 
 def test_only_a_patch_that_removes_a_claimants_label_starts_the_settle() -> None:
