@@ -53,6 +53,7 @@ JSON_EVENTS = (DATA / "operand_pods.watch.jsonl").read_bytes().splitlines()
 PB_EVENTS = _frames((DATA / "operand_pods.watch.pb").read_bytes())
 #: The operand pods cache's codec: protobuf straight into records.
 RECORDS = PodCodec(build=record_of_message)
+BOTH_CODECS = pytest.mark.parametrize("codec", [POD_CODEC, RECORDS], ids=["dicts", "records"])
 
 
 def _envelope(kind: str, message: Any) -> bytes:
@@ -163,7 +164,7 @@ def test_error_event_is_its_status_and_relists_on_410() -> None:
         informer._on_event(other)
 
 
-@pytest.mark.parametrize("codec", [POD_CODEC, PodCodec(build=record_of_message)])
+@BOTH_CODECS
 def test_bookmark_moves_the_resource_version_only(codec: PodCodec) -> None:
     pod = pb.Pod()
     pod.metadata.resourceVersion = "4242"
@@ -218,9 +219,6 @@ def _informer(told: list[tuple[str, Any, Any]], unchanged: bool = True) -> Infor
     return Informer(spec, lambda *event: told.append(event))
 
 
-BOTH_CODECS = pytest.mark.parametrize("codec", [POD_CODEC, RECORDS], ids=["dicts", "records"])
-
-
 @BOTH_CODECS
 def test_replayed_protobuf_stream_keeps_the_json_cache_with_fewer_events(codec: PodCodec) -> None:
     """The recorded stream through the protobuf path (into dicts the transform trims, or
@@ -250,7 +248,7 @@ def test_replayed_protobuf_stream_keeps_the_json_cache_with_fewer_events(codec: 
     assert [e[0] for e in by_pb] == news
 
 
-@pytest.mark.parametrize("codec", [POD_CODEC, PodCodec(build=record_of_message)])
+@BOTH_CODECS
 def test_an_unchanged_event_moves_the_version_but_wakes_nothing(codec: PodCodec) -> None:
     told: list[tuple[str, Any, Any]] = []
     informer = _informer(told)
